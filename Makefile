@@ -1,0 +1,47 @@
+# lce-lab developer entry points. Run `make` or `make help` for the list.
+#
+# Every public target depends on the install stamp, so `make demo` or
+# `make test` on a fresh clone creates .venv and installs the project first.
+
+# Interpreter used to create the venv: python3.11 if it runs, else python3.
+PYTHON ?= $(shell python3.11 -c 'import sys' >/dev/null 2>&1 && echo python3.11 || echo python3)
+VENV ?= .venv
+PYTEST_ARGS ?=
+
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help setup demo test lab figures reproduce clean
+
+help: ## Show this list of targets
+	@echo "Usage: make <target>   (PYTHON=$(PYTHON) VENV=$(VENV))"
+	@echo
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_.-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+# Re-runs whenever pyproject.toml or constraints.txt changes.
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -c constraints.txt -e '.[dev]'
+	@touch $@
+
+setup: $(STAMP) ## Create the venv (.venv) and install the project with all extras (torch pinned by constraints.txt)
+
+demo: $(STAMP) ## Run the small end-to-end demo (python -m lce.demo)
+	$(VENV)/bin/python -m lce.demo
+
+test: $(STAMP) ## Run the test suite (extra pytest flags: PYTEST_ARGS="-m 'not slow'")
+	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+lab: $(STAMP) ## Register the "Python (lce-lab)" Jupyter kernel and start JupyterLab on notebooks/
+	$(VENV)/bin/python -m ipykernel install --user --name lce-lab --display-name "Python (lce-lab)"
+	$(VENV)/bin/jupyter lab notebooks/
+
+figures: $(STAMP) ## Regenerate the figures (python -m analysis figures)
+	$(VENV)/bin/python -m analysis figures
+
+reproduce: $(STAMP) ## Quick reproduction of the results (python -m analysis reproduce --quick)
+	$(VENV)/bin/python -m analysis reproduce --quick
+
+clean: ## Remove caches and build outputs (keeps the venv and data)
+	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -prune -exec rm -rf {} +
+	rm -rf .pytest_cache .hypothesis build dist *.egg-info

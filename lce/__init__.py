@@ -1,0 +1,14 @@
+"""lce: chunked fused linear + cross-entropy with explicit precision policies.
+
+A drop-in, independent implementation of torch 2.13's
+``torch.nn.functional.linear_cross_entropy`` and its options.
+"""
+
+from .functional import linear_cross_entropy, plan
+from .modules import LinearCrossEntropyLoss
+from .options import LinearCrossEntropyOptions
+from .plan import Plan
+
+__version__ = "0.1.0"
+
+__all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss", "LinearCrossEntropyOptions", "plan", "Plan"]

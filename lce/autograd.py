@@ -1,0 +1,73 @@
+"""Autograd wiring of the chunk loop.
+
+* "mean"/"sum": forward already produces the gradients (one pass over the
+  logits instead of two); backward only multiplies them by the incoming
+  scalar. Without ``allow_retain_graph`` that multiply happens in place and
+  the buffers are released, so a second backward is an error, not a silent
+  double-scaled gradient.
+* "none": forward saves the per-row log-sum-exp; backward recomputes the
+  logits chunk by chunk with the per-row incoming gradient, so backward can
+  run any number of times.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .chunked import Problem, per_row_grads, per_row_loss, scalar_loss_and_grads
+from .plan import Plan
+
+__all__ = ["ScalarReductionLoss", "PerRowLoss"]
+
+_SECOND_BACKWARD = (
+    "lce.linear_cross_entropy: backward ran a second time through a chunked loss whose gradients were "
+    "already handed out (they are scaled in place to save memory). Pass "
+    "LinearCrossEntropyOptions(allow_retain_graph=True) to backpropagate through it more than once."
+)
+
+
+def _problem(input, weight, bias, target, class_weight, ignore_index, label_smoothing) -> Problem:
+    return Problem(input, weight, bias, target, class_weight, ignore_index, label_smoothing)
+
+
+class ScalarReductionLoss(torch.autograd.Function):
+    """Loss with reduction "mean" or "sum"; gradients computed in forward."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, target, class_weight, ignore_index, label_smoothing, plan: Plan):
+        problem = _problem(input, weight, bias, target, class_weight, ignore_index, label_smoothing)
+        loss, grads = scalar_loss_and_grads(plan, problem)
+        ctx.grads = (grads.input, grads.weight, grads.bias)
+        ctx.allow_retain_graph = plan.allow_retain_graph
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        if ctx.grads is None:
+            raise RuntimeError(_SECOND_BACKWARD)
+        grads = ctx.grads
+        if ctx.allow_retain_graph:
+            scaled = tuple(None if g is None else g * grad_loss for g in grads)
+        else:
+            ctx.grads = None
+            scaled = tuple(None if g is None else g.mul_(grad_loss) for g in grads)
+        return (*scaled, None, None, None, None, None)
+
+
+class PerRowLoss(torch.autograd.Function):
+    """Loss with reduction "none"; backward recomputes the logits chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, target, class_weight, ignore_index, label_smoothing, plan: Plan):
+        problem = _problem(input, weight, bias, target, class_weight, ignore_index, label_smoothing)
+        losses, lse = per_row_loss(plan, problem)
+        ctx.save_for_backward(input, weight, bias, target, class_weight, lse)
+        ctx.ignore_index, ctx.label_smoothing, ctx.plan = ignore_index, label_smoothing, plan
+        return losses
+
+    @staticmethod
+    def backward(ctx, grad_losses):
+        input, weight, bias, target, class_weight, lse = ctx.saved_tensors
+        problem = _problem(input, weight, bias, target, class_weight, ctx.ignore_index, ctx.label_smoothing)
+        grads = per_row_grads(ctx.plan, problem, lse, grad_losses)
+        return grads.input, grads.weight, grads.bias, None, None, None, None, None

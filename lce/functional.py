@@ -1,0 +1,243 @@
+"""``linear_cross_entropy``: argument checks, the reference path, fallbacks, dispatch."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from .autograd import PerRowLoss, ScalarReductionLoss
+from .options import LinearCrossEntropyOptions
+from .plan import Plan, make_plan
+
+__all__ = ["linear_cross_entropy", "plan"]
+
+REDUCTIONS = ("mean", "sum", "none")
+DEFAULT_IGNORE_INDEX = -100
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _check_arguments(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
+                     label_smoothing) -> bool:
+    """Reject bad arguments with an error naming the argument; return whether ``target`` holds probabilities."""
+    for name, value in (("input", input), ("linear_weight", linear_weight), ("target", target)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    for name, value in (("linear_bias", linear_bias), ("weight", weight)):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
+    if input.dim() not in (1, 2):
+        raise ValueError(f"input must have shape (in_features,) or (N, in_features), got shape {_shape(input)}")
+    if not input.is_floating_point():
+        raise TypeError(f"input must be a floating-point tensor, got dtype {input.dtype}")
+    if linear_weight.dim() < 2:
+        raise ValueError(
+            f"linear_weight must have shape (C, in_features) or (C, d1, ..., dK, in_features), "
+            f"got shape {_shape(linear_weight)}"
+        )
+    in_features = input.shape[-1]
+    if linear_weight.shape[-1] != in_features:
+        raise ValueError(
+            f"linear_weight's last dimension must equal input's in_features={in_features}, "
+            f"got linear_weight of shape {_shape(linear_weight)}"
+        )
+    if linear_weight.dtype != input.dtype:
+        raise TypeError(f"linear_weight must have input's dtype {input.dtype}, got {linear_weight.dtype}")
+    num_classes = linear_weight.shape[0]
+    out_features = _shape(linear_weight)[1:-1]
+    if out_features and input.dim() != 2:
+        raise ValueError(
+            f"a K-dimensional linear_weight {_shape(linear_weight)} needs input of shape (N, {in_features}), "
+            f"got input of shape {_shape(input)}"
+        )
+    logits_shape = (*_shape(input)[:-1], num_classes, *out_features)
+    if linear_bias is not None:
+        if _shape(linear_bias) != (num_classes, *out_features):
+            raise ValueError(
+                f"linear_bias must have shape {(num_classes, *out_features)}, got {_shape(linear_bias)}"
+            )
+        if linear_bias.dtype != input.dtype:
+            raise TypeError(f"linear_bias must have input's dtype {input.dtype}, got {linear_bias.dtype}")
+    if weight is not None:
+        if _shape(weight) != (num_classes,):
+            raise ValueError(f"weight (per-class) must have shape ({num_classes},), got {_shape(weight)}")
+        if weight.dtype != input.dtype:
+            raise TypeError(f"weight (per-class) must have input's dtype {input.dtype}, got {weight.dtype}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be a float in [0, 1], got {label_smoothing!r}")
+    if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, int)):
+        raise TypeError(f"ignore_index must be an int or None, got {ignore_index!r}")
+    devices = {t.device for t in (input, linear_weight, target, linear_bias, weight) if t is not None}
+    if len(devices) > 1:
+        raise ValueError(f"input, linear_weight, target, linear_bias and weight must share one device, "
+                         f"got {sorted(str(d) for d in devices)}")
+
+    class_index_shape = (*_shape(input)[:-1], *out_features)
+    if target.is_floating_point():
+        if _shape(target) != logits_shape:
+            raise TypeError(
+                f"target must be int64 class indices of shape {class_index_shape}, or class probabilities "
+                f"of the logits' shape {logits_shape}; got a {target.dtype} target of shape {_shape(target)}"
+            )
+        if target.dtype != input.dtype:
+            raise TypeError(f"target (probabilities) must have input's dtype {input.dtype}, got {target.dtype}")
+        if ignore_index is not None:
+            raise ValueError("ignore_index must be None when target holds class probabilities")
+        return True
+    if target.dtype != torch.int64:
+        raise TypeError(f"target (class indices) must have dtype torch.int64, got {target.dtype}")
+    if _shape(target) != class_index_shape:
+        raise ValueError(f"target must have shape {class_index_shape} to match input {_shape(input)}, "
+                         f"got {_shape(target)}")
+    ignored = DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index
+    out_of_range = ((target < 0) | (target >= num_classes)) & (target != ignored)
+    if target.numel() and bool(out_of_range.any()):
+        bad = int(target[out_of_range].flatten()[0])
+        raise ValueError(
+            f"target values must lie in [0, {num_classes}) or equal ignore_index={ignored}, found {bad}"
+        )
+    return False
+
+
+def _reference(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing):
+    """cross_entropy(linear(input, W, b), target): the semantics every path must reproduce."""
+    num_classes, out_features = linear_weight.shape[0], linear_weight.shape[1:-1]
+    flat_weight = linear_weight.reshape(-1, linear_weight.shape[-1])
+    flat_bias = None if linear_bias is None else linear_bias.reshape(-1)
+    logits = F.linear(input, flat_weight, flat_bias)
+    if len(out_features):
+        logits = logits.reshape(input.shape[0], num_classes, *out_features)
+    return F.cross_entropy(
+        logits, target, weight=weight, reduction=reduction,
+        ignore_index=DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index,
+        label_smoothing=label_smoothing,
+    )
+
+
+def _fallback_reason(linear_weight: torch.Tensor, target_is_probabilities: bool) -> str | None:
+    if linear_weight.dim() > 2:
+        return f"a K-dimensional linear_weight of shape {_shape(linear_weight)} (chunking supports (C, D))"
+    if target_is_probabilities:
+        return "class-probability targets (chunking supports int64 class indices)"
+    if torch.jit.is_tracing():
+        return "torch.jit tracing"
+    return None
+
+
+def _needs_grad(input, linear_weight, linear_bias) -> tuple[bool, bool, bool]:
+    if not torch.is_grad_enabled():
+        return (False, False, False)
+    return (input.requires_grad, linear_weight.requires_grad,
+            linear_bias is not None and linear_bias.requires_grad)
+
+
+def plan(options: LinearCrossEntropyOptions, input: torch.Tensor, linear_weight: torch.Tensor, *,
+         linear_bias: torch.Tensor | None = None, reduction: str = "mean") -> Plan:
+    """The resolved :class:`~lce.plan.Plan` the chunked path would run for these arguments.
+
+    Gradients are planned for the tensors that require grad (under grad mode).
+    ``print(lce.plan(...))`` shows chunking, GEMM precisions, every buffer and
+    the predicted peak extra memory.
+    """
+    options = LinearCrossEntropyOptions.coerce(options)
+    if input.dim() not in (1, 2) or linear_weight.dim() != 2:
+        raise ValueError(f"plan needs input (N, D) or (D,) and linear_weight (C, D), got {_shape(input)} "
+                         f"and {_shape(linear_weight)}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    return make_plan(
+        options,
+        num_rows=input.shape[0] if input.dim() == 2 else 1,
+        in_features=input.shape[-1],
+        num_classes=linear_weight.shape[0],
+        dtype=input.dtype,
+        device=input.device,
+        reduction=reduction,
+        needs_grad=_needs_grad(input, linear_weight, linear_bias),
+        has_bias=linear_bias is not None,
+    )
+
+
+@torch.compiler.disable
+def _chunked(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
+             options: LinearCrossEntropyOptions) -> torch.Tensor:
+    unbatched = input.dim() == 1
+    if unbatched:
+        input, target = input.unsqueeze(0), target.reshape(1)
+    resolved = plan(options, input, linear_weight, linear_bias=linear_bias, reduction=reduction)
+    function = PerRowLoss if reduction == "none" else ScalarReductionLoss
+    loss = function.apply(input, linear_weight, linear_bias, target, weight, ignore_index, label_smoothing,
+                          resolved)
+    return loss.squeeze(0) if unbatched and reduction == "none" else loss
+
+
+def linear_cross_entropy(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    linear_bias: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+    reduction: str = "mean",
+    ignore_index: int | None = None,
+    label_smoothing: float = 0.0,
+    options: LinearCrossEntropyOptions | None = None,
+) -> torch.Tensor:
+    """Cross-entropy of ``input @ linear_weight.T + linear_bias`` against ``target``.
+
+    A drop-in for ``torch.nn.functional.linear_cross_entropy`` (torch 2.13):
+    the result equals ``cross_entropy(linear(input, linear_weight,
+    linear_bias), target, weight=weight, reduction=reduction,
+    ignore_index=-100 if ignore_index is None else ignore_index,
+    label_smoothing=label_smoothing)``.
+
+    Args:
+        input: ``(N, D)`` or ``(D,)``, floating point.
+        linear_weight: ``(C, D)``, or ``(C, d1, ..., dK, D)`` for a K-dimensional
+            loss (reference path only), same dtype as ``input``.
+        target: int64 class indices of shape ``(N,)`` (``()`` for 1-D input,
+            ``(N, d1, ..., dK)`` for K-dimensional weights), or class
+            probabilities of the logits' shape (reference path only).
+        linear_bias: ``(C,)`` (or ``(C, d1, ..., dK)``), same dtype as ``input``.
+        weight: per-class rescaling weights ``(C,)``, same dtype as ``input``.
+        reduction: ``"mean"`` (weighted by ``weight[target]``), ``"sum"`` or ``"none"``.
+        ignore_index: target value that contributes neither loss nor gradient;
+            ``None`` means -100. May lie inside or outside ``[0, C)``.
+        label_smoothing: in ``[0, 1]``; supported on the chunked path too.
+        options: ``None`` for the reference formula (materializes ``(N, C)``
+            logits), or :class:`LinearCrossEntropyOptions` (lce's or torch's)
+            for the chunked path, whose peak extra memory is one chunk of
+            logits plus, per the policy, a ``(C, D)`` accumulator. Configurations
+            chunking does not cover run the reference path with one warning
+            naming the reason.
+
+    Returns:
+        The loss: a scalar, or per-sample losses (``(N,)``, or ``()`` for 1-D
+        input) for ``reduction="none"``, in ``input``'s dtype.
+
+    Raises:
+        ValueError / TypeError naming the offending argument for bad shapes,
+        dtypes, values (including out-of-range targets) and options.
+    """
+    is_probabilities = _check_arguments(input, linear_weight, target, linear_bias, weight, reduction,
+                                        ignore_index, label_smoothing)
+    if options is None:
+        return _reference(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
+                          label_smoothing)
+    options = LinearCrossEntropyOptions.coerce(options)
+    reason = _fallback_reason(linear_weight, is_probabilities)
+    if reason is not None:
+        warnings.warn(f"lce.linear_cross_entropy: options ignored, running the reference path because of {reason}",
+                      UserWarning, stacklevel=2)
+        return _reference(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
+                          label_smoothing)
+    ignored = DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index
+    return _chunked(input, linear_weight, target, linear_bias, weight, reduction, ignored,
+                    float(label_smoothing), options)

@@ -1,0 +1,66 @@
+"""The three GEMMs of the op, executed in the precision the plan asks for.
+
+Callers state numerics (operand dtype = the tensors' dtype, result dtype);
+this module picks a mechanism that delivers exactly those numerics on the
+tensors' device:
+
+* same dtype in and out: the native GEMM (fp32 accumulation inside for
+  fp16/bf16 on both oneDNN and cuBLAS, one rounding of the result);
+* low-precision operands, wider result: CUDA's mixed-precision ``mm`` with
+  ``out_dtype`` where the build has it, else an exact stand-in that upcasts the
+  operands (a product of two bf16/fp16 numbers is exact in fp32, so only the
+  summation order differs). The stand-in is what lets the CUDA layouts run,
+  numerically faithfully, on CPU tensors in CI;
+* fp16 on CPU: oneDNN has no fast fp16 GEMM here (measured 1.5 s vs 13 ms for
+  fp32 at 512x8192x256), so the operands are upcast and the result rounded
+  once, which is the same arithmetic the slow native kernel performs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _slow_on_device(dtype: torch.dtype, device: torch.device) -> bool:
+    return device.type == "cpu" and dtype == torch.float16
+
+
+def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None = None,
+       alpha: float = 1.0) -> torch.Tensor:
+    """``alpha * (a @ b)`` for same-dtype 2-D operands, summed in at least fp32, returned in ``out_dtype``.
+
+    ``out`` (contiguous, ``out_dtype``) receives the result without a temporary
+    when the native GEMM applies; otherwise the result is copied into it.
+    ``alpha`` is a power of two here (exact), applied before any narrowing.
+    """
+    if a.dtype == out_dtype and not _slow_on_device(a.dtype, a.device):
+        result = torch.mm(a, b, out=out) if out is not None else a @ b
+        return result.mul_(alpha) if alpha != 1.0 else result
+    if out is not None:
+        return out.copy_(mm(a, b, out_dtype, alpha=alpha))
+    if a.is_cuda and a.dtype != out_dtype and torch.finfo(out_dtype).bits >= 32:
+        try:
+            result = torch.mm(a, b, out_dtype=out_dtype)
+            return result.mul_(alpha) if alpha != 1.0 else result
+        except (TypeError, RuntimeError, NotImplementedError):
+            pass  # a build or dtype pair without the mixed-precision kernel
+    wide = torch.promote_types(out_dtype, torch.float32)
+    result = a.to(wide) @ b.to(wide)
+    return (result.mul_(alpha) if alpha != 1.0 else result).to(out_dtype)
+
+
+def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtype: torch.dtype,
+            alpha: float = 1.0) -> None:
+    """``target += alpha * (a @ b)`` where the product is rounded to ``product_dtype`` before the add.
+
+    When operands, product and target share a dtype this is a single in-place
+    ``addmm_`` (no temporary, one rounding of ``target + alpha * a @ b``);
+    otherwise the product is formed by :func:`mm` and added.
+    """
+    if target.dtype == a.dtype == product_dtype and not _slow_on_device(a.dtype, a.device):
+        target.addmm_(a, b, alpha=alpha)
+    elif target.dtype == product_dtype == a.dtype:
+        # fp16 on CPU: same single rounding of target + alpha * a @ b, computed in fp32.
+        target.copy_(target.float().addmm_(a.float(), b.float(), alpha=alpha))
+    else:
+        target.add_(mm(a, b, product_dtype, alpha=alpha))

@@ -1,0 +1,74 @@
+"""``LinearCrossEntropyLoss``: a module holding the linear head, over :func:`lce.linear_cross_entropy`."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .functional import linear_cross_entropy
+from .options import LinearCrossEntropyOptions
+
+__all__ = ["LinearCrossEntropyLoss"]
+
+
+class LinearCrossEntropyLoss(nn.Module):
+    """Cross-entropy of a learnable linear head's logits; torch 2.13's constructor and forward.
+
+    The head is ``self.linear``, an ``nn.Linear(in_features, C * prod(out_features))``
+    whose weight is viewed as ``(C, *out_features, in_features)`` in forward.
+    ``weight`` (per-class) is a buffer. See :func:`lce.linear_cross_entropy`
+    for the loss and ``options``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        num_classes: int,
+        *,
+        out_features: tuple[int, ...] = (),
+        bias: bool = False,
+        device=None,
+        dtype=None,
+        reduction: str = "mean",
+        weight: torch.Tensor | None = None,
+        ignore_index: int | None = None,
+        label_smoothing: float = 0.0,
+        options: LinearCrossEntropyOptions | None = None,
+    ) -> None:
+        super().__init__()
+        if weight is not None and tuple(weight.shape) != (num_classes,):
+            raise ValueError(f"weight must have shape ({num_classes},), got {tuple(weight.shape)}")
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        self.num_classes = num_classes
+        self.out_features = tuple(out_features)
+        self.reduction = reduction
+        self.ignore_index = ignore_index
+        self.label_smoothing = label_smoothing
+        self.options = None if options is None else LinearCrossEntropyOptions.coerce(options)
+        self.register_buffer("weight", weight)
+        self.linear = nn.Linear(in_features, math.prod(self.out_features, start=num_classes), bias=bias,
+                                device=device, dtype=dtype)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        head_shape = (self.num_classes, *self.out_features)
+        bias = self.linear.bias
+        return linear_cross_entropy(
+            input,
+            self.linear.weight.reshape(*head_shape, self.linear.in_features),
+            target,
+            linear_bias=None if bias is None else bias.reshape(head_shape),
+            weight=self.weight,
+            reduction=self.reduction,
+            ignore_index=self.ignore_index,
+            label_smoothing=self.label_smoothing,
+            options=self.options,
+        )
+
+    def extra_repr(self) -> str:
+        return (f"num_classes={self.num_classes}, out_features={self.out_features}, "
+                f"reduction={self.reduction!r}, options={self.options}")

@@ -1,0 +1,114 @@
+"""The user-facing options of the chunked path: fields, defaults, validation.
+
+Nothing here depends on a device or a call; :mod:`lce.plan` resolves the
+``"auto"`` sentinels and the chunk size against one concrete call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import torch
+
+__all__ = ["LinearCrossEntropyOptions", "ACC_POLICIES", "ACC_DTYPES", "parse_chunking_method"]
+
+ACC_POLICIES: tuple[str, ...] = ("auto", "accurate", "balanced", "compact")
+"""Every accepted value of :attr:`LinearCrossEntropyOptions.acc_policy`."""
+
+ACC_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""Every accepted explicit value of :attr:`LinearCrossEntropyOptions.acc_dtype`."""
+
+
+def parse_chunking_method(method: str) -> int:
+    """Return the divisor ``N`` of ``"aspect_ratio"`` / ``"aspect_ratio:N"``.
+
+    Raises ``ValueError`` for any other spelling (``"auto"`` included: it is a
+    sentinel, resolved before a divisor is needed).
+    """
+    name, colon, divisor = method.partition(":")
+    if name == "aspect_ratio" and not colon:
+        return 1
+    if name == "aspect_ratio" and divisor.isdigit() and int(divisor) >= 1:
+        return int(divisor)
+    raise ValueError(
+        f"chunking_method must be 'auto', 'aspect_ratio', 'aspect_ratio:N' with an integer "
+        f"N >= 1, or None; got {method!r}"
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LinearCrossEntropyOptions:
+    """Opt-in settings for the chunked :func:`lce.linear_cross_entropy`.
+
+    Passing an instance (even ``LinearCrossEntropyOptions()``) selects the
+    chunked path, which walks the batch in row chunks so that the full
+    ``(N, C)`` logits never exist at once. ``options=None`` selects the plain
+    reference formula instead.
+
+    Attributes:
+        allow_retain_graph: for ``reduction`` ``"mean"``/``"sum"`` the
+            gradients are computed during forward and handed out by backward.
+            ``False`` scales them in place, so a second backward raises
+            ``RuntimeError``; ``True`` keeps them and pays one extra
+            gradient-sized allocation per backward. ``"none"`` ignores it:
+            its backward recomputes, so repeated backward always works.
+        batch_chunk_size: rows per chunk. ``None`` means "let
+            :attr:`chunking_method` decide", or one chunk if that is ``None``.
+            Setting it while :attr:`chunking_method` is ``"auto"`` switches the
+            heuristic off; combining it with an explicit method that yields a
+            different size is a ``ValueError`` at call time.
+        chunking_method: ``"auto"`` (a per-(device, dtype) pick, see
+            :data:`lce.policies.AUTO_TABLE`), ``"aspect_ratio"`` (a chunk's
+            ``(rows, C)`` logits take about as many elements as the whole
+            ``(N, D)`` input: rows = next power of two of
+            ``ceil(N / ceil(C / D))``), ``"aspect_ratio:N"`` (that size divided
+            by ``N``), or ``None`` (use :attr:`batch_chunk_size`).
+        acc_policy: which buffers use :attr:`acc_dtype` and whether a
+            ``(C, D)`` weight-gradient accumulator is kept; one of
+            ``"auto"``, ``"accurate"``, ``"balanced"``, ``"compact"``. The
+            layouts are tabulated in :mod:`lce.policies`.
+        acc_dtype: dtype of the accumulations. ``None`` resolves per call:
+            fp32 for fp16/bf16 input when ``acc_policy="auto"`` and the device
+            has a mixed-precision matmul (CPU, CUDA sm70+/sm80+), otherwise
+            the input dtype.
+    """
+
+    allow_retain_graph: bool = False
+    batch_chunk_size: int | None = None
+    chunking_method: str | None = "auto"
+    acc_policy: Literal["accurate", "balanced", "compact", "auto"] = "auto"
+    acc_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        if self.acc_policy not in ACC_POLICIES:
+            raise ValueError(f"acc_policy must be one of {ACC_POLICIES}, got {self.acc_policy!r}")
+        if self.chunking_method is not None and self.chunking_method != "auto":
+            if not isinstance(self.chunking_method, str):
+                raise ValueError(f"chunking_method must be a str or None, got {self.chunking_method!r}")
+            parse_chunking_method(self.chunking_method)
+        size = self.batch_chunk_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"batch_chunk_size must be a positive int or None, got {size!r}")
+        if self.acc_dtype is not None and self.acc_dtype not in ACC_DTYPES:
+            raise ValueError(
+                f"acc_dtype must be None or one of {ACC_DTYPES}, got {self.acc_dtype!r}; "
+                "None picks one per call"
+            )
+
+    @classmethod
+    def coerce(cls, options: object) -> LinearCrossEntropyOptions:
+        """Accept an lce options object or torch's ``nn.LinearCrossEntropyOptions``.
+
+        torch's class has the same five fields, so a user switching from
+        ``torch.nn.functional.linear_cross_entropy`` keeps their options.
+        """
+        if isinstance(options, cls):
+            return options
+        torch_options = getattr(torch.nn, "LinearCrossEntropyOptions", None)
+        if torch_options is not None and isinstance(options, torch_options):
+            return cls(**{f.name: getattr(options, f.name) for f in dataclasses.fields(cls)})
+        raise TypeError(
+            "options must be None or a LinearCrossEntropyOptions (lce's or torch.nn's), "
+            f"got {type(options).__name__}"
+        )

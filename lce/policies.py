@@ -1,0 +1,147 @@
+"""Precision policies as data: one layout table per device kind, and the "auto" table.
+
+A *layout* says, for each of the three GEMMs of the op, which dtype its
+operands are cast to and which dtype its result is produced in, and where the
+weight gradient is summed across chunks. ``"input"`` means the input dtype,
+``"acc"`` means the resolved ``acc_dtype``. When the two coincide (fp32 input,
+or an explicit ``acc_dtype`` equal to the input dtype) every policy collapses
+to the same arithmetic; only the accumulator choice is then meaningful, and an
+accumulator that would have the gradient's own dtype is never allocated.
+
+The three GEMMs, for one chunk of rows ``x_c`` (rows, D) against ``W`` (C, D):
+
+* ``logits``       z   = x_c @ W.T (+ b)          (rows, C)
+* ``grad_input``   g_x = dz @ W                   (rows, D)
+* ``grad_weight``  g_W += dz.T @ x_c              (C, D), summed over chunks
+
+where ``dz`` is softmax(z) minus the (smoothed, class-weighted) target
+distribution, scaled for the reduction. The softmax statistics and the loss
+always use at least fp32 (see :mod:`lce.plan`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import torch
+
+Role = Literal["input", "acc"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Gemm:
+    """Operand and result precision of one GEMM."""
+
+    operands: Role
+    result: Role
+
+    def __str__(self) -> str:
+        return self.operands if self.operands == self.result else f"{self.operands}->{self.result}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where each GEMM of the op runs, and where the weight gradient is summed.
+
+    ``weight_grad_sum`` is ``"acc"`` for a ``(C, D)`` buffer in acc_dtype that
+    carries the sum over *all* chunks and is rounded once at the end, or
+    ``"input"`` to add each chunk's product straight into the gradient, which
+    rounds once per chunk.
+    """
+
+    logits: Gemm
+    grad_input: Gemm
+    grad_weight: Gemm
+    weight_grad_sum: Role
+
+
+_IN, _ACC = "input", "acc"
+_MIXED = Gemm(operands=_IN, result=_ACC)
+_WIDE = Gemm(operands=_ACC, result=_ACC)
+_NARROW = Gemm(operands=_IN, result=_IN)
+
+# CUDA has a native mixed-precision GEMM (low-precision operands, fp32
+# accumulate, fp32 result), so "input -> acc" costs nothing extra there.
+CUDA_LAYOUTS: dict[str, Layout] = {
+    #                   logits  grad_input grad_weight  weight-grad sum
+    "accurate": Layout(_MIXED, _WIDE, _WIDE, _ACC),  # dz kept in fp32 for both backward GEMMs
+    "balanced": Layout(_MIXED, _MIXED, _MIXED, _ACC),  # dz rounded once; fp32 (C, D) accumulator
+    "compact": Layout(_MIXED, _MIXED, _NARROW, _IN),  # no (C, D) buffer: rounds into the grad per chunk
+}
+
+# The CPU has no mixed-output GEMM: bf16 GEMMs accumulate in fp32 but round
+# their result to bf16, so a fp32 result needs fp32 operands (an exact upcast).
+# bf16 GEMMs are the fast ones on AVX512-BF16/AMX parts, so "balanced" keeps
+# its two backward GEMMs narrow and sums their products in a fp32 accumulator.
+CPU_LAYOUTS: dict[str, Layout] = {
+    "accurate": Layout(_WIDE, _WIDE, _WIDE, _ACC),  # every GEMM in acc_dtype
+    "balanced": Layout(_WIDE, _NARROW, _NARROW, _ACC),  # fp32 logits, fast bf16 backward, fp32 sum
+    # With acc_dtype == input dtype this is the accumulator-free layout; with a
+    # wider acc_dtype, lce.plan substitutes "balanced" (see COMPACT_ON_CPU_NOTE).
+    "compact": Layout(_WIDE, _NARROW, _NARROW, _IN),
+}
+
+LAYOUTS: dict[str, dict[str, Layout]] = {"cuda": CUDA_LAYOUTS, "cpu": CPU_LAYOUTS}
+
+COMPACT_ON_CPU_NOTE = (
+    "compact with acc_dtype wider than the input runs the balanced layout off CUDA, "
+    "as the options contract specifies; pass acc_dtype equal to the input dtype for "
+    "the accumulator-free layout"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoPick:
+    """One entry of the "auto" table and why it was chosen."""
+
+    acc_policy: str
+    chunking_method: str
+    reason: str
+
+
+# The "auto" picks keyed by (device kind, input dtype). They agree with
+# torch 2.13's defaults so that "auto" resolves identically in lce and torch;
+# the reasons record the trade-off each entry makes. The analysis package
+# measures every entry (error vs memory and time) and marks it on its front.
+AUTO_TABLE: dict[tuple[str, torch.dtype], AutoPick] = {
+    ("cuda", torch.bfloat16): AutoPick(
+        "compact", "aspect_ratio:2",
+        "saves the 4*C*D-byte fp32 accumulator; claim under test: per-chunk rounding of a "
+        "bf16 weight grad costs little at 2x-split chunks",
+    ),
+    ("cuda", torch.float16): AutoPick(
+        "compact", "aspect_ratio:2",
+        "as for bf16; fp16's 3 extra mantissa bits make per-chunk rounding cheaper still",
+    ),
+    ("cpu", torch.bfloat16): AutoPick(
+        "accurate", "aspect_ratio",
+        "every GEMM in fp32: the lowest gradient error, paid for with fp32 GEMMs (2.5-4x slower "
+        "than bf16 ones on an AVX512-BF16 CPU) and a fp32 weight copy",
+    ),
+    ("cpu", torch.float16): AutoPick(
+        "accurate", "aspect_ratio",
+        "CPU fp16 GEMMs are emulated (4-100x slower than fp32 here), so fp32 GEMMs are also the fast ones",
+    ),
+}
+
+AUTO_FALLBACK = AutoPick(
+    "compact", "aspect_ratio:2",
+    "unlisted (device, dtype): with acc_dtype == input dtype all policies compute the same "
+    "numbers, and compact allocates least",
+)
+
+
+def auto_pick(device_kind: str, dtype: torch.dtype) -> AutoPick:
+    """The "auto" entry for a device kind and input dtype (the fallback if unlisted)."""
+    return AUTO_TABLE.get((device_kind, dtype), AUTO_FALLBACK)
+
+
+def format_layout_table(device_kind: str) -> str:
+    """The policy table of one device kind as aligned text (used by the README and plans)."""
+    rows = [("policy", "logits", "grad_input", "grad_weight", "weight-grad sum")]
+    for name, layout in LAYOUTS[device_kind].items():
+        rows.append((name, str(layout.logits), str(layout.grad_input), str(layout.grad_weight),
+                     layout.weight_grad_sum))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
