@@ -1,0 +1,147 @@
+"""Autograd contract of the chunked path: gradcheck, retain_graph, grad mode, torch.compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import lce
+from helpers import Case, assert_close_rel, lce_run, make_problem, ref_run
+from lce.testing import emulate_device_kind
+
+POLICIES = ("accurate", "balanced", "compact")
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def _gradcheck_inputs(reduction: str, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    n, d, c = 7, 3, 5
+    x = torch.randn(n, d, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(c, d, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(c, dtype=torch.float64, generator=g, requires_grad=True)
+    target = torch.randint(0, c, (n,), generator=g)
+    target[2] = -100
+    class_weight = torch.rand(c, dtype=torch.float64, generator=g) + 0.5
+    return x, w, b, target, class_weight
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "cuda"])
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_gradcheck_fp64(policy, reduction, device_kind):
+    x, w, b, target, class_weight = _gradcheck_inputs(reduction)
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, batch_chunk_size=3, allow_retain_graph=True)
+
+    def loss(x, w, b):
+        return lce.linear_cross_entropy(x, w, target, linear_bias=b, weight=class_weight, reduction=reduction,
+                                        label_smoothing=0.1, options=options)
+
+    with emulate_device_kind(device_kind):
+        assert torch.autograd.gradcheck(loss, (x, w, b), eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+def _scalar_case():
+    return make_problem(Case(N=24, D=8, V=30, reduction="mean", bias=True))
+
+
+def test_second_backward_raises_without_allow_retain_graph():
+    p = _scalar_case()
+    x = p.input.clone().requires_grad_()
+    loss = lce.linear_cross_entropy(x, p.linear_weight, p.target, options=lce.LinearCrossEntropyOptions())
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="allow_retain_graph"):
+        loss.backward()
+
+
+def test_second_backward_accumulates_with_allow_retain_graph():
+    p = _scalar_case()
+    x = p.input.clone().requires_grad_()
+    options = lce.LinearCrossEntropyOptions(allow_retain_graph=True, batch_chunk_size=5)
+    loss = lce.linear_cross_entropy(x, p.linear_weight, p.target, linear_bias=p.linear_bias, options=options)
+    loss.backward(retain_graph=True)
+    first = x.grad.clone()
+    loss.backward()
+    torch.testing.assert_close(x.grad, 2 * first, rtol=0, atol=0)
+    _, ref = ref_run(p, requires_grad=("input",))
+    torch.testing.assert_close(first, ref["input"], rtol=1e-12, atol=1e-15)
+
+
+def test_none_reduction_backward_twice_without_allow_retain_graph():
+    p = make_problem(Case(N=24, D=8, V=30, reduction="none"))
+    x = p.input.clone().requires_grad_()
+    losses = lce.linear_cross_entropy(x, p.linear_weight, p.target, reduction="none",
+                                      options=lce.LinearCrossEntropyOptions(batch_chunk_size=7))
+    losses.backward(p.grad_output, retain_graph=True)
+    first = x.grad.clone()
+    losses.backward(p.grad_output)
+    torch.testing.assert_close(x.grad, 2 * first, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_grad_output_scales_the_precomputed_gradients(reduction):
+    p = make_problem(Case(N=24, D=8, V=30, reduction=reduction, bias=True))
+    _, got = lce_run(p, lce.LinearCrossEntropyOptions(batch_chunk_size=5))
+    x = p.input.clone().requires_grad_()
+    loss = lce.linear_cross_entropy(x, p.linear_weight, p.target, linear_bias=p.linear_bias,
+                                    reduction=reduction, options=lce.LinearCrossEntropyOptions(batch_chunk_size=5))
+    (loss * -2.5).backward()
+    torch.testing.assert_close(x.grad, -2.5 * got["input"], rtol=1e-14, atol=0)
+
+
+class _OutputShapes(TorchDispatchMode):
+    """Records the shape of every tensor an op returns while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.shapes.append(tuple(t.shape))
+        return out
+
+
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference_mode"])
+def test_gradient_buffers_exist_only_when_gradients_are_due(mode):
+    n, d, c = 96, 16, 200
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, generator=g, requires_grad=True)
+    w = torch.randn(c, d, generator=g, requires_grad=True)
+    target = torch.randint(0, c, (n,), generator=g)
+    options = lce.LinearCrossEntropyOptions(batch_chunk_size=32)
+    context = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[mode]
+    recorder = _OutputShapes()
+    with context(), recorder:
+        lce.linear_cross_entropy(x, w, target, options=options)
+        planned = {b.name for b in lce.plan(options, x, w).buffers}
+    gradient_shaped = {(n, d), (c, d)} & set(recorder.shapes)
+    if mode == "grad":
+        assert gradient_shaped == {(n, d), (c, d)}
+        assert {"grad_input", "grad_weight"} <= planned
+    else:
+        assert gradient_shaped == set(), f"gradient-sized allocations under {mode}: {gradient_shaped}"
+        assert not any(name.startswith("grad") for name in planned)
+
+
+@pytest.mark.parametrize(("backend", "reduction"), [("inductor", "mean"), ("aot_eager", "none")])
+def test_torch_compile_matches_eager(backend, reduction):
+    p = make_problem(Case(N=32, D=8, V=50, reduction=reduction, bias=True, class_weight=True))
+    options = lce.LinearCrossEntropyOptions(batch_chunk_size=8, allow_retain_graph=True)
+
+    def step(x, w, b):
+        loss = lce.linear_cross_entropy(x, w, p.target, linear_bias=b, weight=p.weight, reduction=reduction,
+                                        options=options)
+        return (loss * 1.5).sum() if reduction == "mean" else (loss * p.grad_output).sum()
+
+    compiled = torch.compile(step, backend=backend)
+    results = []
+    for fn in (step, compiled):
+        leaves = [t.detach().clone().requires_grad_() for t in (p.input, p.linear_weight, p.linear_bias)]
+        out = fn(*leaves)
+        out.backward()
+        results.append((out.detach(), *(t.grad for t in leaves)))
+    for name, got, expected in zip(("output", "input", "weight", "bias"), results[1], results[0]):
+        assert_close_rel(got, expected, 1e-13, f"compiled {reduction}: {name}")

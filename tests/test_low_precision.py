@@ -1,0 +1,121 @@
+"""bf16 / fp16 accuracy: lce is no less accurate than torch's chunked path.
+
+Inputs are drawn in fp32 and rounded once to the low-precision dtype; the
+fp64 reference is computed from those rounded values, so both
+implementations are judged against the exact answer for the data they saw.
+For every output (loss, grad_input, grad_weight, grad_bias) the relative
+Frobenius error of lce must satisfy
+
+    err_lce <= 1.05 * err_torch + 0.05 * floor
+
+where ``floor`` is the error of the fp64 result merely rounded to the dtype.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lce
+from helpers import (
+    F64,
+    GRAD_NAMES,
+    Case,
+    lce_run,
+    make_problem,
+    ref_run,
+    rel_err,
+    round_trip,
+    run,
+    torch_options,
+    within_one_ulp,
+)
+
+DTYPES = [torch.bfloat16, torch.float16]
+SHAPE = dict(N=256, D=64, V=512)
+
+OPTION_CASES = {
+    "default": dict(),
+    "accurate": dict(acc_policy="accurate"),
+    "balanced": dict(acc_policy="balanced"),
+    "compact": dict(acc_policy="compact"),
+    "auto-bcs8": dict(batch_chunk_size=8),
+    "balanced-bcs8": dict(acc_policy="balanced", chunking_method=None, batch_chunk_size=8),
+}
+
+
+def _low_precision_problem(case: Case, dtype: torch.dtype, seed: int):
+    """fp32 draw -> rounded to ``dtype`` (the op's inputs) and the same values in fp64."""
+    p32 = make_problem(case, seed=seed, dtype=torch.float32)
+    low = p32.replace(
+        input=p32.input.to(dtype),
+        linear_weight=p32.linear_weight.to(dtype),
+        linear_bias=None if p32.linear_bias is None else p32.linear_bias.to(dtype),
+        grad_output=None if p32.grad_output is None else p32.grad_output.to(dtype),
+    )
+    exact = low.replace(
+        input=low.input.to(F64),
+        linear_weight=low.linear_weight.to(F64),
+        linear_bias=None if low.linear_bias is None else low.linear_bias.to(F64),
+        grad_output=None if low.grad_output is None else low.grad_output.to(F64),
+    )
+    return low, exact
+
+
+def _torch_chunked(*args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fallback would make the comparison meaningless
+        return F.linear_cross_entropy(*args, **kwargs)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("opt_name", list(OPTION_CASES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_no_less_accurate_than_torch(dtype, opt_name, reduction):
+    case = Case(**SHAPE, reduction=reduction, bias=True, ignore="default", ignore_every=17)
+    low, exact = _low_precision_problem(case, dtype, seed=1234)
+    opts = lce.LinearCrossEntropyOptions(**OPTION_CASES[opt_name])
+    ours = lce_run(low, opts)
+    theirs = run(_torch_chunked, low, options=torch_options(opts))
+    ref = ref_run(exact)
+
+    outputs = {"loss": (ours[0], theirs[0], ref[0])}
+    for name in GRAD_NAMES:
+        outputs[f"grad_{name}"] = (ours[1][name], theirs[1][name], ref[1][name])
+
+    failures, report = [], []
+    for what, (o, t, r) in outputs.items():
+        assert o is not None and o.dtype == dtype, f"{what}: dtype {None if o is None else o.dtype}, expected {dtype}"
+        assert o.shape == r.shape
+        e_ours, e_torch, floor = rel_err(o, r), rel_err(t, r), rel_err(round_trip(r, dtype), r)
+        bound = 1.05 * e_torch + 0.05 * floor
+        report.append(f"{what:>20}: lce {e_ours:.3e}  torch {e_torch:.3e}  floor {floor:.3e}  bound {bound:.3e}")
+        if not e_ours <= bound:
+            failures.append(what)
+    print(f"\n[{dtype} {opt_name} {reduction}]\n" + "\n".join(report))
+    assert not failures, f"lce less accurate than torch for {failures}:\n" + "\n".join(report)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("chunk", [1, 8])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_many_chunks_loss_within_one_ulp(dtype, chunk, reduction):
+    """With hundreds of chunks the loss is still the fp64 loss rounded to the dtype, +-1 ulp."""
+    case = Case(N=512, D=64, V=512, reduction=reduction, bias=True, ignore="default", ignore_every=13)
+    low, exact = _low_precision_problem(case, dtype, seed=99)
+    opts = lce.LinearCrossEntropyOptions(batch_chunk_size=chunk)
+    got = lce.linear_cross_entropy(low.input, low.linear_weight, low.target, linear_bias=low.linear_bias,
+                                   reduction=reduction, options=opts)
+    ref = ref_run(exact, requires_grad=())[0]
+    theirs = _torch_chunked(low.input, low.linear_weight, low.target, linear_bias=low.linear_bias,
+                            reduction=reduction, options=torch_options(opts))
+    print(f"\n[{dtype} bcs={chunk} {reduction}] exact {ref.item():.8g} rounded {ref.to(dtype).item():.8g} "
+          f"lce {got.item():.8g} torch {theirs.item():.8g}")
+    assert got.dtype == dtype
+    assert within_one_ulp(got, ref), (
+        f"lce loss {got.item()!r} is more than 1 ulp from the rounded fp64 loss {ref.to(dtype).item()!r} "
+        f"(exact {ref.item()!r})"
+    )
