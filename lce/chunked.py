@@ -224,15 +224,22 @@ def scalar_loss_and_grads(plan: Plan, problem: Problem) -> tuple[torch.Tensor, G
         call.set_grad_logits_range(grad_scale)
     loss_sum = torch.zeros((), dtype=plan.loss_sum_dtype, device=problem.input.device)
     for rows in call.chunks():
-        z, x_in_acc = call.logits(rows)
-        losses, _ = call.loss_and_softmax_(z, rows)
-        loss_sum += losses.sum(dtype=plan.loss_sum_dtype)
-        if plan.any_grad:
-            dz = call.grad_logits_(z, grad_scale.expand(z.shape[0]), rows)
-            call.accumulate_grads(dz, x_in_acc, rows)
-        del z, x_in_acc
+        loss_sum += _scalar_chunk(call, rows, grad_scale)
     loss = loss_sum / total_weight if plan.reduction == "mean" else loss_sum
     return loss.to(plan.input_dtype), (call.finish_grads() if plan.any_grad else Gradients())
+
+
+def _scalar_chunk(call: _Call, rows: slice, grad_scale: torch.Tensor) -> torch.Tensor:
+    """One chunk of the scalar reductions: its loss sum (fp64), gradients accumulated into ``call``.
+
+    A function of its own so that the chunk's buffers are freed when it returns.
+    """
+    z, x_in_acc = call.logits(rows)
+    losses, _ = call.loss_and_softmax_(z, rows)
+    if call.plan.any_grad:
+        dz = call.grad_logits_(z, grad_scale.expand(z.shape[0]), rows)
+        call.accumulate_grads(dz, x_in_acc, rows)
+    return losses.sum(dtype=call.plan.loss_sum_dtype)
 
 
 def per_row_loss(plan: Plan, problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,10 +249,7 @@ def per_row_loss(plan: Plan, problem: Problem) -> tuple[torch.Tensor, torch.Tens
     losses = torch.empty(n, dtype=plan.input_dtype, device=problem.input.device)
     lse = torch.empty(n, dtype=plan.stats_dtype, device=problem.input.device)
     for rows in call.chunks():
-        z, _ = call.logits(rows)
-        chunk_losses, lse[rows] = call.loss_and_softmax_(z, rows)
-        losses[rows] = chunk_losses
-        del z
+        losses[rows], lse[rows] = call.loss_and_softmax_(call.logits(rows)[0], rows)
     return losses, lse
 
 
@@ -255,9 +259,11 @@ def per_row_grads(plan: Plan, problem: Problem, lse: torch.Tensor, grad_losses: 
     scale = grad_losses.to(plan.stats_dtype)
     call.set_grad_logits_range(scale.abs().max() if scale.numel() else 0.0)
     for rows in call.chunks():
-        z, x_in_acc = call.logits(rows)
-        probs = z.sub_(lse[rows, None]).exp_()
-        dz = call.grad_logits_(probs, scale[rows], rows)
-        call.accumulate_grads(dz, x_in_acc, rows)
-        del z, probs, dz, x_in_acc
+        _per_row_grad_chunk(call, rows, lse, scale)
     return call.finish_grads()
+
+
+def _per_row_grad_chunk(call: _Call, rows: slice, lse: torch.Tensor, scale: torch.Tensor) -> None:
+    z, x_in_acc = call.logits(rows)
+    probs = z.sub_(lse[rows, None]).exp_()
+    call.accumulate_grads(call.grad_logits_(probs, scale[rows], rows), x_in_acc, rows)

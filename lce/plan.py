@@ -21,7 +21,8 @@ from .policies import COMPACT_ON_CPU_NOTE, LAYOUTS, Gemm, Layout, Role, auto_pic
 
 __all__ = ["Plan", "Buffer", "make_plan", "emulate_device_kind"]
 
-Lifetime = Literal["call", "chunk", "backward"]
+Stage = Literal["forward", "backward"]
+Span = Literal["call", "chunk", "final", "kept"]
 
 _DEVICE_KIND_OVERRIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "lce_device_kind_override", default=None
@@ -83,17 +84,20 @@ def aspect_ratio_chunk_size(num_rows: int, in_features: int, num_classes: int, d
 
 @dataclasses.dataclass(frozen=True)
 class Buffer:
-    """One allocation the op makes: its purpose, shape, dtype and lifetime.
+    """One allocation the op makes: its purpose, shape, dtype and when it is alive.
 
-    ``lifetime`` is "call" (alive from its creation to the end of the forward
-    pass, or returned as a gradient), "chunk" (reallocated per chunk, at most
-    one generation alive), or "backward" (made by backward).
+    ``stage`` is the pass that allocates it. ``span`` is "call" (made before
+    the chunk loop, freed when the pass returns), "chunk" (remade per chunk,
+    one generation alive at a time), "final" (made after the loop, when the
+    chunk buffers are gone: a gradient rounded from its accumulator) or "kept"
+    (outlives the pass: returned gradients and what forward saves for backward).
     """
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
-    lifetime: Lifetime
+    stage: Stage
+    span: Span
     purpose: str
 
     @property
@@ -219,71 +223,81 @@ class Plan:
         grads_made_by = "call" if scalar else "backward"
         out: list[Buffer] = []
 
-        def add(name: str, shape: tuple[int, ...], dtype: torch.dtype, lifetime: Lifetime, purpose: str) -> None:
-            out.append(Buffer(name, shape, dtype, lifetime, purpose))
+        grad_stage: Stage = "forward" if scalar else "backward"
+        kept_grad: Span = "kept" if scalar else "call"
+
+        def add(name: str, shape: tuple[int, ...], dtype: torch.dtype, stage: Stage, span: Span,
+                purpose: str) -> None:
+            out.append(Buffer(name, shape, dtype, stage, span, purpose))
 
         if not scalar:
-            add("loss_per_row", (n,), in_dt, "call", "the (N,) output of reduction='none'")
-            add("row_logsumexp", (n,), stats_dt, "call", "saved log-sum-exp per row, reused by backward")
-        if self.any_grad or not scalar:
-            add("row_weights", (n,), stats_dt, "call", "class weight of each row's target, 0 if ignored")
-        if self.uses_weight_in_acc:
-            add("weight_in_acc", (c, d), acc_dt, grads_made_by if not scalar else "call",
-                "acc_dtype copy of the weight, for GEMMs with acc operands")
+            add("loss_per_row", (n,), in_dt, "forward", "kept", "the (N,) output of reduction='none'")
+            add("row_logsumexp", (n,), stats_dt, "forward", "kept", "log-sum-exp per row, saved for backward")
+        stages: tuple[Stage, ...] = ("forward",) if scalar else ("forward", "backward")
+        for stage in stages:
+            if stage == "backward" or self.any_grad or not scalar:
+                add("row_weights", (n,), stats_dt, stage, "call", "class weight of each row's target, 0 if ignored")
+            if self.uses_weight_in_acc:
+                add("weight_in_acc", (c, d), acc_dt, stage, "call", "acc_dtype copy of the weight for acc GEMMs")
         if self.needs_input_grad:
-            add("grad_input", (n, d), in_dt, grads_made_by, "gradient w.r.t. input (returned)")
+            add("grad_input", (n, d), in_dt, grad_stage, kept_grad, "gradient w.r.t. input (returned)")
         if self.needs_weight_grad:
             if self.uses_weight_grad_accumulator:
-                add("weight_grad_accumulator", (c, d), self.weight_grad_sum_dtype, grads_made_by,
+                add("weight_grad_accumulator", (c, d), self.weight_grad_sum_dtype, grad_stage, "call",
                     "sum of the weight gradient over all chunks, rounded once at the end")
-            add("grad_weight", (c, d), in_dt, grads_made_by, "gradient w.r.t. the weight (returned)")
+                add("grad_weight", (c, d), in_dt, grad_stage, "final",
+                    "gradient w.r.t. the weight, rounded from the accumulator (returned)")
+            else:
+                add("grad_weight", (c, d), in_dt, grad_stage, kept_grad,
+                    "gradient w.r.t. the weight, accumulated in place (returned)")
         if self.needs_bias_grad:
-            add("bias_grad_accumulator", (c,), stats_dt, grads_made_by, "bias gradient summed over chunks")
-            add("grad_bias", (c,), in_dt, grads_made_by, "gradient w.r.t. the bias (returned)")
+            add("bias_grad_accumulator", (c,), stats_dt, grad_stage, "call", "bias gradient summed over chunks")
+            add("grad_bias", (c,), in_dt, grad_stage, "final",
+                "gradient w.r.t. the bias (returned)")
 
         # Per chunk: the logits, then (if gradients are due) the gradient chunk.
+        # Per chunk: the logits in every pass that computes them, the gradient chunk where gradients are made.
         logits_dt = self.gemm_result_dtype(self.layout.logits)
-        if self.uses_input_in_acc:
-            add("input_chunk_in_acc", (rows, d), acc_dt, "chunk", "chunk of the input upcast to acc_dtype")
-        add("logits_chunk", (rows, c), logits_dt, "chunk", "logits of one chunk, then softmax in place")
-        if logits_dt != stats_dt:
-            add("probs_chunk", (rows, c), stats_dt, "chunk", "softmax of the chunk in fp32")
+        for stage in stages:
+            if self.uses_input_in_acc:
+                add("input_chunk_in_acc", (rows, d), acc_dt, stage, "chunk", "chunk of the input upcast to acc_dtype")
+            add("logits_chunk", (rows, c), logits_dt, stage, "chunk", "logits of one chunk, then softmax in place")
+            if logits_dt != stats_dt:
+                add("probs_chunk", (rows, c), stats_dt, stage, "chunk", "softmax of the chunk in fp32")
         if self.any_grad:
             if self.rounds_grad_logits_narrow:
-                add("grad_logits_narrow", (rows, c), in_dt, "chunk", "dz rounded for the low-precision GEMMs")
+                add("grad_logits_narrow", (rows, c), in_dt, grad_stage, "chunk",
+                    "dz rounded for the low-precision GEMMs")
             gi_dt = self.gemm_result_dtype(self.layout.grad_input)
             if self.needs_input_grad and gi_dt != in_dt:
-                add("grad_input_chunk", (rows, d), gi_dt, "chunk", "grad_input of one chunk before rounding")
+                add("grad_input_chunk", (rows, d), gi_dt, grad_stage, "chunk",
+                    "grad_input of one chunk before rounding")
             wg_operands = self.gemm_operand_dtype(self.layout.grad_weight)
             wg_product = self.gemm_result_dtype(self.layout.grad_weight)
             if self.needs_weight_grad and not (wg_operands == wg_product == self.weight_grad_sum_dtype):
-                add("weight_grad_chunk", (c, d), wg_product, "chunk", "one chunk's weight-gradient product")
+                add("weight_grad_chunk", (c, d), wg_product, grad_stage, "chunk",
+                    "one chunk's weight-gradient product")
         return tuple(out)
 
     @property
     def peak_extra_bytes(self) -> int:
         """Predicted peak of bytes allocated by one forward + backward, beyond the inputs.
 
-        Forward holds every "call" buffer plus one chunk's buffers. For the
-        scalar reductions with ``allow_retain_graph=True`` backward returns
-        fresh scaled copies of the gradients while the stored ones live on.
-        For ``reduction="none"`` the gradients and chunk buffers appear in
-        backward, next to the saved per-row statistics.
+        In each pass the peak is what that pass keeps from earlier, plus its
+        call-long buffers, plus the larger of one chunk's buffers and the
+        buffers made after the loop. For the scalar reductions backward only
+        scales the kept gradients, in place, or -- with ``allow_retain_graph``
+        -- into fresh copies, which then coexist with the kept ones.
         """
-        buffers = self.buffers
-        total = {lifetime: sum(b.nbytes for b in buffers if b.lifetime == lifetime)
-                 for lifetime in ("call", "chunk", "backward")}
-        peak = total["call"] + total["chunk"] + total["backward"]
-        if self.reduction != "none" and self.allow_retain_graph:
-            returned = sum(b.nbytes for b in buffers if b.name in ("grad_input", "grad_weight", "grad_bias"))
-            peak = max(peak, total["call"] - self._forward_only_bytes(buffers) + returned)
-        return peak
+        def total(stage: Stage, span: Span) -> int:
+            return sum(b.nbytes for b in self.buffers if b.stage == stage and b.span == span)
 
-    @staticmethod
-    def _forward_only_bytes(buffers: tuple[Buffer, ...]) -> int:
-        """Bytes of call-long buffers freed when forward returns (everything but gradients and outputs)."""
-        kept = ("grad_input", "grad_weight", "grad_bias", "loss_per_row", "row_logsumexp")
-        return sum(b.nbytes for b in buffers if b.lifetime == "call" and b.name not in kept)
+        forward = total("forward", "call") + max(total("forward", "chunk"), total("forward", "final"))
+        kept = total("forward", "kept") + total("forward", "final")
+        backward = kept + total("backward", "call") + max(total("backward", "chunk"), total("backward", "final"))
+        if self.reduction != "none" and self.allow_retain_graph:
+            backward = 2 * kept
+        return max(forward + total("forward", "kept"), backward)
 
     def __str__(self) -> str:
         def name(dtype: torch.dtype) -> str:
@@ -304,7 +318,7 @@ class Plan:
             "  buffers",
         ]
         for b in self.buffers:
-            lines.append(f"    {b.name:<24} {str(b.shape):<16} {name(b.dtype):<9} {b.lifetime:<8} "
+            lines.append(f"    {b.name:<24} {str(b.shape):<16} {name(b.dtype):<9} {b.stage:<8} {b.span:<5} "
                          f"{b.nbytes / 2**20:10.2f} MiB")
         lines.append(f"  predicted peak extra memory: {self.peak_extra_bytes / 2**20:.2f} MiB")
         lines.extend(f"  note: {note}" for note in self.notes)
