@@ -49,18 +49,34 @@ def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, out: torch.Tens
     return (result.mul_(alpha) if alpha != 1.0 else result).to(out_dtype)
 
 
+_BLOCK_ELEMENTS = 1 << 20
+"""Rows of a (C, D) target are updated in blocks of about this many elements when a
+dtype conversion is involved, so the converted temporaries stay ~4 MiB, not (C, D)-sized."""
+
+
+def _row_blocks(rows: int, cols: int) -> range:
+    return range(0, rows, max(1, _BLOCK_ELEMENTS // max(cols, 1)))
+
+
 def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtype: torch.dtype,
             alpha: float = 1.0) -> None:
     """``target += alpha * (a @ b)`` where the product is rounded to ``product_dtype`` before the add.
 
     When operands, product and target share a dtype this is a single in-place
     ``addmm_`` (no temporary, one rounding of ``target + alpha * a @ b``);
-    otherwise the product is formed by :func:`mm` and added.
+    otherwise the product is formed by :func:`mm` and added block by block.
     """
     if target.dtype == a.dtype == product_dtype and not _slow_on_device(a.dtype, a.device):
         target.addmm_(a, b, alpha=alpha)
-    elif target.dtype == product_dtype == a.dtype:
-        # fp16 on CPU: same single rounding of target + alpha * a @ b, computed in fp32.
-        target.copy_(target.float().addmm_(a.float(), b.float(), alpha=alpha))
-    else:
-        target.add_(mm(a, b, product_dtype, alpha=alpha))
+        return
+    step = _row_blocks(*target.shape).step
+    if target.dtype == product_dtype == a.dtype:
+        # fp16 on CPU: the same single rounding of target + alpha * a @ b, computed in fp32.
+        b_wide = b.float()
+        for start in range(0, target.shape[0], step):
+            block = target[start:start + step]
+            block.copy_(block.float().addmm_(a[start:start + step].float(), b_wide, alpha=alpha))
+        return
+    product = mm(a, b, product_dtype, alpha=alpha)
+    for start in range(0, target.shape[0], step):
+        target[start:start + step].add_(product[start:start + step])

@@ -190,6 +190,11 @@ class Plan:
         return self.rounds_grad_logits_narrow and torch.finfo(self.input_dtype).max < 1e6
 
     @property
+    def upcasts_fp16_gemms(self) -> bool:
+        """Whether fp16 GEMMs on CPU upcast their operands per call (only when acc_dtype is fp16 too)."""
+        return self.device_kind == "cpu" and self.input_dtype == torch.float16 and self.acc_dtype == torch.float16
+
+    @property
     def uses_weight_in_acc(self) -> bool:
         """Whether a ``(C, D)`` acc_dtype copy of the weight is kept for the call."""
         if self.acc_dtype == self.input_dtype:
@@ -264,6 +269,9 @@ class Plan:
             add("logits_chunk", (rows, c), logits_dt, stage, "chunk", "logits of one chunk, then softmax in place")
             if logits_dt != stats_dt:
                 add("probs_chunk", (rows, c), stats_dt, stage, "chunk", "softmax of the chunk in fp32")
+            if self.upcasts_fp16_gemms:
+                add("fp16_gemm_upcast", (c, d), torch.float32, stage, "chunk",
+                    "fp32 copy of the fp16 weight for one GEMM (CPU has no fast fp16 GEMM)")
         if self.any_grad:
             if self.rounds_grad_logits_narrow:
                 add("grad_logits_narrow", (rows, c), in_dt, grad_stage, "chunk",
