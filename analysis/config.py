@@ -1,0 +1,194 @@
+"""Paths and the named grids: every run the analysis makes is declared here.
+
+A grid is a list of :class:`RunConfig` (one CSV row each) plus how each run is
+measured (:class:`Measurement`). Grids:
+
+* ``quick`` -- every policy x chunking method x fp32/bf16/fp16 on small CPU
+  shapes, lce next to torch's native op, the unfused reference and its
+  torch.compile, plus lce's CUDA layouts emulated on CPU tensors (errors of
+  the CUDA path); sized to finish in <= 10 minutes on 2 CPU cores.
+* ``full`` -- the publication CPU grid: larger shapes up to LLM-like aspect
+  ratios (C/D >= 32), torch.compile of the reference, and lce's CUDA layouts
+  emulated on CPU tensors (their errors; memory and time are CPU's).
+* ``cuda`` -- for a lent GPU (<= 8 minutes on one H200): CUDA-sized shapes,
+  every chunked config, the reference, torch.compile, Liger / Cut
+  Cross-Entropy when installed.
+
+``tiny`` is a seconds-long grid for tests and CI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from .problem import Shape
+
+__all__ = ["ROOT", "RESULTS_DIR", "FIGURES_DIR", "RunConfig", "Measurement", "Grid", "GRIDS", "get_grid",
+           "POLICIES", "CHUNKINGS", "LOW_PRECISION", "chunked_configs"]
+
+ROOT: Path = Path(__file__).resolve().parent.parent
+"""The repository root (the folder holding ``lce/`` and ``analysis/``)."""
+RESULTS_DIR: Path = ROOT / "analysis" / "results"
+"""Where sweeps write their CSVs (committed)."""
+FIGURES_DIR: Path = ROOT / "figures"
+"""Where ``python -m analysis figures`` writes PNG/SVG and ``README.md``."""
+
+POLICIES: tuple[str, ...] = ("auto", "accurate", "balanced", "compact")
+CHUNKINGS: tuple[str, ...] = ("aspect_ratio", "aspect_ratio:2", "aspect_ratio:4", "aspect_ratio:8")
+LOW_PRECISION: tuple[str, ...] = ("bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One run: which op with which options, on which problem. One CSV row.
+
+    ``acc_dtype`` is ``"default"`` (the options' ``None``) or a dtype name;
+    ``policy``/``chunking`` are ``""`` for the unchunked ops.
+    """
+
+    op: str
+    dtype: str
+    N: int
+    D: int
+    C: int
+    policy: str = ""
+    chunking: str = ""
+    acc_dtype: str = "default"
+    bias: bool = True
+    device: str = "cpu"
+    seed: int = 0
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.N, self.D, self.C)
+
+    @property
+    def key(self) -> str:
+        """Stable identity of the run; a sweep skips keys its CSV already holds."""
+        return "|".join(str(getattr(self, f.name)) for f in dataclasses.fields(self))
+
+    def problem_key(self) -> tuple:
+        """Runs with equal problem keys share inputs and the fp64 reference."""
+        return (self.device, self.dtype, self.N, self.D, self.C, self.bias, self.seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """How each run is measured: untimed warm-up calls, timed repeats (median kept), CPU threads.
+
+    ``threads=1`` on shared CPU machines: with 2 intra-op threads on 2 busy
+    cores every parallel region waits for a time slice, and a 1 ms op took
+    7 ms (measured while another process held one core). ``0`` keeps torch's
+    default.
+    """
+
+    warmup: int = 1
+    repeats: int = 3
+    threads: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """A named list of runs and how to measure them."""
+
+    name: str
+    description: str
+    configs: tuple[RunConfig, ...]
+    measurement: Measurement = Measurement()
+
+    def __post_init__(self) -> None:
+        keys = [c.key for c in self.configs]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"grid {self.name!r} lists a run twice")
+
+    def shard(self, index: int, count: int) -> tuple[RunConfig, ...]:
+        """Shard ``index`` of ``count`` (1-based): every ``count``-th run, so shards take equal work."""
+        if count < 1 or not 1 <= index <= count:
+            raise ValueError(f"shard must be K/N with 1 <= K <= N, got {index}/{count}")
+        return self.configs[index - 1::count]
+
+
+def chunked_configs(shapes: Iterable[Shape], dtypes: Sequence[str], *, ops: Sequence[str] = ("lce", "torch"),
+                    policies: Sequence[str] = POLICIES, chunkings: Sequence[str] = CHUNKINGS,
+                    device: str = "cpu", bias: bool = True) -> list[RunConfig]:
+    """Every op x policy x chunking x acc_dtype for each shape and dtype, grouped by problem.
+
+    Explicit policies run twice on fp16/bf16: with ``acc_dtype`` left to the
+    options contract (which gives the input dtype for an explicit policy) and
+    with ``acc_dtype=float32`` (the mixed-precision layouts). ``"auto"`` runs
+    once: it resolves ``acc_dtype`` itself.
+    """
+    out: list[RunConfig] = []
+    for shape, dtype in itertools.product(shapes, dtypes):
+        for op, policy, chunking in itertools.product(ops, policies, chunkings):
+            accs = ["default"]
+            if dtype in LOW_PRECISION and policy != "auto":
+                accs.append("float32")
+            for acc in accs:
+                out.append(RunConfig(op, dtype, shape.N, shape.D, shape.C, policy, chunking, acc, bias, device))
+    return out
+
+
+def _with_unchunked(configs: list[RunConfig], ops: Sequence[str]) -> tuple[RunConfig, ...]:
+    """``configs`` plus one run of each unchunked op per problem, kept next to its problem's runs."""
+    by_problem: dict[tuple, list[RunConfig]] = {}
+    for config in configs:
+        by_problem.setdefault(config.problem_key(), []).append(config)
+    out: list[RunConfig] = []
+    for runs in by_problem.values():
+        first = runs[0]
+        out.extend(RunConfig(op, first.dtype, first.N, first.D, first.C, bias=first.bias, device=first.device,
+                             seed=first.seed) for op in ops)
+        out.extend(runs)
+    return tuple(out)
+
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+# quick: C/D = 32, 16 and 128 with few rows, so every chunking method gives distinct chunk
+# counts (8 to 256 chunks) and one CPU core runs the whole grid in about 5 minutes.
+_QUICK_SHAPES = (Shape(256, 128, 4096), Shape(512, 64, 1024), Shape(256, 64, 8192))
+_FULL_SHAPES = (Shape(256, 128, 4096), Shape(512, 64, 1024), Shape(1024, 256, 8192), Shape(2048, 256, 16384),
+                Shape(2048, 128, 32768))
+_CUDA_SHAPES = (Shape(4096, 1024, 32768), Shape(8192, 2048, 65536), Shape(8192, 4096, 131072))
+
+GRIDS: dict[str, Grid] = {
+    "tiny": Grid(
+        "tiny", "seconds-long smoke grid for tests and CI",
+        _with_unchunked(chunked_configs([Shape(16, 8, 64)], ("float32", "bfloat16"),
+                                        policies=("auto", "compact"), chunkings=("aspect_ratio", "aspect_ratio:2")),
+                        ("reference",))
+        + tuple(chunked_configs([Shape(16, 8, 64)], ("bfloat16",), ops=("lce",), policies=("auto", "compact"),
+                                chunkings=("aspect_ratio", "aspect_ratio:2"), device="cuda-emulated")),
+        Measurement(warmup=0, repeats=1),
+    ),
+    "quick": Grid(
+        "quick", "all policies x chunking methods x fp32/bf16/fp16 on small CPU shapes, lce and torch, "
+                 "reference and torch.compile; lce's CUDA layouts emulated",
+        _with_unchunked(chunked_configs(_QUICK_SHAPES, _DTYPES), ("reference", "compiled"))
+        + tuple(chunked_configs(_QUICK_SHAPES, _DTYPES, ops=("lce",), device="cuda-emulated")),
+        Measurement(warmup=1, repeats=3),
+    ),
+    "full": Grid(
+        "full", "publication CPU grid: shapes up to C/D = 256, torch.compile, lce's CUDA layouts emulated",
+        _with_unchunked(chunked_configs(_FULL_SHAPES, _DTYPES), ("reference", "compiled"))
+        + tuple(chunked_configs(_FULL_SHAPES, _DTYPES, ops=("lce",), device="cuda-emulated")),
+        Measurement(warmup=1, repeats=5),
+    ),
+    "cuda": Grid(
+        "cuda", "one lent GPU (H200): CUDA-sized shapes, every chunked config, reference, compile, Liger, CCE",
+        _with_unchunked(chunked_configs(_CUDA_SHAPES, _DTYPES, device="cuda", bias=False),
+                        ("reference", "compiled", "liger", "cce")),
+        Measurement(warmup=2, repeats=5, threads=0),
+    ),
+}
+
+
+def get_grid(name: str) -> Grid:
+    """The grid called ``name``; ``ValueError`` listing the known names otherwise."""
+    if name not in GRIDS:
+        raise ValueError(f"grid must be one of {sorted(GRIDS)}, got {name!r}")
+    return GRIDS[name]

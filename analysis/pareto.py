@@ -1,0 +1,237 @@
+"""Pareto fronts on (cost, error) and a verdict for every "auto" pick.
+
+Error, for a front, is :data:`ERROR`: the worst of the gradient errors of a run,
+each in units of its rounding floor (1 = as good as rounding the exact answer).
+Costs are the measured peak extra memory (:data:`MEMORY`) and the median time
+(:data:`TIME`); for ``cuda-emulated`` runs the memory is lce's model (their
+measured memory is the CPU stand-in's, not the GPU's).
+
+A run is on the front of its group (same device, dtype and shape) when no other
+run of the group is at most as costly *and* at most as wrong, and strictly
+better in one of the two.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from lce.policies import AUTO_FALLBACK, AUTO_TABLE, auto_pick
+
+from .problem import dtype_name
+
+__all__ = ["ERROR", "MEMORY", "TIME", "GROUP", "prepare", "front_mask", "auto_entries", "verdicts",
+           "recommend", "label", "verdict_lines"]
+
+ERROR = "worst_grad_in_floors"
+MEMORY = "peak_mib"
+TIME = "time_ms"
+GROUP = ["device", "dtype", "N", "D", "C"]
+_GRADS = ("grad_input", "grad_weight", "grad_bias")
+
+
+def prepare(results: pd.DataFrame) -> pd.DataFrame:
+    """The ``ok`` rows with the derived columns :data:`ERROR`, :data:`MEMORY`, :data:`TIME` and ``label``."""
+    table = results[results["status"] == "ok"].copy()
+    for column in ("policy", "chunking", "acc_dtype"):
+        table[column] = table[column].fillna("").astype(str)
+    columns = [f"{g}_fro_in_floors" for g in _GRADS if f"{g}_fro_in_floors" in table]
+    table[ERROR] = table[columns].max(axis=1, skipna=True)
+    memory = table["peak_bytes_measured"].astype(float)
+    emulated = table["device"] == "cuda-emulated"
+    memory[emulated] = table.loc[emulated, "peak_bytes_modeled"].astype(float)
+    table[MEMORY] = memory / 2**20
+    table[TIME] = table["time_median_s"].astype(float) * 1e3
+    table["label"] = [label(row) for row in table.itertuples()]
+    return table.reset_index(drop=True)
+
+
+def label(row) -> str:
+    """Short name of a run's implementation: ``lce compact ar:2 acc=fp32``."""
+    if not getattr(row, "policy", ""):
+        return str(row.op)
+    chunking = str(row.chunking).replace("aspect_ratio", "ar")
+    acc = "" if row.acc_dtype == "default" else f" acc={str(row.acc_dtype).replace('float', 'fp')}"
+    return f"{row.op} {row.policy} {chunking}{acc}"
+
+
+def front_mask(costs: np.ndarray | pd.Series, errors: np.ndarray | pd.Series) -> np.ndarray:
+    """Boolean mask of the non-dominated points (minimizing both); NaN points are never on it."""
+    cost = np.asarray(costs, dtype=float)
+    error = np.asarray(errors, dtype=float)
+    valid = np.isfinite(cost) & np.isfinite(error)
+    mask = np.zeros(len(cost), dtype=bool)
+    for i in np.flatnonzero(valid):
+        no_worse = valid & (cost <= cost[i]) & (error <= error[i])
+        strictly_better = (cost < cost[i]) | (error < error[i])
+        mask[i] = not np.any(no_worse & strictly_better)
+    return mask
+
+
+def with_fronts(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` plus ``on_memory_front`` and ``on_time_front``, computed per :data:`GROUP`."""
+    table = table.copy()
+    table["on_memory_front"] = False
+    table["on_time_front"] = False
+    for _, group in table.groupby(GROUP, sort=False):
+        table.loc[group.index, "on_memory_front"] = front_mask(group[MEMORY], group[ERROR])
+        table.loc[group.index, "on_time_front"] = front_mask(group[TIME], group[ERROR])
+    return table
+
+
+def auto_entries() -> list[tuple[str, str]]:
+    """(device kind, dtype name) of every "auto" table entry, plus the fp32 ones the table lacks."""
+    keys = [(kind, dtype_name(dtype)) for kind, dtype in AUTO_TABLE]
+    for kind in ("cpu", "cuda"):
+        if (kind, "float32") not in keys:
+            keys.append((kind, "float32"))
+    return keys
+
+
+def _devices_for(kind: str) -> tuple[str, ...]:
+    return ("cpu",) if kind == "cpu" else ("cuda", "cuda-emulated")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """How one auto pick fares on one problem's (memory, error) and (time, error) fronts."""
+
+    device: str
+    dtype: str
+    shape: str
+    pick: str
+    listed: bool
+    error: float
+    peak_mib: float
+    time_ms: float
+    on_memory_front: bool
+    on_time_front: bool
+    memory_dominator: str
+    memory_dominator_error: float
+    memory_dominator_peak_mib: float
+    time_dominator: str
+    time_dominator_error: float
+    time_dominator_ms: float
+
+
+VERDICT_TOLERANCE = 0.05
+"""A rival must beat the auto pick by more than this fraction on one axis (and be no worse on the
+other) to knock it off a front in a verdict: 1% less time on a shared CPU is noise, not a finding."""
+
+
+def _best_dominator(group: pd.DataFrame, me: pd.Series, cost: str,
+                    tolerance: float = VERDICT_TOLERANCE) -> pd.Series | None:
+    """The run that beats ``me`` on both axes by the largest margin (product of ratios), if any.
+
+    "Beats" means no worse on either axis and better by more than ``tolerance`` on at least one.
+    """
+    no_worse = (group[cost] <= me[cost]) & (group[ERROR] <= me[ERROR])
+    strictly = (group[cost] < me[cost] * (1 - tolerance)) | (group[ERROR] < me[ERROR] * (1 - tolerance))
+    rivals = group[no_worse & strictly & ~_same_computation(group, me)]
+    if rivals.empty:
+        return None
+    margin = np.log(rivals[cost] / me[cost]) + np.log(rivals[ERROR] / me[ERROR])
+    return rivals.loc[margin.idxmin()]
+
+
+def _same_computation(group: pd.DataFrame, me: pd.Series) -> pd.Series:
+    """Runs that resolve to exactly ``me``'s computation (e.g. "auto" and its explicit spelling).
+
+    They differ only by measurement noise, so they never count as rivals.
+    """
+    columns = ("resolved_policy", "resolved_acc_dtype", "chunk_size")
+    if any(column not in group for column in columns):
+        return pd.Series(False, index=group.index)
+    same = group["op"] == me["op"]
+    for column in columns:
+        same &= group[column].astype(str) == str(me[column])
+    return same
+
+
+def verdicts(table: pd.DataFrame) -> pd.DataFrame:
+    """One :class:`Verdict` row per auto entry x problem present in ``table`` (from :func:`prepare`).
+
+    ``on_*_front`` means: no run is no worse on both axes and more than
+    :data:`VERDICT_TOLERANCE` better on one.
+
+    The auto pick's row is lce with ``acc_policy="auto"`` (acc_dtype left
+    default) and the chunking method the table names; fronts are over every
+    run of the problem (lce, torch and the reference).
+    """
+    rows: list[Verdict] = []
+    for kind, dtype in auto_entries():
+        pick = auto_pick(kind, getattr(torch, dtype))
+        listed = pick is not AUTO_FALLBACK
+        for device in _devices_for(kind):
+            subset = table[(table["device"] == device) & (table["dtype"] == dtype)]
+            for _, group in subset.groupby(["N", "D", "C"], sort=True):
+                mine = group[(group["op"] == "lce") & (group["policy"] == "auto")
+                             & (group["chunking"] == pick.chunking_method) & (group["acc_dtype"] == "default")]
+                if mine.empty:
+                    continue
+                me = mine.iloc[0]
+                memory_rival, time_rival = _best_dominator(group, me, MEMORY), _best_dominator(group, me, TIME)
+                rows.append(Verdict(
+                    device, dtype, f"{me.N}x{me.D}x{me.C}", f"{pick.acc_policy} {pick.chunking_method}", listed,
+                    float(me[ERROR]), float(me[MEMORY]), float(me[TIME]),
+                    memory_rival is None, time_rival is None,
+                    "" if memory_rival is None else memory_rival["label"],
+                    math.nan if memory_rival is None else float(memory_rival[ERROR]),
+                    math.nan if memory_rival is None else float(memory_rival[MEMORY]),
+                    "" if time_rival is None else time_rival["label"],
+                    math.nan if time_rival is None else float(time_rival[ERROR]),
+                    math.nan if time_rival is None else float(time_rival[TIME]),
+                ))
+    return pd.DataFrame([dataclasses.asdict(v) for v in rows])
+
+
+def recommend(table: pd.DataFrame, device: str, dtype: str, *, cost: str = MEMORY) -> pd.DataFrame:
+    """lce configs for (device, dtype) ranked by mean over shapes of log(cost/best) + log(error/best).
+
+    Lower ``score`` is better: 0 would be the cheapest *and* most accurate run
+    on every shape. Only configs measured on every shape are ranked.
+    """
+    subset = table[(table["device"] == device) & (table["dtype"] == dtype) & (table["op"] == "lce")].copy()
+    if subset.empty:
+        return pd.DataFrame(columns=["label", "score", ERROR, cost])
+    best_cost = subset.groupby(["N", "D", "C"])[cost].transform("min")
+    best_error = subset.groupby(["N", "D", "C"])[ERROR].transform("min")
+    subset["score"] = np.log(subset[cost] / best_cost) + np.log(subset[ERROR] / best_error)
+    shapes = subset[["N", "D", "C"]].drop_duplicates().shape[0]
+    ranked = subset.groupby("label").agg(score=("score", "mean"), runs=("score", "size"),
+                                         **{ERROR: (ERROR, "median"), cost: (cost, "median")})
+    ranked = ranked[ranked["runs"] == shapes].drop(columns="runs")
+    return ranked.sort_values("score").reset_index()
+
+
+def verdict_lines(table: pd.DataFrame) -> list[str]:
+    """Human-readable verdicts (one line per entry x problem) and fp32 recommendations."""
+    lines: list[str] = [f"(a pick is off a front only if another run is no worse on both axes and more than "
+                         f"{VERDICT_TOLERANCE:.0%} better on one)"]
+    for v in verdicts(table).itertuples():
+        where = f"{v.device} {v.dtype} {v.shape}: auto = {v.pick}{'' if v.listed else ' (fallback)'}"
+        memory_kind = "MiB modeled" if v.device == "cuda-emulated" else "MiB"
+        facts = f"error {v.error:.2f} floors, {v.peak_mib:.2f} {memory_kind}, {v.time_ms:.1f} ms"
+        memory = ("on the memory front" if v.on_memory_front else
+                  f"off the memory front: {v.memory_dominator} has {v.memory_dominator_error:.2f} floors at "
+                  f"{v.memory_dominator_peak_mib:.2f} MiB")
+        if v.device == "cuda-emulated":
+            time = "time not judged (CPU stand-in for the CUDA kernels)"
+        elif v.on_time_front:
+            time = "on the time front"
+        else:
+            time = (f"off the time front: {v.time_dominator} has {v.time_dominator_error:.2f} floors in "
+                    f"{v.time_dominator_ms:.1f} ms")
+        lines.append(f"{where} -- {facts}; {memory}; {time}")
+    for kind, dtype in auto_entries():
+        for device in _devices_for(kind):
+            ranked = recommend(table, device, dtype)
+            if len(ranked):
+                top = ranked.iloc[0]
+                lines.append(f"best memory x error trade-off for {device} {dtype}: {top['label']} "
+                             f"(score {top['score']:.2f}, median {top[ERROR]:.2f} floors, {top[MEMORY]:.2f} MiB)")
+    return lines

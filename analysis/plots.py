@@ -1,0 +1,272 @@
+"""One function per figure, all drawn from a results table (see :func:`analysis.pareto.prepare`).
+
+Each ``plot_*`` function takes the prepared table and an output folder, writes
+``<name>.png`` and ``<name>.svg`` and returns a :class:`Figure` record (file
+stem, caption) that :func:`write_index` lists in ``figures/README.md``.
+Style: seaborn's "whitegrid" with one palette keyed by policy, log axes where
+the data spans decades, units in every axis label.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display needed
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from .pareto import ERROR, MEMORY, TIME, front_mask, verdicts  # noqa: E402
+
+__all__ = ["Figure", "FIGURES", "plot_error_vs_memory", "plot_error_vs_chunks", "plot_memory_model",
+           "plot_time_vs_shape", "draw_all", "write_index"]
+
+POLICY_ORDER = ("auto", "accurate", "balanced", "compact", "")
+PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER))))
+PALETTE[""] = (0.3, 0.3, 0.3)
+MARKERS = {"lce": "o", "torch": "X", "reference": "s", "compiled": "D", "liger": "^", "cce": "v"}
+ERROR_LABEL = "worst gradient error (multiples of the rounding floor)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Figure:
+    """A written figure: file stem under the figures folder and its caption."""
+
+    stem: str
+    caption: str
+
+
+def _style() -> None:
+    sns.set_theme(style="whitegrid", context="paper", font_scale=1.0)
+
+
+def _save(fig: plt.Figure, folder: Path, stem: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    fig.savefig(folder / f"{stem}.png", dpi=130, bbox_inches="tight")
+    fig.savefig(folder / f"{stem}.svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+
+
+def _shape_text(row) -> str:
+    return f"N={row.N} D={row.D} C={row.C}"
+
+
+def _grid(panels: int, width: float = 4.2, height: float = 3.4, columns: int = 3) -> tuple[plt.Figure, np.ndarray]:
+    columns = max(1, min(columns, panels))
+    rows = max(1, -(-panels // columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows + 0.8), squeeze=False,
+                             layout="constrained")
+    for ax in axes.flat[panels:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
+def _legend_below(fig: plt.Figure, axes: np.ndarray) -> None:
+    handles, labels = {}, []
+    for ax in axes.flat:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            if text not in handles:
+                handles[text] = handle
+                labels.append(text)
+    if handles:
+        fig.legend([handles[t] for t in labels], labels, loc="outside lower center", ncol=min(6, len(labels)),
+                   frameon=False, fontsize=8)
+
+
+def _log_axes(ax: plt.Axes, x: bool = True, y: bool = True, x_base: float = 10) -> None:
+    """Log scales with plain numbers as labels (no 3x10^-1 clutter on axes spanning < 1 decade)."""
+    plain = ticker.FuncFormatter(lambda value, _: f"{value:g}")
+    if x:
+        ax.set_xscale("log", base=x_base)
+        if x_base == 10:
+            ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    if y:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+def plot_error_vs_memory(table: pd.DataFrame, folder: Path, device: str = "cpu") -> Figure | None:
+    """Error vs peak memory per (dtype, shape) on ``device``, front drawn, auto pick starred."""
+    data = table[table["device"] == device]
+    if data.empty:
+        return None
+    _style()
+    problems = data[["dtype", "N", "D", "C"]].drop_duplicates().sort_values(["dtype", "C", "N"])
+    fig, axes = _grid(len(problems))
+    picks = verdicts(table)
+    for ax, problem in zip(axes.flat, problems.itertuples(index=False)):
+        group = data[(data["dtype"] == problem.dtype) & (data["N"] == problem.N) & (data["D"] == problem.D)
+                     & (data["C"] == problem.C)]
+        for (op, policy), points in group.groupby(["op", "policy"], sort=False):
+            ax.scatter(points[MEMORY], points[ERROR], s=22, alpha=0.75, marker=MARKERS.get(op, "o"),
+                       color=PALETTE.get(policy, "k"), label=f"{op} {policy}".strip())
+        front = group[front_mask(group[MEMORY], group[ERROR])].sort_values(MEMORY)
+        ax.step(front[MEMORY], front[ERROR], where="post", color="k", lw=1, alpha=0.6, label="Pareto front")
+        if len(picks):
+            mine = picks[(picks["device"] == device) & (picks["dtype"] == problem.dtype)
+                         & (picks["shape"] == f"{problem.N}x{problem.D}x{problem.C}")]
+            for pick in mine.itertuples():
+                ax.scatter([pick.peak_mib], [pick.error], marker="*", s=220, facecolor="none", edgecolor="red",
+                           linewidth=1.5, label="auto pick", zorder=5)
+        _log_axes(ax)
+        ax.set_title(f"{problem.dtype}, {_shape_text(problem)}", fontsize=9)
+        ax.set_xlabel("peak extra memory (MiB)")
+    fig.supylabel(ERROR_LABEL, fontsize=9)
+    _legend_below(fig, axes)
+    stem = f"error_vs_memory_{device}"
+    _save(fig, folder, stem)
+    memory_source = "lce's model (CPU stand-in measured otherwise)" if device == "cuda-emulated" else "measured"
+    return Figure(stem, f"Gradient error (in rounding floors) vs peak extra memory ({memory_source}) on {device}, "
+                        "one panel per dtype and shape; black steps: Pareto front; red star: the \"auto\" pick.")
+
+
+def plot_error_vs_chunks(table: pd.DataFrame, folder: Path, device: str = "cpu") -> Figure | None:
+    """grad_weight error vs number of chunks per policy, lce (solid) next to torch (dashed)."""
+    data = table[(table["device"] == device) & table["op"].isin(["lce", "torch"])].copy()
+    if data.empty:
+        return None
+    _style()
+    data["series"] = data["policy"] + np.where(data["acc_dtype"] == "default", "", " acc=fp32")
+    problems = data[["dtype", "N", "D", "C"]].drop_duplicates().sort_values(["dtype", "C", "N"])
+    fig, axes = _grid(len(problems))
+    for ax, problem in zip(axes.flat, problems.itertuples(index=False)):
+        group = data[(data["dtype"] == problem.dtype) & (data["N"] == problem.N) & (data["D"] == problem.D)
+                     & (data["C"] == problem.C)]
+        for (op, series), points in group.groupby(["op", "series"], sort=True):
+            points = points.sort_values("num_chunks")
+            policy = series.split(" ")[0]
+            wide = str(points["resolved_acc_dtype"].iloc[0]) != problem.dtype
+            ax.plot(points["num_chunks"], points["grad_weight_fro_in_floors"], marker=MARKERS[op],
+                    ls="-" if wide else ":", lw=1.5 if op == "lce" else 1.0, ms=5 if op == "lce" else 6,
+                    color=PALETTE.get(policy, "k"), alpha=0.9 if op == "lce" else 0.55, label=f"{op} {series}")
+        _log_axes(ax, x_base=2)
+        ax.set_title(f"{problem.dtype}, {_shape_text(problem)}", fontsize=9)
+        ax.set_xlabel("number of chunks")
+    fig.supylabel("grad_weight error (multiples of the rounding floor)", fontsize=9)
+    _legend_below(fig, axes)
+    stem = f"error_vs_chunks_{device}"
+    _save(fig, folder, stem)
+    return Figure(stem, f"Weight-gradient error (in rounding floors) vs number of chunks, per policy, on {device}: "
+                        "circles lce, crosses torch's native op; solid lines where the resolved acc_dtype is wider "
+                        "than the input, dotted where it equals it (all policies then compute the same numbers "
+                        "and their lines coincide). A policy that rounds the weight gradient per chunk grows "
+                        "with the chunk count; one that keeps a wide accumulator stays flat.")
+
+
+def plot_memory_model(table: pd.DataFrame, folder: Path) -> Figure | None:
+    """lce's predicted peak (Plan.peak_extra_bytes) vs the measured one, with the +-15% band."""
+    data = table[(table["op"] == "lce") & (table["device"] != "cuda-emulated")].dropna(
+        subset=["peak_bytes_modeled", "peak_bytes_measured"])
+    if data.empty:
+        return None
+    _style()
+    fig, ax = plt.subplots(figsize=(5, 4.4), layout="constrained")
+    modeled = data["peak_bytes_modeled"].astype(float) / 2**20
+    measured = data["peak_bytes_measured"].astype(float) / 2**20
+    # Colour by what decides the buffers: input dtype and the resolved acc_dtype.
+    kinds = data["dtype"].astype(str) + " in, acc " + data["resolved_acc_dtype"].astype(str)
+    colours = dict(zip(sorted(kinds.unique()), sns.color_palette("colorblind", kinds.nunique())))
+    for kind, colour in colours.items():
+        mask = kinds == kind
+        ax.scatter(modeled[mask], measured[mask], s=18, alpha=0.7, color=colour, label=kind)
+    low, high = min(modeled.min(), measured.min()) * 0.8, max(modeled.max(), measured.max()) * 1.25
+    line = np.geomspace(low, high, 50)
+    ax.plot(line, line, color="k", lw=1, label="measured = modeled")
+    ax.fill_between(line, line * 0.85, line * 1.15, color="k", alpha=0.08, label="+-15%")
+    _log_axes(ax)
+    ax.set_xlabel("modeled peak extra memory, lce Plan (MiB)")
+    ax.set_ylabel("measured peak extra memory (MiB)")
+    ax.legend(fontsize=8, frameon=False)
+    _save(fig, folder, "memory_measured_vs_modeled")
+    return Figure("memory_measured_vs_modeled",
+                  "lce's memory model (Plan.peak_extra_bytes) vs the measured peak of one forward+backward, "
+                  "every lce run. " + _model_fit_summary(data))
+
+
+def _model_fit_summary(data: pd.DataFrame) -> str:
+    """Sentence: how many runs sit within +-15%, and the configurations furthest off."""
+    ratio = data["peak_bytes_measured"].astype(float) / data["peak_bytes_modeled"].astype(float)
+    within = int(((ratio - 1).abs() <= 0.15).sum())
+    text = (f"{within} of {len(ratio)} runs within +-15% (measured/modeled from {ratio.min():.2f} to "
+            f"{ratio.max():.2f}, median {ratio.median():.2f}).")
+    off = data.assign(ratio=ratio)[(ratio - 1).abs() > 0.15]
+    if len(off):
+        worst = (off.groupby(["dtype", "policy", "acc_dtype"])["ratio"].agg(["max", "size"])
+                 .sort_values("max", ascending=False).head(4))
+        parts = [f"{dtype} {policy} acc={acc} (up to {row['max']:.2f}x, {int(row['size'])} runs)"
+                 for (dtype, policy, acc), row in worst.iterrows()]
+        text += " Furthest off: " + "; ".join(parts) + "."
+    return text
+
+
+def plot_time_vs_shape(table: pd.DataFrame, folder: Path) -> Figure | None:
+    """Median time vs problem size N*D*C, per op and policy, one panel per (device, dtype)."""
+    data = table.copy()
+    if data.empty:
+        return None
+    _style()
+    data["work"] = data["N"].astype(float) * data["D"] * data["C"]
+    data["series"] = (data["op"] + " " + data["policy"]).str.strip()
+    panels = data[["device", "dtype"]].drop_duplicates().sort_values(["device", "dtype"])
+    fig, axes = _grid(len(panels))
+    for ax, panel in zip(axes.flat, panels.itertuples(index=False)):
+        group = data[(data["device"] == panel.device) & (data["dtype"] == panel.dtype)]
+        summary = group.groupby(["series", "op", "policy", "work"], as_index=False)[TIME].median()
+        for (series, op, policy), points in summary.groupby(["series", "op", "policy"], sort=True):
+            points = points.sort_values("work")
+            ax.plot(points["work"], points[TIME], marker=MARKERS.get(op, "o"), ms=4, lw=1,
+                    ls="-" if op == "lce" else "--", color=PALETTE.get(policy, "k"), label=series)
+        _log_axes(ax)
+        ax.set_title(f"{panel.device}, {panel.dtype}", fontsize=9)
+        ax.set_xlabel("problem size N*D*C (multiply-adds per GEMM)")
+    fig.supylabel("median time of forward+backward (ms)", fontsize=9)
+    _legend_below(fig, axes)
+    _save(fig, folder, "time_vs_shape")
+    return Figure("time_vs_shape", "Median wall time of one forward+backward vs problem size N*D*C (each point: "
+                                   "median over the chunking methods and acc_dtypes of one op and policy); lce "
+                                   "solid, others dashed. CPU timings use one thread on a shared machine.")
+
+
+FIGURES: tuple[Callable[[pd.DataFrame, Path], Figure | None], ...] = (
+    lambda t, f: plot_error_vs_memory(t, f, "cpu"),
+    lambda t, f: plot_error_vs_memory(t, f, "cuda-emulated"),
+    lambda t, f: plot_error_vs_memory(t, f, "cuda"),
+    lambda t, f: plot_error_vs_chunks(t, f, "cpu"),
+    lambda t, f: plot_error_vs_chunks(t, f, "cuda-emulated"),
+    lambda t, f: plot_error_vs_chunks(t, f, "cuda"),
+    plot_memory_model,
+    plot_time_vs_shape,
+)
+"""Every figure function, in README order (device-specific ones are skipped without data)."""
+
+
+def draw_all(table: pd.DataFrame, folder: Path) -> list[Figure]:
+    """Draw every figure that has data; return what was written."""
+    return [figure for draw in FIGURES if (figure := draw(table, folder)) is not None]
+
+
+def write_index(figures: Sequence[Figure], folder: Path, data: Sequence[str], command: str,
+                verdict_text: Sequence[str] = ()) -> Path:
+    """Write ``README.md`` in ``folder``: each figure, its caption, the data it read, the command."""
+    lines = ["# Figures", "", "Generated by code; do not edit by hand. Regenerate with:", "",
+             f"    {command}", "", "Data: " + ", ".join(f"`{d}`" for d in data), ""]
+    for figure in figures:
+        lines += [f"## {figure.stem}", "", f"![{figure.stem}]({figure.stem}.png)", "", figure.caption, "",
+                  f"Files: `{figure.stem}.png`, `{figure.stem}.svg`.", ""]
+    if verdict_text:
+        lines += ["## Verdicts on the \"auto\" table", "", *[f"- {line}" for line in verdict_text], ""]
+    path = folder / "README.md"
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path

@@ -1,0 +1,124 @@
+"""The inputs of one run and the outputs every implementation returns.
+
+Inputs are drawn in fp32 from a seeded generator and rounded *once* to the
+run's dtype; those rounded tensors are what the implementation under test
+sees, and their exact fp64 upcast is what :mod:`analysis.reference` sees, so
+an error measured against the reference is the op's own error, never the
+error of rounding the inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+__all__ = ["Shape", "Inputs", "Outputs", "make_inputs", "OUTPUT_NAMES", "DTYPES", "dtype_name"]
+
+OUTPUT_NAMES: tuple[str, ...] = ("loss", "grad_input", "grad_weight", "grad_bias")
+"""The outputs compared against fp64, in CSV column order."""
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
+"""Dtype names as they appear in grids and CSV columns."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Shape:
+    """Problem size: ``N`` rows of ``D`` features against ``C`` classes."""
+
+    N: int
+    D: int
+    C: int
+
+    def __post_init__(self) -> None:
+        for name in ("N", "D", "C"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Shape.{name} must be a positive int, got {value!r}")
+
+    def __str__(self) -> str:
+        return f"{self.N}x{self.D}x{self.C}"
+
+
+@dataclasses.dataclass
+class Inputs:
+    """Leaf tensors of one run, all in one dtype and on one device.
+
+    ``input`` (N, D), ``weight`` (C, D) and ``bias`` (C,) or None require
+    grad; ``target`` is (N,) int64 in ``[0, C)``.
+    """
+
+    input: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    target: torch.Tensor
+    reduction: str = "mean"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.input.dtype
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.input.shape[0], self.input.shape[1], self.weight.shape[0])
+
+    def leaves(self) -> list[torch.Tensor]:
+        """The tensors gradients are taken with respect to, in OUTPUT_NAMES order."""
+        return [t for t in (self.input, self.weight, self.bias) if t is not None]
+
+    def to(self, dtype: torch.dtype) -> Inputs:
+        """Exact upcast (or rounding) of every float leaf to ``dtype``, as fresh leaves."""
+
+        def convert(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.detach().to(dtype).requires_grad_(True)
+
+        return Inputs(convert(self.input), convert(self.weight), convert(self.bias), self.target, self.reduction)
+
+
+@dataclasses.dataclass
+class Outputs:
+    """Loss (0-dim) and gradients, detached; ``grad_bias`` is None without a bias."""
+
+    loss: torch.Tensor
+    grad_input: torch.Tensor
+    grad_weight: torch.Tensor
+    grad_bias: torch.Tensor | None = None
+
+    def get(self, name: str) -> torch.Tensor | None:
+        if name not in OUTPUT_NAMES:
+            raise ValueError(f"name must be one of {OUTPUT_NAMES}, got {name!r}")
+        return getattr(self, name)
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, *, seed: int = 0, bias: bool = True,
+                logit_scale: float = 3.0, device: str | torch.device = "cpu",
+                reduction: str = "mean") -> Inputs:
+    """Seeded inputs rounded once to ``dtype``.
+
+    ``input`` ~ N(0, 1) and ``weight`` ~ N(0, logit_scale**2 / D), so logits
+    have standard deviation about ``logit_scale`` (a few units, as in trained
+    language-model heads); ``bias`` ~ N(0, 1). Drawn in fp32 on the CPU so the
+    same seed gives the same values on every device.
+    """
+    if dtype not in DTYPES.values():
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype}")
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape.N, shape.D, generator=generator)
+    w = torch.randn(shape.C, shape.D, generator=generator) * (logit_scale / shape.D**0.5)
+    b = torch.randn(shape.C, generator=generator) if bias else None
+    y = torch.randint(0, shape.C, (shape.N,), generator=generator)
+
+    def leaf(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(device=device, dtype=dtype).requires_grad_(True)
+
+    return Inputs(leaf(x), leaf(w), leaf(b), y.to(device), reduction)

@@ -1,0 +1,62 @@
+"""Where and with what a result was produced: the provenance columns of every CSV row."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import platform
+import subprocess
+
+import torch
+
+import lce
+
+from .config import ROOT
+
+__all__ = ["provenance", "cpu_model", "git_revision", "device_name"]
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's marketing name from ``/proc/cpuinfo`` (``platform.processor()`` elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def git_revision() -> str:
+    """``git rev-parse --short HEAD`` with ``-dirty`` if tracked files changed; ``unknown`` outside git."""
+    try:
+        revision = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
+                                  text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return revision + ("-dirty" if dirty else "")
+
+
+def device_name(device: str) -> str:
+    """The GPU's name for ``"cuda"``, else the CPU model (``"cuda-emulated"`` runs on the CPU)."""
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return cpu_model()
+
+
+def provenance(device: str) -> dict[str, str]:
+    """The provenance columns for a run on ``device``."""
+    return {
+        "lce_version": lce.__version__,
+        "torch_version": torch.__version__,
+        "device_name": device_name(device),
+        "cpu_model": cpu_model(),
+        "num_threads": str(torch.get_num_threads()),
+        "git_revision": git_revision(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }

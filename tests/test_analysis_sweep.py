@@ -1,0 +1,137 @@
+"""analysis.sweep: resumable after a crash, atomic rows, shards that partition a grid, and the CLI end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import results_io
+from analysis.cli import main
+from analysis.config import GRIDS, RunConfig, get_grid
+from analysis.results_io import COLUMNS, append_row, read_rows
+from analysis.sweep import measure_run, parse_shard, results_path, run_grid
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class InjectedCrash(BaseException):
+    """Stands for a killed process: not an Exception, so the sweep does not record it."""
+
+
+def _crashing_measurer(crash_on: int):
+    calls = {"n": 0}
+
+    def measure(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == crash_on:
+            raise InjectedCrash
+        return measure_run(*args, **kwargs)
+
+    return measure
+
+
+def test_resume_after_crash_neither_duplicates_nor_loses_rows(tmp_path):
+    grid = get_grid("tiny")
+    with pytest.raises(InjectedCrash):
+        run_grid(grid, folder=tmp_path, progress=False, measure=_crashing_measurer(crash_on=5))
+    path = results_path("tiny", folder=tmp_path)
+    before = read_rows(path)
+    assert [row["key"] for row in before] == [c.key for c in grid.configs[:4]]  # only the run in flight is lost
+
+    summary = run_grid(grid, folder=tmp_path, progress=False)
+    after = read_rows(path)
+    assert summary.skipped_done == 4 and summary.ran == len(grid.configs) - 4 and summary.errors == 0
+    assert sorted(row["key"] for row in after) == sorted(c.key for c in grid.configs)
+    assert after[:4] == before  # finished rows are kept as they were
+    assert all(row["status"] == "ok" for row in after)
+    assert run_grid(grid, folder=tmp_path, progress=False).ran == 0  # a third run has nothing left
+
+
+def test_a_failed_write_leaves_the_previous_file_intact(tmp_path, monkeypatch):
+    path = tmp_path / "rows.csv"
+    append_row(path, {"key": "a", "status": "ok"})
+    original = path.read_bytes()
+
+    def crash(*args, **kwargs):
+        raise InjectedCrash
+
+    monkeypatch.setattr(results_io.os, "replace", crash)
+    with pytest.raises(InjectedCrash):
+        append_row(path, {"key": "b", "status": "ok"})
+    assert path.read_bytes() == original
+    with pytest.raises(ValueError, match="not in COLUMNS"):
+        append_row(path, {"key": "c", "bogus": 1})
+
+
+def test_an_exception_in_one_run_is_recorded_and_the_sweep_goes_on(tmp_path):
+    grid = get_grid("tiny")
+    configs = list(grid.configs[:3])
+    configs[1] = dataclasses.replace(configs[1], policy="no-such-policy")
+    summary = run_grid(grid, folder=tmp_path, progress=False, configs=configs)
+    rows = read_rows(summary.path)
+    assert [row["status"] for row in rows] == ["ok", "error", "ok"]
+    assert "acc_policy" in rows[1]["note"] and summary.errors == 1
+
+
+@pytest.mark.parametrize("name", sorted(GRIDS))
+@pytest.mark.parametrize("count", [1, 2, 3, 7])
+def test_shards_partition_every_grid(name, count):
+    grid = get_grid(name)
+    shards = [grid.shard(index, count) for index in range(1, count + 1)]
+    keys = [config.key for shard in shards for config in shard]
+    assert len(keys) == len(set(keys)) == len(grid.configs)
+    assert set(keys) == {config.key for config in grid.configs}
+
+
+def test_shard_parsing_and_paths(tmp_path):
+    assert parse_shard("2/4") == (2, 4)
+    for bad in ("0/4", "5/4", "2", "a/b"):
+        with pytest.raises(ValueError, match="shard"):
+            parse_shard(bad)
+    assert results_path("quick", (2, 4), tmp_path).name == "quick.shard-2-of-4.csv"
+    with pytest.raises(ValueError, match="grid"):
+        get_grid("nope")
+
+
+def test_rows_carry_config_and_provenance_columns(tmp_path):
+    grid = get_grid("tiny")
+    summary = run_grid(grid, folder=tmp_path, progress=False, configs=grid.configs[:2])
+    table = pd.read_csv(summary.path)
+    assert list(table.columns) == list(COLUMNS)
+    for column in ("lce_version", "torch_version", "device_name", "cpu_model", "git_revision", "date"):
+        assert table[column].notna().all(), column
+    lce_row = table[table["op"] == "lce"].iloc[0]
+    assert lce_row["num_chunks"] >= 1 and lce_row["peak_bytes_modeled"] > 0 and lce_row["peak_bytes_measured"] > 0
+    assert RunConfig(**{f.name: lce_row[f.name] for f in dataclasses.fields(RunConfig)
+                        if f.name not in ("policy", "chunking")}, policy=lce_row["policy"],
+                     chunking=lce_row["chunking"]).key == lce_row["key"]
+
+
+def test_cli_help():
+    result = subprocess.run([sys.executable, "-m", "analysis", "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0 and "reproduce" in result.stdout and "sweep" in result.stdout
+
+
+def test_tiny_reproduce_end_to_end(tmp_path, capsys):
+    results, figures = tmp_path / "results", tmp_path / "figures"
+    assert main(["reproduce", "--grid", "tiny", "--results", str(results), "--out", str(figures),
+                 "--no-progress"]) == 0
+    assert len(pd.read_csv(results / "tiny.csv")) == len(get_grid("tiny").configs)
+    index = (figures / "README.md").read_text()
+    for stem in ("error_vs_memory_cpu", "error_vs_chunks_cpu", "memory_measured_vs_modeled", "time_vs_shape",
+                 "error_vs_memory_cuda-emulated"):
+        assert (figures / f"{stem}.png").stat().st_size > 0 and (figures / f"{stem}.svg").exists()
+        assert f"## {stem}" in index
+    assert "python -m analysis reproduce --grid tiny" in index and "auto = " in index
+    assert main(["sweep", "--grid", "tiny", "--results", str(results), "--no-progress"]) == 0
+    assert "0 run(s)" in capsys.readouterr().out  # resumed: nothing left to run
+    assert main(["reproduce", "--grid", "tiny", "--resume", "--results", str(results), "--out", str(figures),
+                 "--no-progress"]) == 0
+    assert "0 run(s)" in capsys.readouterr().out
