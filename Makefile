@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test lab figures reproduce clean
+.PHONY: help setup demo test lab figures reproduce notebooks clean
 
 help: ## Show this list of targets
 	@echo "Usage: make <target>   (PYTHON=$(PYTHON) VENV=$(VENV))"
@@ -41,6 +41,9 @@ figures: $(STAMP) ## Regenerate the figures (python -m analysis figures)
 
 reproduce: $(STAMP) ## Quick reproduction of the results (python -m analysis reproduce --quick)
 	$(VENV)/bin/python -m analysis reproduce --quick
+
+notebooks: $(STAMP) ## Execute every notebook from its notebooks/NN_*.py source and write the .ipynb with outputs
+	$(VENV)/bin/python -m analysis notebooks
 
 clean: ## Remove caches and build outputs (keeps the venv and data)
 	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -prune -exec rm -rf {} +

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="keep the grid's existing rows and run only the missing ones (default: start "
                                 "fresh, moving the old CSV to <grid>.csv.previous)")
 
+    notebooks = commands.add_parser("notebooks", help="execute every notebook from its source and write the .ipynb")
+    notebooks.add_argument("--full", action="store_true", help="QUICK=False: the larger settings (slow)")
+
     commands.add_parser("grids", help="list the named grids and their sizes")
     verdict = commands.add_parser("verdicts", help="print the Pareto verdict of every \"auto\" entry")
     verdict.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of result CSVs")
@@ -54,11 +57,9 @@ def _relative(path: Path) -> str:
 
 
 def _load(results: Path):
-    from .pareto import prepare
-    from .results_io import load_results
+    from .pareto import load_table
 
-    paths = sorted(results.glob("*.csv"))
-    return paths, prepare(load_results(paths))
+    return load_table(results)
 
 
 def make_figures(results: Path, out: Path, command: str = "python -m analysis figures") -> list[Path]:
@@ -113,6 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _sweep(grid, "1/1", args.results, not args.no_progress)
         command = "python -m analysis reproduce --quick" if grid == "quick" else f"python -m analysis reproduce --grid {grid}"
         for path in make_figures(args.results, args.out, command):
+            print(_relative(path))
+    elif args.command == "notebooks":
+        from .notebooks import build_all
+
+        for path in build_all(quick=not args.full):
             print(_relative(path))
     elif args.command == "verdicts":
         from .pareto import verdict_lines

@@ -43,7 +43,7 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["MemoryMeasurement", "measure_peak", "METHODS", "default_method"]
+__all__ = ["MemoryMeasurement", "measure_peak", "METHODS", "default_method", "allocation_trace"]
 
 T = TypeVar("T")
 
@@ -87,7 +87,9 @@ def measure_peak(fn: Callable[[], T], *, method: str = "profiler",
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
 
-def _measure_with_profiler(fn: Callable[[], T]) -> tuple[T, MemoryMeasurement]:
+def _allocator_events(fn: Callable[[], T]) -> tuple[T, list[int]]:
+    """Run ``fn()`` under the profiler; return its result and the signed sizes of every
+    allocation (+) and free (-) made through c10's CPU allocator, in time order."""
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
@@ -100,11 +102,29 @@ def _measure_with_profiler(fn: Callable[[], T]) -> tuple[T, MemoryMeasurement]:
             prof.stop()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())  # stable: same-ns events keep their recorded order
+    return result, [event.nbytes() for event in events]
+
+
+def allocation_trace(fn: Callable[[], T]) -> tuple[T, list[int]]:
+    """Run ``fn()`` once on CPU; return its result and the live extra bytes after each allocator event.
+
+    The x-axis of a memory-over-time plot: event order is deterministic for a
+    given call, unlike timestamps on a shared machine.
+    """
+    result, sizes = _allocator_events(fn)
+    live, trace = 0, []
+    for nbytes in sizes:
+        live += nbytes
+        trace.append(live)
+    return result, trace
+
+
+def _measure_with_profiler(fn: Callable[[], T]) -> tuple[T, MemoryMeasurement]:
+    result, events = _allocator_events(fn)
     live = peak = 0
     sizes: Counter[int] = Counter()  # live allocations by size: a free releases one of its size
     at_peak: Counter[int] = Counter()
-    for event in events:
-        nbytes = event.nbytes()
+    for nbytes in events:
         live += nbytes
         if nbytes > 0:
             sizes[nbytes] += 1

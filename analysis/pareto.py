@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,7 +25,7 @@ from lce.policies import AUTO_FALLBACK, AUTO_TABLE, auto_pick
 
 from .problem import dtype_name
 
-__all__ = ["ERROR", "MEMORY", "TIME", "GROUP", "prepare", "front_mask", "auto_entries", "verdicts",
+__all__ = ["ERROR", "MEMORY", "TIME", "GROUP", "load_table", "prepare", "front_mask", "auto_entries", "verdicts",
            "recommend", "label", "verdict_lines"]
 
 ERROR = "worst_grad_in_floors"
@@ -32,6 +33,15 @@ MEMORY = "peak_mib"
 TIME = "time_ms"
 GROUP = ["device", "dtype", "N", "D", "C"]
 _GRADS = ("grad_input", "grad_weight", "grad_bias")
+
+
+def load_table(folder: Path | None = None) -> tuple[list[Path], pd.DataFrame]:
+    """Every result CSV in ``folder`` (default: the committed results), merged and :func:`prepare`-d."""
+    from .config import RESULTS_DIR
+    from .results_io import load_results
+
+    paths = sorted((folder or RESULTS_DIR).glob("*.csv"))
+    return paths, prepare(load_results(paths))
 
 
 def prepare(results: pd.DataFrame) -> pd.DataFrame:

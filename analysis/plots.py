@@ -26,7 +26,7 @@ import seaborn as sns  # noqa: E402
 from .pareto import ERROR, MEMORY, TIME, front_mask, verdicts  # noqa: E402
 
 __all__ = ["Figure", "FIGURES", "plot_error_vs_memory", "plot_error_vs_chunks", "plot_memory_model",
-           "plot_time_vs_shape", "draw_all", "write_index"]
+           "plot_time_vs_shape", "plot_buffer_breakdown", "plot_memory_trace", "draw_all", "write_index"]
 
 POLICY_ORDER = ("auto", "accurate", "balanced", "compact", "")
 PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER))))
@@ -45,6 +45,7 @@ class Figure:
 
 def _style() -> None:
     sns.set_theme(style="whitegrid", context="paper", font_scale=1.0)
+    plt.rcParams["svg.hashsalt"] = "lce-lab"  # stable element ids: unchanged data gives unchanged SVGs
 
 
 def _save(fig: plt.Figure, folder: Path, stem: str) -> None:
@@ -238,6 +239,80 @@ def plot_time_vs_shape(table: pd.DataFrame, folder: Path) -> Figure | None:
                                    "solid, others dashed. CPU timings use one thread on a shared machine.")
 
 
+SPAN_COLOURS = dict(zip(("kept", "call", "final", "chunk"), sns.color_palette("muted", 4)))
+
+
+def plot_buffer_breakdown(breakdown: pd.DataFrame, folder: Path) -> Figure | None:
+    """Stacked bar per lce configuration: every planned buffer (from :func:`analysis.memory_study.buffer_breakdown`).
+
+    Segments are coloured by when the buffer lives; the black tick is the plan's
+    predicted peak (less than the sum: chunk buffers and the final rounding of
+    an accumulator never coexist).
+    """
+    if breakdown.empty:
+        return None
+    _style()
+    configs = list(dict.fromkeys(breakdown["config"]))
+    fig, ax = plt.subplots(figsize=(8, 0.9 * len(configs) + 1.6), layout="constrained")
+    for row, config in enumerate(configs):
+        left = 0.0
+        for buffer in breakdown[breakdown["config"] == config].itertuples():
+            ax.barh(row, buffer.MiB, left=left, color=SPAN_COLOURS[buffer.span], edgecolor="white", height=0.6)
+            if buffer.MiB > 0.06 * breakdown.groupby("config")["MiB"].sum().max():
+                ax.text(left + buffer.MiB / 2, row, f"{buffer.buffer}\n{buffer.dtype}", ha="center", va="center",
+                        fontsize=6.5)
+            left += buffer.MiB
+        peak = breakdown[breakdown["config"] == config]["predicted_peak_MiB"].iloc[0]
+        ax.plot([peak, peak], [row - 0.38, row + 0.38], color="k", lw=2)
+    ax.set_yticks(range(len(configs)), configs)
+    ax.invert_yaxis()
+    ax.set_xlabel("planned bytes per buffer (MiB); black tick: predicted peak extra memory")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in SPAN_COLOURS.values()]
+    ax.legend(handles, [f"{span}" for span in SPAN_COLOURS], title="lives", fontsize=7, title_fontsize=7,
+              frameon=False, loc="lower right")
+    _save(fig, folder, "memory_breakdown")
+    shape = "N=2048 D=256 C=16384 bf16"
+    return Figure("memory_breakdown", f"Every buffer lce's plan allocates for one forward+backward ({shape}), per "
+                                      "configuration, coloured by lifetime (kept: returned gradients; call: the whole "
+                                      "pass; chunk: one chunk at a time; final: made after the loop); black tick: the "
+                                      "plan's predicted peak. Drawn from lce.plan, no measurement.")
+
+
+def plot_memory_trace(traces: pd.DataFrame, breakdown: pd.DataFrame, folder: Path) -> Figure | None:
+    """Live extra memory over one forward+backward per configuration, lce's predicted peaks dashed."""
+    if traces.empty:
+        return None
+    _style()
+    fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
+    colours = dict(zip(dict.fromkeys(traces["config"]), sns.color_palette("colorblind", traces["config"].nunique())))
+    for config, trace in traces.groupby("config", sort=False):
+        ax.step(trace["progress"], trace["live_MiB"].clip(lower=1e-3), where="post", lw=1.2, color=colours[config],
+                label=f"{config} (peak {trace['live_MiB'].max():.1f} MiB)")
+        predicted = breakdown[breakdown["config"] == config]["predicted_peak_MiB"]
+        if len(predicted):
+            ax.axhline(predicted.iloc[0], color=colours[config], ls="--", lw=0.8)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.set_ylim(bottom=0.5)
+    ax.set_xlabel("progress through one forward+backward (allocator events, scaled to 0-1)")
+    ax.set_ylabel("live extra memory (MiB)")
+    ax.legend(fontsize=7, frameon=False, loc="lower right")
+    _save(fig, folder, "memory_trace")
+    return Figure("memory_trace", "Live extra tensor memory after each allocation or free during one forward+backward "
+                                  "(N=2048 D=256 C=16384, bf16, CPU), measured from the allocator's event stream; "
+                                  "dashed: lce's predicted peak for the same configuration. Measured when drawn "
+                                  "(event order is deterministic).")
+
+
+def _memory_study_figures(table: pd.DataFrame, folder: Path) -> list[Figure | None]:
+    from .memory_study import buffer_breakdown, memory_traces
+
+    if table.empty:  # nothing measured: draw nothing, as for every other figure
+        return []
+    breakdown = buffer_breakdown()
+    return [plot_buffer_breakdown(breakdown, folder), plot_memory_trace(memory_traces(), breakdown, folder)]
+
+
 FIGURES: tuple[Callable[[pd.DataFrame, Path], Figure | None], ...] = (
     lambda t, f: plot_error_vs_memory(t, f, "cpu"),
     lambda t, f: plot_error_vs_memory(t, f, "cuda-emulated"),
@@ -252,8 +327,9 @@ FIGURES: tuple[Callable[[pd.DataFrame, Path], Figure | None], ...] = (
 
 
 def draw_all(table: pd.DataFrame, folder: Path) -> list[Figure]:
-    """Draw every figure that has data; return what was written."""
-    return [figure for draw in FIGURES if (figure := draw(table, folder)) is not None]
+    """Draw every figure that has data (and the memory study, measured on the spot); return what was written."""
+    drawn = [figure for draw in FIGURES if (figure := draw(table, folder)) is not None]
+    return drawn + [figure for figure in _memory_study_figures(table, folder) if figure is not None]
 
 
 def write_index(figures: Sequence[Figure], folder: Path, data: Sequence[str], command: str,

@@ -22,7 +22,7 @@ def test_every_figure_builds_from_the_fixture(tmp_path):
     written = make_figures(FIXTURE.parent, tmp_path, command="python -m analysis figures")
     names = {path.name for path in written}
     for stem in ("error_vs_memory_cpu", "error_vs_memory_cuda-emulated", "error_vs_chunks_cpu",
-                 "memory_measured_vs_modeled", "time_vs_shape"):
+                 "memory_measured_vs_modeled", "time_vs_shape", "memory_breakdown", "memory_trace"):
         assert f"{stem}.png" in names and f"{stem}.svg" in names
     for path in written:
         assert path.stat().st_size > 0

@@ -1,0 +1,78 @@
+"""Two measured defects of torch 2.13's chunked op, and what lce returns on the same inputs.
+
+* **Loss drift**: the chunked loss summed across chunks in low precision moves
+  away from the exact loss as the chunk count grows. Reported in units in the
+  last place (ulps) of the output dtype at the exact loss.
+* **All-ignored batch**: when every target equals ``ignore_index``, the
+  reference path gives a NaN "mean" loss (0/0) and zero gradients; a chunked
+  op that divides the gradients by the zero weight returns NaN gradients,
+  which poison an optimizer step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+import lce
+
+from .problem import DTYPES, Shape, make_inputs
+from .reference import fp64_loss
+
+__all__ = ["ulp", "loss_drift", "all_ignored_gradients"]
+
+_PEERS = {
+    "lce": (lce.linear_cross_entropy, lce.LinearCrossEntropyOptions),
+    "torch": (F.linear_cross_entropy, torch.nn.LinearCrossEntropyOptions),
+}
+
+
+def ulp(value: float, dtype: torch.dtype) -> float:
+    """The spacing of ``dtype``'s numbers at ``value`` (for normal numbers)."""
+    info = torch.finfo(dtype)
+    if value == 0:
+        return info.tiny * info.eps
+    # eps is the spacing at 1.0, so the spacing in [2**e, 2**(e+1)) is eps * 2**e.
+    return info.eps * 2.0 ** math.floor(math.log2(abs(value)))
+
+
+def loss_drift(shape: Shape, dtype: str, chunk_counts: tuple[int, ...] = (1, 4, 16, 64, 256), *,
+               seed: int = 0) -> pd.DataFrame:
+    """Distance of the default-options loss from the exact loss, in ulps, per impl and chunk count."""
+    inputs = make_inputs(shape, DTYPES[dtype], seed=seed)
+    with torch.no_grad():
+        exact = fp64_loss(inputs.to(torch.float64)).item()
+        spacing = ulp(exact, DTYPES[dtype])
+        rows = []
+        for count in chunk_counts:
+            if shape.N % count:
+                raise ValueError(f"chunk_counts must divide N={shape.N}, got {count}")
+            for impl, (fn, options_class) in _PEERS.items():
+                options = options_class(batch_chunk_size=shape.N // count)
+                value = fn(inputs.input, inputs.weight, inputs.target, linear_bias=inputs.bias,
+                           options=options).item()
+                rows.append({"impl": impl, "chunks": count, "dtype": dtype, "loss": value, "exact_loss": exact,
+                             "ulps_from_exact": abs(value - exact) / spacing})
+    return pd.DataFrame(rows)
+
+
+def all_ignored_gradients(shape: Shape = Shape(64, 16, 100), dtype: str = "float32",
+                          reduction: str = "mean") -> pd.DataFrame:
+    """Loss and gradient summary when every target is ignored: reference, lce and torch."""
+    inputs = make_inputs(shape, DTYPES[dtype])
+    ignored = torch.full_like(inputs.target, -100)
+    runs = {"reference": (lce.linear_cross_entropy, None)}
+    runs.update({impl: (fn, options_class(batch_chunk_size=16)) for impl, (fn, options_class) in _PEERS.items()})
+    rows = []
+    for impl, (fn, options) in runs.items():
+        leaves = [t.detach().clone().requires_grad_() for t in inputs.leaves()]
+        loss = fn(leaves[0], leaves[1], ignored, linear_bias=leaves[2], reduction=reduction, options=options)
+        grads = torch.autograd.grad(loss, leaves)
+        rows.append({"impl": impl, "reduction": reduction, "loss": loss.item(),
+                     **{f"{name}_nan_entries": int(g.isnan().sum()) for name, g in
+                        zip(("grad_input", "grad_weight", "grad_bias"), grads)},
+                     "max_abs_finite_grad": max(float(g.nan_to_num(0).abs().max()) for g in grads)})
+    return pd.DataFrame(rows)

@@ -1,0 +1,85 @@
+"""How error grows with the number of chunks, and the power law that describes it.
+
+A policy that rounds the weight gradient into the input dtype once per chunk
+(``compact``, and torch's native op in several layouts) adds one rounding
+error per chunk to an accumulator; if those errors are independent the total
+grows like the square root of the chunk count. A policy that sums in fp32 and
+rounds once stays at the rounding floor whatever the count. This module
+measures error against the number of chunks on one problem, for lce's
+policies and torch's op with the same options, and fits ``error ∝ chunks^p``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+import lce
+from lce.testing import emulate_device_kind
+
+from .metrics import compare
+from .problem import DTYPES, Shape, make_inputs
+from .reference import reference_outputs
+
+__all__ = ["chunk_growth", "fit_power_law"]
+
+
+def _options(cls, policy: str, acc_dtype: torch.dtype | None, rows: int):
+    return cls(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None, batch_chunk_size=rows)
+
+
+def chunk_growth(shape: Shape, dtype: str, policies: tuple[str, ...] = ("accurate", "balanced", "compact"),
+                 chunk_counts: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), *, acc_dtype: str | None = "float32",
+                 device: str = "cpu", peer: bool = True, seed: int = 0) -> pd.DataFrame:
+    """Error (in floors) of every output for each policy and chunk count; one row per (impl, policy, chunks).
+
+    ``device="cuda-emulated"`` runs lce's CUDA layouts on CPU tensors (torch's op
+    is then skipped: it has no such mode). Chunk counts must divide ``shape.N``.
+    """
+    inputs = make_inputs(shape, DTYPES[dtype], seed=seed)
+    exact = reference_outputs(inputs)
+    acc = DTYPES[acc_dtype] if acc_dtype else None
+    runners = [("lce", lce.linear_cross_entropy, lce.LinearCrossEntropyOptions)]
+    if peer and device == "cpu":
+        runners.append(("torch", F.linear_cross_entropy, torch.nn.LinearCrossEntropyOptions))
+    rows = []
+    for count in chunk_counts:
+        if shape.N % count:
+            raise ValueError(f"chunk_counts must divide N={shape.N}, got {count}")
+        for policy in policies:
+            for impl, fn, options_class in runners:
+                options = _options(options_class, policy, acc, shape.N // count)
+                leaves = [t.detach().clone().requires_grad_() for t in inputs.leaves()]
+                x, w, *bias = leaves
+                context = emulate_device_kind("cuda") if device == "cuda-emulated" else contextlib.nullcontext()
+                with context:
+                    loss = fn(x, w, inputs.target, linear_bias=bias[0] if bias else None, options=options)
+                grads = torch.autograd.grad(loss, leaves)
+                got = dataclasses.replace(exact, loss=loss.detach(), grad_input=grads[0], grad_weight=grads[1],
+                                          grad_bias=grads[2] if bias else None)
+                row = {"impl": impl, "policy": policy, "chunks": count, "dtype": dtype, "device": device}
+                for name, rep in compare(got, exact).items():
+                    row[f"{name}_in_floors"] = rep.fro_in_floors
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def fit_power_law(table: pd.DataFrame, column: str = "grad_weight_in_floors") -> pd.DataFrame:
+    """Least-squares fit of ``log(error) = log(a) + p * log(chunks)`` per (impl, policy).
+
+    Returns one row per group with the exponent ``p`` and prefactor ``a``; p ≈ 0.5
+    is independent per-chunk rounding, p ≈ 0 no growth.
+    """
+    fits = []
+    for (impl, policy), group in table.groupby(["impl", "policy"], sort=True):
+        x = np.log(group["chunks"].to_numpy(dtype=float))
+        y = np.log(group[column].to_numpy(dtype=float))
+        slope, intercept = np.polyfit(x, y, 1) if len(group) > 1 else (0.0, float(y[0]))
+        fits.append({"impl": impl, "policy": policy, "exponent": slope, "prefactor": float(np.exp(intercept)),
+                     "at_max_chunks": float(group[column].iloc[-1])})
+    return pd.DataFrame(fits)

@@ -1,0 +1,63 @@
+# %% [markdown]
+# # 03 · Memory: measured against lce's model, where the bytes go, and memory over one step
+#
+# lce's plan predicts the peak extra memory of one forward+backward from the buffers it will
+# allocate; the analysis measures the real peak from the CPU allocator's event stream (every
+# tensor allocation and free, in order). This notebook checks the model against the
+# measurement over the committed quick grid, breaks each configuration's plan down buffer by
+# buffer, and traces live memory through one forward+backward for lce, torch 2.13's native op
+# and the unfused reference. CUDA memory snapshots need a GPU; no GPU data is committed yet,
+# so everything here is CPU.
+
+# %%
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+from IPython.display import Image, display
+
+from analysis import memory_study, pareto, plots
+
+QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # both settings are quick here: the study problem is fixed
+pd.set_option("display.width", 200)
+FIGURES = Path(tempfile.mkdtemp())
+paths, table = pareto.load_table()
+
+def show(figure):
+    print(figure.caption)
+    display(Image(filename=str(FIGURES / f"{figure.stem}.png")))
+
+# %% [markdown]
+# ## Measured vs modeled, every lce run of the quick grid
+
+# %%
+lce_runs = table[(table.op == "lce") & (table.device == "cpu")].copy()
+lce_runs["measured/modeled"] = lce_runs.peak_bytes_measured / lce_runs.peak_bytes_modeled
+lce_runs.groupby(["dtype", "policy", "acc_dtype"])["measured/modeled"].agg(["min", "median", "max"]).style.format("{:.2f}")
+
+# %%
+show(plots.plot_memory_model(table, FIGURES))
+
+# %% [markdown]
+# ## Where the bytes go: lce's plan, buffer by buffer (bf16, N=2048 D=256 C=16384)
+
+# %%
+breakdown = memory_study.buffer_breakdown()
+breakdown.pivot_table(index="buffer", columns="config", values="MiB", aggfunc="sum").fillna(0).style.format("{:.2f}")
+
+# %%
+show(plots.plot_buffer_breakdown(breakdown, FIGURES))
+
+# %% [markdown]
+# ## Memory over one forward+backward, measured
+
+# %%
+traces = memory_study.memory_traces()
+peaks = traces.groupby("config", sort=False).live_MiB.max().rename("measured peak (MiB)").to_frame()
+peaks["predicted (MiB)"] = breakdown.groupby("config").predicted_peak_MiB.first()
+peaks["vs reference"] = peaks["measured peak (MiB)"] / peaks.loc["reference", "measured peak (MiB)"]
+peaks.style.format("{:.2f}")
+
+# %%
+show(plots.plot_memory_trace(traces, breakdown, FIGURES))
