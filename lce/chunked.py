@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from .gemm import add_mm_, mm
+from .gemm import add_mm_, mm, mm_upcast_weight, mm_upcast_weight_t
 from .plan import Plan
 
 __all__ = ["Problem", "Gradients", "scalar_loss_and_grads", "per_row_loss", "per_row_grads"]
@@ -58,7 +58,6 @@ class _Call:
         self.plan, self.problem = plan, problem
         stats = plan.stats_dtype
         acc = plan.acc_dtype
-        self.weight_in_acc = problem.weight.to(acc) if plan.uses_weight_in_acc else None
         self.bias_for_logits = (
             problem.bias.to(plan.gemm_result_dtype(plan.layout.logits)) if problem.bias is not None else None
         )
@@ -97,10 +96,10 @@ class _Call:
         plan, problem = self.plan, self.problem
         x = problem.input[rows]
         x_in_acc = x.to(plan.acc_dtype) if plan.uses_input_in_acc else None
-        gemm = plan.layout.logits
-        weight = self.weight_in_acc if gemm.operands == "acc" and self.weight_in_acc is not None else problem.weight
-        x_operand = x_in_acc if gemm.operands == "acc" and x_in_acc is not None else x
-        z = mm(x_operand, weight.T, plan.gemm_result_dtype(gemm))
+        if plan.upcasts_weight_for("logits"):
+            z = mm_upcast_weight_t(x_in_acc, problem.weight)
+        else:
+            z = mm(x, problem.weight.T, plan.gemm_result_dtype(plan.layout.logits))
         if self.bias_for_logits is not None:
             z.add_(self.bias_for_logits)
         if z.dtype != plan.stats_dtype:
@@ -178,13 +177,14 @@ class _Call:
         if plan.needs_input_grad:
             gemm = layout.grad_input
             operand_dtype = plan.gemm_operand_dtype(gemm)
-            weight = problem.weight if operand_dtype == plan.input_dtype else self.weight_in_acc
             result_dtype = plan.gemm_result_dtype(gemm)
             rows_of_grad = self.grads.input[rows]
-            if result_dtype == plan.input_dtype:
-                mm(dz_in(operand_dtype), weight, result_dtype, out=rows_of_grad, alpha=self.unscale)
+            if plan.upcasts_weight_for("grad_input"):
+                rows_of_grad.copy_(mm_upcast_weight(dz_in(operand_dtype), problem.weight, alpha=self.unscale))
+            elif result_dtype == plan.input_dtype:
+                mm(dz_in(operand_dtype), problem.weight, result_dtype, out=rows_of_grad, alpha=self.unscale)
             else:
-                rows_of_grad.copy_(mm(dz_in(operand_dtype), weight, result_dtype, alpha=self.unscale))
+                rows_of_grad.copy_(mm(dz_in(operand_dtype), problem.weight, result_dtype, alpha=self.unscale))
         if plan.needs_weight_grad:
             gemm = layout.grad_weight
             operand_dtype = plan.gemm_operand_dtype(gemm)

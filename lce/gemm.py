@@ -58,6 +58,34 @@ def _row_blocks(rows: int, cols: int) -> range:
     return range(0, rows, max(1, _BLOCK_ELEMENTS // max(cols, 1)))
 
 
+def weight_block_rows(in_features: int) -> int:
+    """Rows of the (C, D) weight upcast at a time by the ``*_upcast_weight`` GEMMs (~1M elements)."""
+    return max(1, _BLOCK_ELEMENTS // max(in_features, 1))
+
+
+def mm_upcast_weight_t(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``a @ weight.T`` with the low-precision ``weight`` (C, D) upcast to ``a.dtype`` one block of rows at a time.
+
+    The same numbers as upcasting the whole weight first (the upcast is exact),
+    without a (C, D) wide copy; on a 2-core AVX512 CPU it was no slower
+    (blocks stay in cache): 512 x 32768 x 512 fp32, 100 ms blocked vs 109 ms.
+    """
+    out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
+    step = weight_block_rows(weight.shape[1])
+    for start in range(0, weight.shape[0], step):
+        out[:, start:start + step] = a @ weight[start:start + step].to(a.dtype).T
+    return out
+
+
+def mm_upcast_weight(a: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """``alpha * (a @ weight)`` with ``weight`` (C, D) upcast to ``a.dtype`` block by block; ``a`` is (rows, C)."""
+    out = torch.zeros(a.shape[0], weight.shape[1], dtype=a.dtype, device=a.device)
+    step = weight_block_rows(weight.shape[1])
+    for start in range(0, weight.shape[0], step):
+        out.addmm_(a[:, start:start + step], weight[start:start + step].to(a.dtype))
+    return out.mul_(alpha) if alpha != 1.0 else out
+
+
 def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtype: torch.dtype,
             alpha: float = 1.0) -> None:
     """``target += alpha * (a @ b)`` where the product is rounded to ``product_dtype`` before the add.

@@ -16,6 +16,7 @@ from typing import Literal
 
 import torch
 
+from .gemm import weight_block_rows
 from .options import LinearCrossEntropyOptions, parse_chunking_method
 from .policies import COMPACT_ON_CPU_NOTE, LAYOUTS, Gemm, Layout, Role, auto_pick
 
@@ -194,14 +195,17 @@ class Plan:
         """Whether fp16 GEMMs on CPU upcast their operands per call (only when acc_dtype is fp16 too)."""
         return self.device_kind == "cpu" and self.input_dtype == torch.float16 and self.acc_dtype == torch.float16
 
-    @property
-    def uses_weight_in_acc(self) -> bool:
-        """Whether a ``(C, D)`` acc_dtype copy of the weight is kept for the call."""
+    def upcasts_weight_for(self, gemm_name: str) -> bool:
+        """Whether the named GEMM ("logits" or "grad_input") reads the weight upcast to acc_dtype.
+
+        The upcast happens a block of rows at a time (:func:`lce.gemm.weight_block_rows`),
+        so no ``(C, D)`` acc_dtype copy of the weight ever exists.
+        """
         if self.acc_dtype == self.input_dtype:
             return False
-        if self.layout.logits.operands == "acc":
-            return True
-        return self.needs_input_grad and self.layout.grad_input.operands == "acc"
+        if gemm_name == "grad_input" and not self.needs_input_grad:
+            return False
+        return getattr(self.layout, gemm_name).operands == "acc"
 
     @property
     def uses_input_in_acc(self) -> bool:
@@ -242,8 +246,6 @@ class Plan:
         for stage in stages:
             if stage == "backward" or self.any_grad or not scalar:
                 add("row_weights", (n,), stats_dt, stage, "call", "class weight of each row's target, 0 if ignored")
-            if self.uses_weight_in_acc:
-                add("weight_in_acc", (c, d), acc_dt, stage, "call", "acc_dtype copy of the weight for acc GEMMs")
         if self.needs_input_grad:
             add("grad_input", (n, d), in_dt, grad_stage, kept_grad, "gradient w.r.t. input (returned)")
         if self.needs_weight_grad:
@@ -267,6 +269,11 @@ class Plan:
             if self.uses_input_in_acc:
                 add("input_chunk_in_acc", (rows, d), acc_dt, stage, "chunk", "chunk of the input upcast to acc_dtype")
             add("logits_chunk", (rows, c), logits_dt, stage, "chunk", "logits of one chunk, then softmax in place")
+            if self.upcasts_weight_for("logits") or (stage == grad_stage and self.upcasts_weight_for("grad_input")):
+                block = min(weight_block_rows(d), c)
+                add("weight_block_in_acc", (block, d), acc_dt, stage, "chunk",
+                    "a block of weight rows upcast to acc_dtype (no full-size copy)")
+                add("logits_block", (rows, block), acc_dt, stage, "chunk", "one block's GEMM result before it is placed")
             if logits_dt != stats_dt:
                 add("probs_chunk", (rows, c), stats_dt, stage, "chunk", "softmax of the chunk in fp32")
             if self.upcasts_fp16_gemms:
