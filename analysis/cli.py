@@ -40,6 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
                            help="keep the grid's existing rows and run only the missing ones (default: start "
                                 "fresh, moving the old CSV to <grid>.csv.previous)")
 
+    bench = commands.add_parser("bench", help="time and peak memory of lce, torch, unfused and compiled at one "
+                                              "problem, with the 3-GEMM floor (analysis/results/bench.csv)")
+    bench.add_argument("--shape", default="4096x512x32768", help="NxDxC (default: 4096x512x32768)")
+    bench.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="input dtypes")
+    bench.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up round")
+    bench.add_argument("--chunk-sweep", action="store_true",
+                       help="instead: time lce's default policy per chunk size (bench_chunks.csv)")
+    bench.add_argument("--scaling", action="store_true",
+                       help="instead: lce, torch and unfused with N and C divided by 1, 2 and 4 (bench.csv)")
+    bench.add_argument("--results", type=Path, default=RESULTS_DIR, help="results folder")
+
     notebooks = commands.add_parser("notebooks", help="execute every notebook from its source and write the .ipynb")
     notebooks.add_argument("--full", action="store_true", help="QUICK=False: the larger settings (slow)")
 
@@ -71,6 +82,14 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
     if table.empty:
         raise SystemExit(f"no results in {results}: run `python -m analysis sweep` first")
     figures = draw_all(table, out)
+    bench_csv = results / "bench.csv"
+    if bench_csv.exists():
+        import pandas as pd
+
+        from .plots import plot_bench_scaling
+
+        figures += [f for f in [plot_bench_scaling(pd.read_csv(bench_csv), out)] if f is not None]
+        paths = [*paths, bench_csv]
     index = write_index(figures, out, [_relative(p) for p in paths], command, verdict_lines(table))
     written = [out / f"{f.stem}.{ext}" for f in figures for ext in ("png", "svg")]
     return [*written, index]
@@ -115,6 +134,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = "python -m analysis reproduce --quick" if grid == "quick" else f"python -m analysis reproduce --grid {grid}"
         for path in make_figures(args.results, args.out, command):
             print(_relative(path))
+    elif args.command == "bench":
+        from . import bench
+
+        shape = bench.parse_shape(args.shape)
+        if args.chunk_sweep:
+            table = bench.chunk_sweep(shape, tuple(args.dtypes), repeats=args.repeats)
+            path = bench.append_csv(table, args.results / "bench_chunks.csv")
+            print(table[["dtype", "chunk_size", "num_chunks", "value", "modeled_peak_bytes"]].to_string(index=False))
+        elif args.scaling:
+            table = bench.run_scaling(shape, tuple(args.dtypes), repeats=args.repeats)
+            path = bench.append_csv(table, args.results / "bench.csv")
+        else:
+            table = bench.run_bench(shape, tuple(args.dtypes), repeats=args.repeats)
+            path = bench.append_csv(table, args.results / "bench.csv")
+            print(bench.ratios(table).to_string(index=False, float_format="%.3f"))
+        print(_relative(path))
     elif args.command == "notebooks":
         from .notebooks import build_all
 

@@ -40,7 +40,8 @@ def load_table(folder: Path | None = None) -> tuple[list[Path], pd.DataFrame]:
     from .config import RESULTS_DIR
     from .results_io import load_results
 
-    paths = sorted((folder or RESULTS_DIR).glob("*.csv"))
+    # Sweep CSVs only: bench*.csv (python -m analysis bench) have columns of their own.
+    paths = sorted(p for p in (folder or RESULTS_DIR).glob("*.csv") if not p.name.startswith("bench"))
     return paths, prepare(load_results(paths))
 
 
@@ -168,9 +169,9 @@ def verdicts(table: pd.DataFrame) -> pd.DataFrame:
     ``on_*_front`` means: no run is no worse on both axes and more than
     :data:`VERDICT_TOLERANCE` better on one.
 
-    The auto pick's row is lce with ``acc_policy="auto"`` (acc_dtype left
-    default) and the chunking method the table names; fronts are over every
-    run of the problem (lce, torch and the reference).
+    The auto pick's row is lce with default options (``acc_policy`` and
+    ``chunking_method`` "auto", acc_dtype left default): exactly what a user
+    gets; fronts are over every run of the problem (lce, torch and the reference).
     """
     rows: list[Verdict] = []
     for kind, dtype in auto_entries():
@@ -180,7 +181,7 @@ def verdicts(table: pd.DataFrame) -> pd.DataFrame:
             subset = table[(table["device"] == device) & (table["dtype"] == dtype)]
             for _, group in subset.groupby(["N", "D", "C"], sort=True):
                 mine = group[(group["op"] == "lce") & (group["policy"] == "auto")
-                             & (group["chunking"] == pick.chunking_method) & (group["acc_dtype"] == "default")]
+                             & (group["chunking"] == "auto") & (group["acc_dtype"] == "default")]
                 if mine.empty:
                     continue
                 me = mine.iloc[0]

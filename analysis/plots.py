@@ -26,7 +26,8 @@ import seaborn as sns  # noqa: E402
 from .pareto import ERROR, MEMORY, TIME, front_mask, verdicts  # noqa: E402
 
 __all__ = ["Figure", "FIGURES", "plot_error_vs_memory", "plot_error_vs_chunks", "plot_memory_model",
-           "plot_time_vs_shape", "plot_buffer_breakdown", "plot_memory_trace", "draw_all", "write_index"]
+           "plot_time_vs_shape", "plot_buffer_breakdown", "plot_memory_trace", "plot_bench_scaling", "draw_all",
+           "write_index"]
 
 POLICY_ORDER = ("auto", "accurate", "balanced", "compact", "")
 PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER))))
@@ -302,6 +303,40 @@ def plot_memory_trace(traces: pd.DataFrame, breakdown: pd.DataFrame, folder: Pat
                                   "(N=2048 D=256 C=16384, bf16, CPU), measured from the allocator's event stream; "
                                   "dashed: lce's predicted peak for the same configuration. Measured when drawn "
                                   "(event order is deterministic).")
+
+
+def plot_bench_scaling(bench: pd.DataFrame, folder: Path) -> Figure | None:
+    """Time and peak memory vs N and vs C (log-log), per implementation and dtype, from bench.csv."""
+    if bench.empty or not {"N", "C", "metric"} <= set(bench.columns):
+        return None
+    _style()
+    base_n, base_c = bench["N"].max(), bench["C"].max()
+    data = bench[bench["impl"].isin(["lce", "torch", "unfused", "3-GEMM floor"])].copy()
+    data = data.sort_values("date").drop_duplicates(["impl", "dtype", "N", "D", "C", "metric"], keep="last")
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.5), layout="constrained", squeeze=False)
+    colours = dict(zip(["lce", "torch", "unfused", "3-GEMM floor"], sns.color_palette("colorblind", 4)))
+    styles = {"float32": "-", "bfloat16": "--"}
+    for column, (axis, fixed, fixed_value) in enumerate((("N", "C", base_c), ("C", "N", base_n))):
+        for row, (metric, scale, unit) in enumerate((("time_s", 1.0, "time of forward+backward (s)"),
+                                                     ("peak_bytes", 2**-20, "peak extra memory (MiB)"))):
+            ax = axes[row, column]
+            subset = data[(data[fixed] == fixed_value) & (data["metric"] == metric)]
+            for (impl, dtype), points in subset.groupby(["impl", "dtype"], sort=True):
+                points = points.sort_values(axis)
+                if len(points) < 2:
+                    continue
+                ax.plot(points[axis], points["value"] * scale, marker="o", ms=4, lw=1.2, color=colours[impl],
+                        ls=styles.get(dtype, ":"), label=f"{impl} {dtype}")
+            _log_axes(ax, x_base=2)
+            ax.set_xlabel(f"{axis} ({fixed}={fixed_value}, D={int(data['D'].iloc[0])})")
+            ax.set_ylabel(unit)
+    _legend_below(fig, axes)
+    _save(fig, folder, "bench_scaling")
+    return Figure("bench_scaling", "Time (median of repeats) and peak extra memory (measured, fresh process) of one "
+                                   "forward+backward vs N and vs C, CPU, for lce with default options, torch's native "
+                                   "op with default options, the unfused reference and the 3-GEMM floor "
+                                   "(6*N*D*C at the measured GEMM rate); solid fp32, dashed bf16. Data: "
+                                   "analysis/results/bench.csv (python -m analysis bench --scaling).")
 
 
 def _memory_study_figures(table: pd.DataFrame, folder: Path) -> list[Figure | None]:

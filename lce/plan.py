@@ -374,6 +374,7 @@ def make_plan(
     if method == "auto":
         method = None if options.batch_chunk_size is not None else pick.chunking_method
 
+    notes: list[str] = []
     if method is None:
         chunk = num_rows if options.batch_chunk_size is None else min(options.batch_chunk_size, num_rows)
     else:
@@ -384,6 +385,9 @@ def make_plan(
                 f"{method!r}, which gives {chunk} rows for N={num_rows}, D={in_features}, "
                 f"C={num_classes}; pass only one of them"
             )
+        if options.chunking_method == "auto" and chunk < min(pick.min_rows, num_rows):
+            chunk = min(pick.min_rows, num_rows)
+            notes.append(f"auto chunking on {kind} keeps at least {pick.min_rows} rows per chunk (GEMM efficiency)")
     chunk = max(1, chunk)
 
     acc_dtype = options.acc_dtype
@@ -391,7 +395,6 @@ def make_plan(
         use_fp32 = options.acc_policy == "auto" and _has_mixed_precision_mm(device, kind, dtype)
         acc_dtype = torch.float32 if use_fp32 else dtype
 
-    notes: list[str] = []
     layout_policy = policy
     if kind == "cpu" and policy == "compact" and acc_dtype != dtype:
         layout_policy = "balanced"

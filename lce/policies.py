@@ -93,17 +93,32 @@ COMPACT_ON_CPU_NOTE = (
 
 @dataclasses.dataclass(frozen=True)
 class AutoPick:
-    """One entry of the "auto" table and why it was chosen."""
+    """One entry of the "auto" table and why it was chosen.
+
+    ``min_rows`` is a floor on the rows per chunk that "auto" chunking resolves
+    to (never above N): below it the GEMMs of a chunk stop being efficient.
+    """
 
     acc_policy: str
     chunking_method: str
     reason: str
+    min_rows: int = 1
 
 
-# The "auto" picks keyed by (device kind, input dtype). They agree with
-# torch 2.13's defaults so that "auto" resolves identically in lce and torch;
-# the reasons record the trade-off each entry makes. The analysis package
-# measures every entry (error vs memory and time) and marks it on its front.
+CPU_MIN_ROWS = {torch.float32: 512, torch.bfloat16: 256, torch.float16: 256}
+"""Floor on "auto" chunk rows on CPU, per input dtype, from analysis/results/bench_chunks.csv
+(lce default policy, 4096x512x32768, 2 cores, one forward+backward): fp32 took 7.39 / 4.87 /
+3.54 / 2.94 / 3.14 s with 32 / 64 / 256 / 512 / 1024-row chunks, bf16 3.96 / 3.62 / 3.37 /
+3.38 / 3.24 s with 64 / 128 / 256 / 512 / 1024. aspect_ratio gives 64 rows there and
+aspect_ratio:2 gives 32: narrow chunks make every GEMM weight-bandwidth bound. bf16 stops at
+256 rows because its fp32 logits chunk would otherwise dominate the peak (149 vs 112 MB at 512)."""
+
+
+# The "auto" picks keyed by (device kind, input dtype). Policies agree with
+# torch 2.13's defaults; on CPU lce's auto chunking keeps at least CPU_MIN_ROWS
+# rows per chunk (torch's aspect-ratio sizes are 4-8x slower there, see
+# CPU_MIN_ROWS), and CPU fp32, which torch's table lacks, has an entry of its
+# own. The analysis package measures every entry and marks it on its front.
 AUTO_TABLE: dict[tuple[str, torch.dtype], AutoPick] = {
     ("cuda", torch.bfloat16): AutoPick(
         "compact", "aspect_ratio:2",
@@ -116,12 +131,20 @@ AUTO_TABLE: dict[tuple[str, torch.dtype], AutoPick] = {
     ),
     ("cpu", torch.bfloat16): AutoPick(
         "accurate", "aspect_ratio",
-        "every GEMM in fp32: the lowest gradient error, paid for with fp32 GEMMs (2.5-4x slower "
-        "than bf16 ones on an AVX512-BF16 CPU) and a fp32 weight copy",
+        "every GEMM in fp32: the lowest gradient error (1.0 floors), paid for with fp32 GEMMs (2.5-4x "
+        "slower than bf16 ones on an AVX512-BF16 CPU); chunks of at least CPU_MIN_ROWS rows",
+        min_rows=CPU_MIN_ROWS[torch.bfloat16],
     ),
     ("cpu", torch.float16): AutoPick(
         "accurate", "aspect_ratio",
         "CPU fp16 GEMMs are emulated (4-100x slower than fp32 here), so fp32 GEMMs are also the fast ones",
+        min_rows=CPU_MIN_ROWS[torch.float16],
+    ),
+    ("cpu", torch.float32): AutoPick(
+        "compact", "aspect_ratio",
+        "not in torch's table: with acc_dtype == fp32 all policies compute the same numbers and compact "
+        "allocates least; at least CPU_MIN_ROWS rows per chunk: 2.5x faster than aspect_ratio:2 at 4096x512x32768",
+        min_rows=CPU_MIN_ROWS[torch.float32],
     ),
 }
 

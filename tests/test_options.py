@@ -1,7 +1,8 @@
 """LinearCrossEntropyOptions validation and lce.plan's resolution of "auto".
 
 torch's ``LinearCrossEntropyOptions`` (construction, and ``_adjust`` for the
-call-time resolution on a CPU device) is the oracle.
+call-time resolution on a CPU device) is the oracle, except where lce documents a
+difference: "auto" chunking on CPU (lce.policies.CPU_MIN_ROWS, and a CPU fp32 entry).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 import lce
+from lce.policies import AUTO_TABLE
 from helpers import F64
 
 TorchOptions = torch.nn.LinearCrossEntropyOptions
@@ -150,6 +152,20 @@ def _torch_resolution(kwargs, N, D, V, dtype):
     return TorchOptions(**kwargs)._adjust(num_batches=N, in_features=D, num_classes=V, dtype=dtype, device=CPU)
 
 
+def _lce_resolution(kwargs, N, D, V, dtype):
+    """torch's resolution with lce's documented CPU difference: "auto" chunking follows lce's
+    CPU entry (its method, and at least ``min_rows`` rows per chunk, never above N)."""
+    expected = _torch_resolution(kwargs, N, D, V, dtype)
+    pick = AUTO_TABLE.get(("cpu", dtype))
+    auto_chunking = kwargs.get("chunking_method", "auto") == "auto" and kwargs.get("batch_chunk_size") is None
+    if pick is None or not auto_chunking:
+        return expected
+    method_size = _torch_resolution(dict(kwargs, chunking_method=pick.chunking_method), N, D, V, dtype)
+    policy = pick.acc_policy if kwargs.get("acc_policy", "auto") == "auto" else expected.acc_policy
+    return dataclasses.replace(expected, acc_policy=policy, chunking_method=pick.chunking_method,
+                               batch_chunk_size=min(N, max(method_size.batch_chunk_size, pick.min_rows)))
+
+
 def _check_plan(plan, expected, N, D, V, dtype):
     assert isinstance(plan, lce.Plan)
     assert plan.acc_policy == expected.acc_policy
@@ -168,7 +184,7 @@ def test_plan_resolution_matches_torch(dtype, kwargs):
     for N, D, V in SHAPES:
         x = torch.empty(N, D, dtype=dtype)
         W = torch.empty(V, D, dtype=dtype)
-        expected = _torch_resolution(kwargs, N, D, V, dtype)
+        expected = _lce_resolution(kwargs, N, D, V, dtype)
         for opts in (lce.LinearCrossEntropyOptions(**kwargs), TorchOptions(**kwargs)):
             _check_plan(lce.plan(opts, x, W), expected, N, D, V, dtype)
 
@@ -180,7 +196,7 @@ def test_plan_resolution_1d_input(dtype, kwargs):
     D, V = 16, 40
     x = torch.empty(D, dtype=dtype)
     W = torch.empty(V, D, dtype=dtype)
-    expected = _torch_resolution(kwargs, 1, D, V, dtype)
+    expected = _lce_resolution(kwargs, 1, D, V, dtype)
     _check_plan(lce.plan(lce.LinearCrossEntropyOptions(**kwargs), x, W), expected, 1, D, V, dtype)
 
 

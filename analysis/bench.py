@@ -1,0 +1,198 @@
+"""Speed and memory of lce next to torch's native op, the unfused reference and torch.compile of it.
+
+One bench run at one problem (default: the issue's N=4096 D=512 C=32768):
+
+* time: every implementation called in turn, ``repeats`` rounds after one
+  warm-up round, so a busy spell on the shared machine hits all of them
+  alike; the median per implementation is reported;
+* peak extra memory: measured in a fresh process per implementation
+  (:func:`analysis.memory.measure_peak` on the allocator's event stream), so
+  no caching or earlier call leaks into the figure;
+* the 3-GEMM floor: ``6 N D C`` flops at the rate of one ``(N, D) x (D, C)``
+  GEMM measured in the same dtype -- what the three GEMMs of the op cost
+  with nothing else.
+
+Each measurement is one CSV row in ``analysis/results/bench.csv`` with
+provenance; ``chunk_sweep`` times lce's default policy against the chunk size
+(``bench_chunks.csv``), the data behind the CPU entries of lce's "auto" table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from .config import RESULTS_DIR, ROOT
+from .implementations import ImplSpec, make_implementation, unavailable_reason
+from .memory import measure_peak
+from .problem import DTYPES, Shape, make_inputs
+from .provenance import provenance
+
+__all__ = ["BENCH_IMPLS", "SCALING_IMPLS", "gemm_floor_s", "run_bench", "run_scaling", "chunk_sweep", "ratios",
+           "parse_shape", "append_csv"]
+
+BENCH_IMPLS: dict[str, ImplSpec] = {
+    "lce": ImplSpec("lce", "auto", "auto"),
+    "lce accurate": ImplSpec("lce", "accurate", "auto", "float32"),
+    "lce balanced": ImplSpec("lce", "balanced", "auto", "float32"),
+    "lce compact": ImplSpec("lce", "compact", "auto", "float32"),
+    "torch": ImplSpec("torch", "auto", "auto"),
+    "unfused": ImplSpec("reference"),
+    "compiled": ImplSpec("compiled"),
+}
+"""Display name -> implementation; "lce" and "torch" use default options (explicit policies
+get acc_dtype=float32, which low-precision input needs for a mixed-precision layout)."""
+
+
+def parse_shape(text: str) -> Shape:
+    """``"4096x512x32768"`` -> ``Shape(4096, 512, 32768)``."""
+    try:
+        n, d, c = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"shape must look like NxDxC, e.g. 4096x512x32768; got {text!r}") from None
+    return Shape(n, d, c)
+
+
+def gemm_floor_s(shape: Shape, dtype: str, repeats: int = 3) -> float:
+    """Seconds for the op's three GEMMs at the measured rate of one (N, D) x (D, C) GEMM in ``dtype``."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape.N, shape.D, generator=g).to(DTYPES[dtype])
+    w = torch.randn(shape.C, shape.D, generator=g).to(DTYPES[dtype])
+    x @ w.T  # warm-up
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x @ w.T
+        samples.append(time.perf_counter() - start)
+    return 3 * statistics.median(samples)
+
+
+def _peak_in_fresh_process(name: str, shape: Shape, dtype: str) -> int:
+    command = [sys.executable, "-m", "analysis.bench", "--memory-child", name, f"{shape.N}x{shape.D}x{shape.C}", dtype]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True, timeout=1800)
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"])
+
+
+def _memory_child(name: str, shape_text: str, dtype: str) -> None:
+    implementation = make_implementation(BENCH_IMPLS[name])
+    inputs = make_inputs(parse_shape(shape_text), DTYPES[dtype], bias=False)
+    _, measured = measure_peak(lambda: implementation.run(inputs))
+    print(json.dumps({"peak_bytes": measured.peak_bytes}))
+
+
+def _row(shape: Shape, dtype: str, impl: str, metric: str, value: float, **extra) -> dict[str, object]:
+    return {"impl": impl, "dtype": dtype, "N": shape.N, "D": shape.D, "C": shape.C, "metric": metric,
+            "value": value, **extra, **provenance("cpu"), "threads": torch.get_num_threads()}
+
+
+def run_bench(shape: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"), *, repeats: int = 3,
+              impls: tuple[str, ...] = tuple(BENCH_IMPLS), memory: bool = True) -> pd.DataFrame:
+    """Time (interleaved rounds), fresh-process peak memory and the GEMM floor; one row per measurement."""
+    rows = []
+    for dtype in dtypes:
+        inputs = make_inputs(shape, DTYPES[dtype], bias=False)
+        runnable = {name: make_implementation(BENCH_IMPLS[name]) for name in impls
+                    if unavailable_reason(BENCH_IMPLS[name].op, "cpu") is None}
+        samples: dict[str, list[float]] = {name: [] for name in runnable}
+        for round_index in range(repeats + 1):  # round 0 is the warm-up (and compiles)
+            for name, implementation in runnable.items():
+                start = time.perf_counter()
+                implementation.run(inputs)
+                if round_index:
+                    samples[name].append(time.perf_counter() - start)
+        for name, values in samples.items():
+            plan = runnable[name].plan(inputs)
+            chunking = {} if plan is None else {"chunk_size": plan.batch_chunk_size, "num_chunks": plan.num_chunks,
+                                                "modeled_peak_bytes": plan.peak_extra_bytes}
+            rows.append(_row(shape, dtype, name, "time_s", statistics.median(values),
+                             spread_s=max(values) - min(values), repeats=len(values), **chunking))
+            if memory:
+                rows.append(_row(shape, dtype, name, "peak_bytes", _peak_in_fresh_process(name, shape, dtype),
+                                 **chunking))
+        rows.append(_row(shape, dtype, "3-GEMM floor", "time_s", gemm_floor_s(shape, dtype)))
+    return pd.DataFrame(rows)
+
+
+SCALING_IMPLS: tuple[str, ...] = ("lce", "torch", "unfused")
+"""What the scaling figure compares (the full set at every size would take an hour here)."""
+
+
+def run_scaling(base: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"), factors: tuple[int, ...] = (4, 2, 1),
+                repeats: int = 1) -> pd.DataFrame:
+    """:func:`run_bench` for ``SCALING_IMPLS`` at ``base`` with N, then C, divided by each factor."""
+    shapes = dict.fromkeys([Shape(base.N // f, base.D, base.C) for f in factors]
+                           + [Shape(base.N, base.D, base.C // f) for f in factors])
+    return pd.concat([run_bench(shape, dtypes, repeats=repeats, impls=SCALING_IMPLS) for shape in shapes],
+                     ignore_index=True)
+
+
+def ratios(table: pd.DataFrame) -> pd.DataFrame:
+    """lce's time and memory as ratios of torch's, the unfused reference's and the floor, per dtype."""
+    out = []
+    for (dtype, shape), group in table.groupby(["dtype", table.N.astype(str) + "x" + table.D.astype(str) + "x"
+                                                 + table.C.astype(str)]):
+        value = {(r.impl, r.metric): r.value for r in group.itertuples()}
+        lce_time, lce_peak = value.get(("lce", "time_s")), value.get(("lce", "peak_bytes"))
+        out.append({"dtype": dtype, "shape": shape,
+                    "lce_s": lce_time,
+                    "lce/torch time": lce_time / value[("torch", "time_s")],
+                    "lce/unfused time": lce_time / value[("unfused", "time_s")],
+                    "lce/floor time": lce_time / value[("3-GEMM floor", "time_s")],
+                    "lce/torch memory": lce_peak / value[("torch", "peak_bytes")] if lce_peak else float("nan"),
+                    "lce/unfused memory": lce_peak / value[("unfused", "peak_bytes")] if lce_peak else float("nan")})
+    return pd.DataFrame(out)
+
+
+def chunk_sweep(shape: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+                rows_options: tuple[int, ...] = (32, 64, 128, 256, 512, 1024), repeats: int = 2) -> pd.DataFrame:
+    """Time of lce's default policy per explicit chunk size (interleaved rounds); one row per (dtype, size)."""
+    import lce
+
+    out = []
+    for dtype in dtypes:
+        inputs = make_inputs(shape, DTYPES[dtype], bias=False)
+        samples: dict[int, list[float]] = {rows: [] for rows in rows_options}
+        for round_index in range(repeats + 1):
+            for rows in rows_options:
+                options = lce.LinearCrossEntropyOptions(batch_chunk_size=rows)
+                leaves = [t.detach().clone().requires_grad_() for t in inputs.leaves()]
+                start = time.perf_counter()
+                lce.linear_cross_entropy(leaves[0], leaves[1], inputs.target, options=options).backward()
+                if round_index:
+                    samples[rows].append(time.perf_counter() - start)
+        for rows, values in samples.items():
+            plan = lce.plan(lce.LinearCrossEntropyOptions(batch_chunk_size=rows), *inputs.leaves()[:2])
+            out.append(_row(shape, dtype, "lce", "time_s", statistics.median(values), chunk_size=rows,
+                            num_chunks=plan.num_chunks, modeled_peak_bytes=plan.peak_extra_bytes,
+                            resolved_policy=plan.acc_policy, repeats=len(values)))
+    return pd.DataFrame(out)
+
+
+def append_csv(table: pd.DataFrame, path: Path) -> Path:
+    """Append ``table`` to ``path`` (header only when the file is new); written in one call."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = not path.exists()
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(table.to_csv(index=False, header=header))
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m analysis.bench")
+    parser.add_argument("--memory-child", nargs=3, metavar=("IMPL", "SHAPE", "DTYPE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.memory_child:
+        _memory_child(*args.memory_child)
+
+
+if __name__ == "__main__":
+    main()
