@@ -52,12 +52,11 @@ class Gradients:
 
 
 class _Call:
-    """Per-call state shared by the chunks: operand copies, row weights, accumulators."""
+    """Per-call state shared by the chunks: row weights, target masks, gradient sums."""
 
     def __init__(self, plan: Plan, problem: Problem, with_grads: bool):
         self.plan, self.problem = plan, problem
         stats = plan.stats_dtype
-        acc = plan.acc_dtype
         self.bias_for_logits = (
             problem.bias.to(plan.gemm_result_dtype(plan.layout.logits)) if problem.bias is not None else None
         )
@@ -198,9 +197,7 @@ class _Call:
         """Round the sums to the input dtype once and hand out the gradients."""
         dtype = self.plan.input_dtype
         if self.weight_grad_sum is not None:
-            self.grads.weight = self.weight_grad_sum if self.weight_grad_sum.dtype == dtype else None
-            if self.grads.weight is None:
-                self.grads.weight = self.weight_grad_sum.to(dtype)
+            self.grads.weight = self.weight_grad_sum.to(dtype)  # the sum itself when it has the dtype
             self.weight_grad_sum = None
         if self.bias_grad_sum is not None:
             self.grads.bias = self.bias_grad_sum.to(dtype)

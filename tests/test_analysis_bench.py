@@ -1,0 +1,49 @@
+"""analysis.bench: shape parsing, a tiny real bench run (with a fresh-process memory figure), ratios, figure."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from analysis import bench
+from analysis.plots import plot_bench_scaling
+from analysis.problem import Shape
+
+
+def test_parse_shape():
+    assert bench.parse_shape("64x8x256") == Shape(64, 8, 256)
+    with pytest.raises(ValueError, match="NxDxC"):
+        bench.parse_shape("64x8")
+
+
+def test_tiny_bench_measures_time_memory_and_floor():
+    table = bench.run_bench(Shape(64, 16, 512), ("float32",), repeats=1, impls=("lce", "torch", "unfused"))
+    value = {(row.impl, row.metric): row.value for row in table.itertuples()}
+    assert {("lce", "time_s"), ("torch", "peak_bytes"), ("3-GEMM floor", "time_s")} <= set(value)
+    # The unfused reference materializes (64, 512) fp32 logits and their gradient: at least 2 x 128 KiB.
+    assert value[("unfused", "peak_bytes")] >= 2 * 64 * 512 * 4
+    assert 0 < value[("lce", "peak_bytes")] < value[("unfused", "peak_bytes")] + 64 * 16 * 4 + 512 * 16 * 4
+    assert table["git_revision"].notna().all() and (table["torch_version"] != "").all()
+    ratios = bench.ratios(table)
+    assert ratios.loc[0, "lce/torch time"] == pytest.approx(value[("lce", "time_s")] / value[("torch", "time_s")])
+
+
+def _synthetic():
+    rows = []
+    for impl, speed in (("lce", 1.0), ("torch", 2.0), ("unfused", 1.5), ("3-GEMM floor", 0.8)):
+        for n in (256, 512):
+            for c in (1024, 2048):
+                if n != 512 and c != 2048:
+                    continue
+                rows.append(dict(impl=impl, dtype="float32", N=n, D=8, C=c, metric="time_s",
+                                 value=speed * n * c * 1e-6, date="2026-01-01"))
+                if impl != "3-GEMM floor":
+                    rows.append(dict(impl=impl, dtype="float32", N=n, D=8, C=c, metric="peak_bytes",
+                                     value=speed * c * 1e3, date="2026-01-01"))
+    return pd.DataFrame(rows)
+
+
+def test_bench_figure_builds(tmp_path):
+    figure = plot_bench_scaling(_synthetic(), tmp_path)
+    assert figure is not None and (tmp_path / "bench_scaling.png").stat().st_size > 0
+    assert plot_bench_scaling(pd.DataFrame(), tmp_path) is None
