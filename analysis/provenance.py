@@ -29,14 +29,19 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# Outputs that a run itself rewrites: their changes say nothing about the code that made the data.
+_GENERATED = (":!analysis/results", ":!figures", ":!notebooks/*.ipynb")
+
+
 @functools.cache
 def git_revision() -> str:
-    """``git rev-parse --short HEAD`` with ``-dirty`` if tracked files changed; ``unknown`` outside git."""
+    """``git rev-parse --short HEAD``, with ``-dirty`` if tracked files other than generated
+    outputs (results, figures, executed notebooks) changed; ``unknown`` outside git."""
     try:
         revision = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
                                   text=True, check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *_GENERATED],
+                               cwd=ROOT, capture_output=True, text=True, check=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return revision + ("-dirty" if dirty else "")
