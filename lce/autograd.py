@@ -26,16 +26,12 @@ _SECOND_BACKWARD = (
 )
 
 
-def _problem(input, weight, bias, target, class_weight, ignore_index, label_smoothing) -> Problem:
-    return Problem(input, weight, bias, target, class_weight, ignore_index, label_smoothing)
-
-
 class ScalarReductionLoss(torch.autograd.Function):
     """Loss with reduction "mean" or "sum"; gradients computed in forward."""
 
     @staticmethod
     def forward(ctx, input, weight, bias, target, class_weight, ignore_index, label_smoothing, plan: Plan):
-        problem = _problem(input, weight, bias, target, class_weight, ignore_index, label_smoothing)
+        problem = Problem(input, weight, bias, target, class_weight, ignore_index, label_smoothing)
         loss, grads = scalar_loss_and_grads(plan, problem)
         ctx.grads = (grads.input, grads.weight, grads.bias)
         ctx.allow_retain_graph = plan.allow_retain_graph
@@ -59,7 +55,7 @@ class PerRowLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, weight, bias, target, class_weight, ignore_index, label_smoothing, plan: Plan):
-        problem = _problem(input, weight, bias, target, class_weight, ignore_index, label_smoothing)
+        problem = Problem(input, weight, bias, target, class_weight, ignore_index, label_smoothing)
         losses, lse = per_row_loss(plan, problem)
         ctx.save_for_backward(input, weight, bias, target, class_weight, lse)
         ctx.ignore_index, ctx.label_smoothing, ctx.plan = ignore_index, label_smoothing, plan
@@ -68,6 +64,6 @@ class PerRowLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_losses):
         input, weight, bias, target, class_weight, lse = ctx.saved_tensors
-        problem = _problem(input, weight, bias, target, class_weight, ctx.ignore_index, ctx.label_smoothing)
+        problem = Problem(input, weight, bias, target, class_weight, ctx.ignore_index, ctx.label_smoothing)
         grads = per_row_grads(ctx.plan, problem, lse, grad_losses)
         return grads.input, grads.weight, grads.bias, None, None, None, None, None

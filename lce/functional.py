@@ -161,7 +161,6 @@ def plan(options: LinearCrossEntropyOptions, input: torch.Tensor, linear_weight:
         device=input.device,
         reduction=reduction,
         needs_grad=_needs_grad(input, linear_weight, linear_bias),
-        has_bias=linear_bias is not None,
     )
 
 

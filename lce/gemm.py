@@ -54,13 +54,10 @@ _BLOCK_ELEMENTS = 1 << 20
 dtype conversion is involved, so the converted temporaries stay ~4 MiB, not (C, D)-sized."""
 
 
-def _row_blocks(rows: int, cols: int) -> range:
-    return range(0, rows, max(1, _BLOCK_ELEMENTS // max(cols, 1)))
-
-
-def weight_block_rows(in_features: int) -> int:
-    """Rows of the (C, D) weight upcast at a time by the ``*_upcast_weight`` GEMMs (~1M elements)."""
-    return max(1, _BLOCK_ELEMENTS // max(in_features, 1))
+def rows_per_block(cols: int) -> int:
+    """Rows of a ``(rows, cols)`` matrix converted at a time (~1M elements): the weight upcast by
+    the ``*_upcast_weight`` GEMMs and the weight-gradient target updated by :func:`add_mm_`."""
+    return max(1, _BLOCK_ELEMENTS // max(cols, 1))
 
 
 def mm_upcast_weight_t(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -71,7 +68,7 @@ def mm_upcast_weight_t(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     (blocks stay in cache): 512 x 32768 x 512 fp32, 100 ms blocked vs 109 ms.
     """
     out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
-    step = weight_block_rows(weight.shape[1])
+    step = rows_per_block(weight.shape[1])
     for start in range(0, weight.shape[0], step):
         out[:, start:start + step] = a @ weight[start:start + step].to(a.dtype).T
     return out
@@ -80,7 +77,7 @@ def mm_upcast_weight_t(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def mm_upcast_weight(a: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
     """``alpha * (a @ weight)`` with ``weight`` (C, D) upcast to ``a.dtype`` block by block; ``a`` is (rows, C)."""
     out = torch.zeros(a.shape[0], weight.shape[1], dtype=a.dtype, device=a.device)
-    step = weight_block_rows(weight.shape[1])
+    step = rows_per_block(weight.shape[1])
     for start in range(0, weight.shape[0], step):
         out.addmm_(a[:, start:start + step], weight[start:start + step].to(a.dtype))
     return out.mul_(alpha) if alpha != 1.0 else out
@@ -97,7 +94,7 @@ def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtyp
     if target.dtype == a.dtype == product_dtype and not _slow_on_device(a.dtype, a.device):
         target.addmm_(a, b, alpha=alpha)
         return
-    step = _row_blocks(*target.shape).step
+    step = rows_per_block(target.shape[1])
     if target.dtype == product_dtype == a.dtype:
         # fp16 on CPU: the same single rounding of target + alpha * a @ b, computed in fp32.
         b_wide = b.float()

@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 from collections.abc import Iterator
 from typing import Literal
 
 import torch
 
-from .gemm import weight_block_rows
+from .gemm import rows_per_block
 from .options import LinearCrossEntropyOptions, parse_chunking_method
 from .policies import COMPACT_ON_CPU_NOTE, LAYOUTS, Gemm, Layout, Role, auto_pick
 
@@ -129,7 +130,6 @@ class Plan:
     reduction: str
     layout: Layout
     needs_grad: tuple[bool, bool, bool]
-    has_bias: bool
     allow_retain_graph: bool
     notes: tuple[str, ...] = ()
 
@@ -198,7 +198,7 @@ class Plan:
     def upcasts_weight_for(self, gemm_name: str) -> bool:
         """Whether the named GEMM ("logits" or "grad_input") reads the weight upcast to acc_dtype.
 
-        The upcast happens a block of rows at a time (:func:`lce.gemm.weight_block_rows`),
+        The upcast happens a block of rows at a time (:func:`lce.gemm.rows_per_block`),
         so no ``(C, D)`` acc_dtype copy of the weight ever exists.
         """
         if self.acc_dtype == self.input_dtype:
@@ -222,14 +222,13 @@ class Plan:
         return self.needs_weight_grad and self.weight_grad_sum_dtype != self.input_dtype
 
     # ---- memory model ------------------------------------------------------
-    @property
+    @functools.cached_property
     def buffers(self) -> tuple[Buffer, ...]:
         """Every allocation of one forward + backward, in the order the loop makes them."""
         n, d, c, rows = self.num_rows, self.in_features, self.num_classes, self.batch_chunk_size
         rows = min(rows, n)
         in_dt, acc_dt, stats_dt = self.input_dtype, self.acc_dtype, self.stats_dtype
         scalar = self.reduction != "none"
-        grads_made_by = "call" if scalar else "backward"
         out: list[Buffer] = []
 
         grad_stage: Stage = "forward" if scalar else "backward"
@@ -270,7 +269,7 @@ class Plan:
                 add("input_chunk_in_acc", (rows, d), acc_dt, stage, "chunk", "chunk of the input upcast to acc_dtype")
             add("logits_chunk", (rows, c), logits_dt, stage, "chunk", "logits of one chunk, then softmax in place")
             if self.upcasts_weight_for("logits") or (stage == grad_stage and self.upcasts_weight_for("grad_input")):
-                block = min(weight_block_rows(d), c)
+                block = min(rows_per_block(d), c)
                 add("weight_block_in_acc", (block, d), acc_dt, stage, "chunk",
                     "a block of weight rows upcast to acc_dtype (no full-size copy)")
                 add("logits_block", (rows, block), acc_dt, stage, "chunk", "one block's GEMM result before it is placed")
@@ -355,7 +354,6 @@ def make_plan(
     device: torch.device,
     reduction: str = "mean",
     needs_grad: tuple[bool, bool, bool] = (True, True, False),
-    has_bias: bool = False,
 ) -> Plan:
     """Resolve ``options`` for one call (the rules of the options contract).
 
@@ -418,7 +416,6 @@ def make_plan(
         reduction=reduction,
         layout=layout,
         needs_grad=needs_grad,
-        has_bias=has_bias,
         allow_retain_graph=options.allow_retain_graph,
         notes=tuple(notes),
     )
