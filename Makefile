@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test lab figures reproduce notebooks clean
+.PHONY: help setup demo lint test lab figures reproduce notebooks clean
 
 help: ## Show this list of targets
 	@echo "Usage: make <target>   (PYTHON=$(PYTHON) VENV=$(VENV))"
@@ -28,6 +28,9 @@ setup: $(STAMP) ## Create the venv (.venv) and install the project with all extr
 
 demo: $(STAMP) ## Run the small end-to-end demo (python -m lce.demo)
 	$(VENV)/bin/python -m lce.demo
+
+lint: $(STAMP) ## Lint with ruff (rules and line length in pyproject.toml); CI runs it before the tests
+	$(VENV)/bin/ruff check .
 
 test: $(STAMP) ## Run the test suite (extra pytest flags: PYTEST_ARGS="-m 'not slow'")
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)

@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.resume:
             _set_aside(args.results / f"{grid}.csv")
         _sweep(grid, "1/1", args.results, not args.no_progress)
-        command = "python -m analysis reproduce --quick" if grid == "quick" else f"python -m analysis reproduce --grid {grid}"
+        command = "python -m analysis reproduce " + ("--quick" if grid == "quick" else f"--grid {grid}")
         for path in make_figures(args.results, args.out, command):
             print(_relative(path))
     elif args.command == "bench":

@@ -59,9 +59,10 @@ def loss_drift(shape: Shape, dtype: str, chunk_counts: tuple[int, ...] = (1, 4, 
     return pd.DataFrame(rows)
 
 
-def all_ignored_gradients(shape: Shape = Shape(64, 16, 100), dtype: str = "float32",
+def all_ignored_gradients(shape: Shape | None = None, dtype: str = "float32",
                           reduction: str = "mean") -> pd.DataFrame:
-    """Loss and gradient summary when every target is ignored: reference, lce and torch."""
+    """Loss and gradient summary when every target is ignored: reference, lce and torch (default 64x16x100)."""
+    shape = shape or Shape(64, 16, 100)
     inputs = make_inputs(shape, DTYPES[dtype])
     ignored = torch.full_like(inputs.target, -100)
     runs = {"reference": (lce.linear_cross_entropy, None)}
@@ -73,6 +74,6 @@ def all_ignored_gradients(shape: Shape = Shape(64, 16, 100), dtype: str = "float
         grads = torch.autograd.grad(loss, leaves)
         rows.append({"impl": impl, "reduction": reduction, "loss": loss.item(),
                      **{f"{name}_nan_entries": int(g.isnan().sum()) for name, g in
-                        zip(("grad_input", "grad_weight", "grad_bias"), grads)},
+                        zip(("grad_input", "grad_weight", "grad_bias"), grads, strict=False)},
                      "max_abs_finite_grad": max(float(g.nan_to_num(0).abs().max()) for g in grads)})
     return pd.DataFrame(rows)

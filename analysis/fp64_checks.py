@@ -10,6 +10,7 @@ same table is computed for torch 2.13's native chunked op next to lce's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
 import warnings
@@ -92,19 +93,21 @@ def _arguments(case: PathCase, n: int, d: int, c: int, seed: int = 0):
     return x, w, b, target, kwargs, grad_output
 
 
+def _chunked_loss(case: PathCase, target: torch.Tensor, kwargs: dict, x: torch.Tensor, w: torch.Tensor,
+                  *bias: torch.Tensor) -> torch.Tensor:
+    """lce's loss on ``case``'s path (retain-graph on: gradcheck runs backward repeatedly)."""
+    with emulate_device_kind(case.device_kind):
+        return lce.linear_cross_entropy(x, w, target, linear_bias=bias[0] if bias else None,
+                                        options=case.options(allow_retain_graph=True), **kwargs)
+
+
 def gradcheck_table(cases: list[PathCase] | None = None) -> pd.DataFrame:
     """``torch.autograd.gradcheck`` (fp64 finite differences) of lce on each path; one row per path."""
     rows = []
     for case in cases if cases is not None else path_cases():
         x, w, b, target, kwargs, _ = _arguments(case, n=7, d=3, c=5)
         leaves = [t.requires_grad_() for t in (x, w, b) if t is not None]
-        options = case.options(allow_retain_graph=True)
-
-        def loss(x, w, *bias):
-            with emulate_device_kind(case.device_kind):
-                return lce.linear_cross_entropy(x, w, target, linear_bias=bias[0] if bias else None,
-                                                options=options, **kwargs)
-
+        loss = functools.partial(_chunked_loss, case, target, kwargs)
         start = time.perf_counter()
         passed = torch.autograd.gradcheck(loss, tuple(leaves), eps=1e-6, atol=1e-8, rtol=1e-6,
                                           raise_exception=False)
@@ -142,7 +145,7 @@ def parity_table(cases: list[PathCase] | None = None, shape: tuple[int, int, int
         row = {**dataclasses.asdict(case), "features": case.features(),
                "torch_path": "reference (fallback)" if caught else "chunked"}
         names = [name for name in OUTPUT_NAMES if name != "grad_bias" or case.bias]
-        for name, mine, peer, exact in zip(names, ours, theirs, reference):
+        for name, mine, peer, exact in zip(names, ours, theirs, reference, strict=False):
             scale = exact.abs().max().clamp_min(torch.finfo(torch.float64).tiny)
             row[f"lce_{name}"] = ((mine - exact).abs().max() / scale).item()
             row[f"torch_{name}"] = ((peer - exact).abs().max() / scale).item()

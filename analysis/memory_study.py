@@ -8,6 +8,8 @@ torch's native op and the unfused reference on the same inputs.
 
 from __future__ import annotations
 
+import functools
+
 import pandas as pd
 
 from .implementations import ImplSpec, make_implementation
@@ -54,7 +56,7 @@ def memory_traces(shape: Shape = STUDY_SHAPE, dtype: str = STUDY_DTYPE) -> pd.Da
     for name, spec in STUDY_SPECS.items():
         implementation = make_implementation(spec)
         implementation.run(inputs)  # warm-up: first-call allocations (kernels, caches) are not the op's
-        _, trace = allocation_trace(lambda: implementation.run(inputs))
+        _, trace = allocation_trace(functools.partial(implementation.run, inputs))
         count = max(len(trace) - 1, 1)
         frames.append(pd.DataFrame({"config": name, "event": range(len(trace)),
                                     "progress": [i / count for i in range(len(trace))],

@@ -18,10 +18,10 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display needed
 
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 from .pareto import ERROR, MEMORY, TIME, front_mask, verdicts  # noqa: E402
 
@@ -30,7 +30,7 @@ __all__ = ["Figure", "FIGURES", "plot_error_vs_memory", "plot_error_vs_chunks", 
            "write_index"]
 
 POLICY_ORDER = ("auto", "accurate", "balanced", "compact", "")
-PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER))))
+PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER)), strict=True))
 PALETTE[""] = (0.3, 0.3, 0.3)
 MARKERS = {"lce": "o", "torch": "X", "reference": "s", "compiled": "D", "liger": "^", "cce": "v"}
 ERROR_LABEL = "worst gradient error (multiples of the rounding floor)"
@@ -73,7 +73,7 @@ def _grid(panels: int, width: float = 4.2, height: float = 3.4, columns: int = 3
 def _legend_below(fig: plt.Figure, axes: np.ndarray) -> None:
     handles, labels = {}, []
     for ax in axes.flat:
-        for handle, text in zip(*ax.get_legend_handles_labels()):
+        for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
             if text not in handles:
                 handles[text] = handle
                 labels.append(text)
@@ -107,7 +107,7 @@ def plot_error_vs_memory(table: pd.DataFrame, folder: Path, device: str = "cpu")
     problems = data[["dtype", "N", "D", "C"]].drop_duplicates().sort_values(["dtype", "C", "N"])
     fig, axes = _grid(len(problems))
     picks = verdicts(table)
-    for ax, problem in zip(axes.flat, problems.itertuples(index=False)):
+    for ax, problem in zip(axes.flat, problems.itertuples(index=False), strict=False):
         group = data[(data["dtype"] == problem.dtype) & (data["N"] == problem.N) & (data["D"] == problem.D)
                      & (data["C"] == problem.C)]
         for (op, policy), points in group.groupby(["op", "policy"], sort=False):
@@ -142,7 +142,7 @@ def plot_error_vs_chunks(table: pd.DataFrame, folder: Path, device: str = "cpu")
     data["series"] = data["policy"] + np.where(data["acc_dtype"] == "default", "", " acc=fp32")
     problems = data[["dtype", "N", "D", "C"]].drop_duplicates().sort_values(["dtype", "C", "N"])
     fig, axes = _grid(len(problems))
-    for ax, problem in zip(axes.flat, problems.itertuples(index=False)):
+    for ax, problem in zip(axes.flat, problems.itertuples(index=False), strict=False):
         group = data[(data["dtype"] == problem.dtype) & (data["N"] == problem.N) & (data["D"] == problem.D)
                      & (data["C"] == problem.C)]
         for (op, series), points in group.groupby(["op", "series"], sort=True):
@@ -178,7 +178,7 @@ def plot_memory_model(table: pd.DataFrame, folder: Path) -> Figure | None:
     measured = data["peak_bytes_measured"].astype(float) / 2**20
     # Colour by what decides the buffers: input dtype and the resolved acc_dtype.
     kinds = data["dtype"].astype(str) + " in, acc " + data["resolved_acc_dtype"].astype(str)
-    colours = dict(zip(sorted(kinds.unique()), sns.color_palette("colorblind", kinds.nunique())))
+    colours = dict(zip(sorted(kinds.unique()), sns.color_palette("colorblind", kinds.nunique()), strict=True))
     for kind, colour in colours.items():
         mask = kinds == kind
         ax.scatter(modeled[mask], measured[mask], s=18, alpha=0.7, color=colour, label=kind)
@@ -222,7 +222,7 @@ def plot_time_vs_shape(table: pd.DataFrame, folder: Path) -> Figure | None:
     data["series"] = (data["op"] + " " + data["policy"]).str.strip()
     panels = data[["device", "dtype"]].drop_duplicates().sort_values(["device", "dtype"])
     fig, axes = _grid(len(panels))
-    for ax, panel in zip(axes.flat, panels.itertuples(index=False)):
+    for ax, panel in zip(axes.flat, panels.itertuples(index=False), strict=False):
         group = data[(data["device"] == panel.device) & (data["dtype"] == panel.dtype)]
         summary = group.groupby(["series", "op", "policy", "work"], as_index=False)[TIME].median()
         for (series, op, policy), points in summary.groupby(["series", "op", "policy"], sort=True):
@@ -240,7 +240,7 @@ def plot_time_vs_shape(table: pd.DataFrame, folder: Path) -> Figure | None:
                                    "solid, others dashed. CPU timings use one thread on a shared machine.")
 
 
-SPAN_COLOURS = dict(zip(("kept", "call", "final", "chunk"), sns.color_palette("muted", 4)))
+SPAN_COLOURS = dict(zip(("kept", "call", "final", "chunk"), sns.color_palette("muted", 4), strict=True))
 
 
 def plot_buffer_breakdown(breakdown: pd.DataFrame, folder: Path) -> Figure | None:
@@ -285,7 +285,8 @@ def plot_memory_trace(traces: pd.DataFrame, breakdown: pd.DataFrame, folder: Pat
         return None
     _style()
     fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
-    colours = dict(zip(dict.fromkeys(traces["config"]), sns.color_palette("colorblind", traces["config"].nunique())))
+    configs = list(dict.fromkeys(traces["config"]))
+    colours = dict(zip(configs, sns.color_palette("colorblind", len(configs)), strict=True))
     for config, trace in traces.groupby("config", sort=False):
         ax.step(trace["progress"], trace["live_MiB"].clip(lower=1e-3), where="post", lw=1.2, color=colours[config],
                 label=f"{config} (peak {trace['live_MiB'].max():.1f} MiB)")
@@ -314,7 +315,7 @@ def plot_bench_scaling(bench: pd.DataFrame, folder: Path) -> Figure | None:
     data = bench[bench["impl"].isin(["lce", "torch", "unfused", "3-GEMM floor"])].copy()
     data = data.sort_values("date").drop_duplicates(["impl", "dtype", "N", "D", "C", "metric"], keep="last")
     fig, axes = plt.subplots(2, 2, figsize=(10, 7.5), layout="constrained", squeeze=False)
-    colours = dict(zip(["lce", "torch", "unfused", "3-GEMM floor"], sns.color_palette("colorblind", 4)))
+    colours = dict(zip(["lce", "torch", "unfused", "3-GEMM floor"], sns.color_palette("colorblind", 4), strict=True))
     styles = {"float32": "-", "bfloat16": "--"}
     for column, (axis, fixed, fixed_value) in enumerate((("N", "C", base_c), ("C", "N", base_n))):
         for row, (metric, scale, unit) in enumerate((("time_s", 1.0, "time of forward+backward (s)"),

@@ -63,5 +63,5 @@ def provenance(device: str) -> dict[str, str]:
         "cpu_model": cpu_model(),
         "num_threads": str(torch.get_num_threads()),
         "git_revision": git_revision(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }

@@ -43,7 +43,7 @@ def reference_outputs(inputs: Inputs) -> Outputs:
     return Outputs(loss.detach(), grads[0], grads[1], grad_bias)
 
 
-def gradcheck_lce(options: lce.LinearCrossEntropyOptions, shape: Shape = Shape(6, 4, 10), *,
+def gradcheck_lce(options: lce.LinearCrossEntropyOptions, shape: Shape | None = None, *,
                   bias: bool = True, reduction: str = "mean", seed: int = 0,
                   device_kind: str = "cpu") -> bool:
     """``torch.autograd.gradcheck`` of ``lce.linear_cross_entropy`` with ``options`` in fp64.
@@ -58,6 +58,7 @@ def gradcheck_lce(options: lce.LinearCrossEntropyOptions, shape: Shape = Shape(6
     from lce.testing import emulate_device_kind
 
     options = dataclasses.replace(options, allow_retain_graph=True, acc_dtype=torch.float64)
+    shape = shape or Shape(6, 4, 10)
     inputs = make_inputs(shape, torch.float64, seed=seed, bias=bias, reduction=reduction)
 
     def loss(x: torch.Tensor, w: torch.Tensor, *maybe_bias: torch.Tensor) -> torch.Tensor:

@@ -77,11 +77,11 @@ def main(argv: list[str] | None = None) -> None:
         for label, fields in settings:
             runs = [("lce", linear_cross_entropy, LinearCrossEntropyOptions)]
             if peer is not None and peer_options is not None:
-                runs.append((f"torch", peer, peer_options))
+                runs.append(("torch", peer, peer_options))
             for name, fn, options_class in runs:
                 outputs, elapsed = _loss_and_grads(fn, x, w, b, target, options=options_class(**fields))
                 cells = [f"{_relative_error(o, e):.2e} ({_relative_error(o, e) / f:4.1f}x)"
-                         for o, e, f in zip(outputs, exact, floors)]
+                         for o, e, f in zip(outputs, exact, floors, strict=True)]
                 print(f"{name:<12} {label:<22} {elapsed:6.2f}s  " + "  ".join(f"{c:>18}" for c in cells))
 
 

@@ -272,7 +272,8 @@ class Plan:
                 block = min(rows_per_block(d), c)
                 add("weight_block_in_acc", (block, d), acc_dt, stage, "chunk",
                     "a block of weight rows upcast to acc_dtype (no full-size copy)")
-                add("logits_block", (rows, block), acc_dt, stage, "chunk", "one block's GEMM result before it is placed")
+                add("logits_block", (rows, block), acc_dt, stage, "chunk",
+                    "one block's GEMM result before it is placed")
             if logits_dt != stats_dt:
                 add("probs_chunk", (rows, c), stats_dt, stage, "chunk", "softmax of the chunk in fp32")
             if self.upcasts_fp16_gemms:

@@ -167,4 +167,4 @@ def format_layout_table(device_kind: str) -> str:
         rows.append((name, str(layout.logits), str(layout.grad_input), str(layout.grad_weight),
                      layout.weight_grad_sum))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)

@@ -34,7 +34,8 @@ def show(figure):
 # %%
 lce_runs = table[(table.op == "lce") & (table.device == "cpu")].copy()
 lce_runs["measured/modeled"] = lce_runs.peak_bytes_measured / lce_runs.peak_bytes_modeled
-lce_runs.groupby(["dtype", "policy", "acc_dtype"])["measured/modeled"].agg(["min", "median", "max"]).style.format("{:.2f}")
+ratios = lce_runs.groupby(["dtype", "policy", "acc_dtype"])["measured/modeled"]
+ratios.agg(["min", "median", "max"]).style.format("{:.2f}")
 
 # %%
 show(plots.plot_memory_model(table, FIGURES))

@@ -143,5 +143,5 @@ def test_torch_compile_matches_eager(backend, reduction):
         out = fn(*leaves)
         out.backward()
         results.append((out.detach(), *(t.grad for t in leaves)))
-    for name, got, expected in zip(("output", "input", "weight", "bias"), results[1], results[0]):
+    for name, got, expected in zip(("output", "input", "weight", "bias"), results[1], results[0], strict=False):
         assert_close_rel(got, expected, 1e-13, f"compiled {reduction}: {name}")

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = canonicalize_name("lce-lab")
 
 # Targets the README and .ci/run rely on.
-REQUIRED_TARGETS = {"help", "setup", "demo", "test", "lab", "figures", "reproduce", "clean"}
+REQUIRED_TARGETS = {"help", "setup", "demo", "lint", "test", "lab", "figures", "reproduce", "clean"}
 # Targets that must install the project first (everything but help/clean).
 INSTALLING_TARGETS = REQUIRED_TARGETS - {"help", "clean"}
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import lce
-from helpers import F64, Problem, assert_parity, run, ref_run, reference_loss
+from helpers import F64, Problem, assert_parity, ref_run, reference_loss, run
 
 KDIM_REASON = r"k-dim|out_features|multi-?dim"
 PROBS_REASON = r"probabilit"  # matched case-insensitively

@@ -70,7 +70,10 @@ def test_module_matches_torch(name):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch falls back (with a warning) on label smoothing / K-dim
             loss = module(xi, target)
-        grad_out = torch.ones_like(loss) if loss.dim() == 0 else torch.linspace(-1, 2, loss.numel(), dtype=F64).reshape(loss.shape)
+        if loss.dim() == 0:
+            grad_out = torch.ones_like(loss)
+        else:
+            grad_out = torch.linspace(-1, 2, loss.numel(), dtype=F64).reshape(loss.shape)
         loss.backward(grad_out)
         grads = [xi.grad, module.linear.weight.grad]
         if module.linear.bias is not None:

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import lce
-from lce.policies import AUTO_TABLE
 from helpers import F64
+from lce.policies import AUTO_TABLE
 
 TorchOptions = torch.nn.LinearCrossEntropyOptions
 POLICIES = ("auto", "accurate", "balanced", "compact")
@@ -258,4 +258,4 @@ def test_plan_is_what_runs():
         opts = lce.LinearCrossEntropyOptions(batch_chunk_size=size)
         assert lce.plan(opts, x, W).num_chunks == math.ceil(N / size)
         losses.append(lce.linear_cross_entropy(x, W, t, options=opts))
-    assert all(torch.allclose(l, losses[0], rtol=1e-13, atol=0) for l in losses)
+    assert all(torch.allclose(loss, losses[0], rtol=1e-13, atol=0) for loss in losses)

@@ -123,7 +123,8 @@ def _errors_in_floors(dtype, options, n=512, d=64, c=2048, kind="cuda"):
     exact = run(x.double(), w.double(), None)
     with emulate_device_kind(kind):
         got = run(x, w, options)
-    return [rel_err(a.double(), e) / max(rel_err(e.to(dtype).double(), e), 1e-30) for a, e in zip(got, exact)]
+    return [rel_err(a.double(), e) / max(rel_err(e.to(dtype).double(), e), 1e-30)
+            for a, e in zip(got, exact, strict=True)]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
