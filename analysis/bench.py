@@ -20,7 +20,6 @@ provenance; ``chunk_sweep`` times lce's default policy against the chunk size
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import subprocess
@@ -31,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .config import RESULTS_DIR, ROOT
+from .config import ROOT
 from .implementations import ImplSpec, make_implementation, unavailable_reason
 from .memory import measure_peak
 from .problem import DTYPES, Shape, make_inputs
@@ -152,28 +151,48 @@ def ratios(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+CHUNK_SWEEP_POLICIES: dict[str, dict[str, object]] = {
+    "auto": {},
+    "accurate": {"acc_policy": "accurate", "acc_dtype": torch.float32},
+    "balanced": {"acc_policy": "balanced", "acc_dtype": torch.float32},
+    "compact": {"acc_policy": "compact"},
+}
+"""Policies the chunk sweep times: the default options, and each explicit policy as a user would
+spell it for low-precision input (mixed-precision layouts with acc_dtype=float32; compact with the
+input dtype, its accumulator-free layout). On fp32 input they all resolve to the same arithmetic."""
+
+
 def chunk_sweep(shape: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
-                rows_options: tuple[int, ...] = (32, 64, 128, 256, 512, 1024), repeats: int = 2) -> pd.DataFrame:
-    """Time of lce's default policy per explicit chunk size (interleaved rounds); one row per (dtype, size)."""
+                rows_options: tuple[int, ...] = (32, 64, 128, 256, 512, 1024), repeats: int = 2,
+                policies: tuple[str, ...] = ("auto",)) -> pd.DataFrame:
+    """Time of lce per policy and explicit chunk size (interleaved rounds); one row per (dtype, policy, size).
+
+    fp32 input runs only "auto": every policy computes the same numbers there.
+    """
     import lce
 
     out = []
     for dtype in dtypes:
         inputs = make_inputs(shape, DTYPES[dtype], bias=False)
-        samples: dict[int, list[float]] = {rows: [] for rows in rows_options}
+        names = ("auto",) if dtype == "float32" else policies
+        settings = [(name, rows) for name in names for rows in rows_options]
+        samples: dict[tuple[str, int], list[float]] = {setting: [] for setting in settings}
         for round_index in range(repeats + 1):
-            for rows in rows_options:
-                options = lce.LinearCrossEntropyOptions(batch_chunk_size=rows)
+            for name, rows in settings:
+                options = lce.LinearCrossEntropyOptions(batch_chunk_size=rows, **CHUNK_SWEEP_POLICIES[name])
                 leaves = [t.detach().clone().requires_grad_() for t in inputs.leaves()]
                 start = time.perf_counter()
                 lce.linear_cross_entropy(leaves[0], leaves[1], inputs.target, options=options).backward()
                 if round_index:
-                    samples[rows].append(time.perf_counter() - start)
-        for rows, values in samples.items():
-            plan = lce.plan(lce.LinearCrossEntropyOptions(batch_chunk_size=rows), *inputs.leaves()[:2])
-            out.append(_row(shape, dtype, "lce", "time_s", statistics.median(values), chunk_size=rows,
+                    samples[(name, rows)].append(time.perf_counter() - start)
+        for (name, rows), values in samples.items():
+            options = lce.LinearCrossEntropyOptions(batch_chunk_size=rows, **CHUNK_SWEEP_POLICIES[name])
+            plan = lce.plan(options, *inputs.leaves()[:2])
+            out.append(_row(shape, dtype, "lce" if name == "auto" else f"lce {name}", "time_s",
+                            statistics.median(values), spread_s=max(values) - min(values), chunk_size=rows,
                             num_chunks=plan.num_chunks, modeled_peak_bytes=plan.peak_extra_bytes,
-                            resolved_policy=plan.acc_policy, repeats=len(values)))
+                            resolved_policy=plan.acc_policy, resolved_acc_dtype=str(plan.acc_dtype)[6:],
+                            repeats=len(values)))
     return pd.DataFrame(out)
 
 

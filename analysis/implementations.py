@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import lce
+from lce.reference import reference_linear_cross_entropy
 from lce.testing import emulate_device_kind
 
 from .problem import DTYPES, Inputs, Outputs
@@ -118,8 +119,8 @@ def _gradients(loss: torch.Tensor, inputs: Inputs) -> Outputs:
 
 
 def _unfused(inputs: Inputs) -> torch.Tensor:
-    logits = F.linear(inputs.input, inputs.weight, inputs.bias)
-    return F.cross_entropy(logits, inputs.target, reduction=inputs.reduction)
+    return reference_linear_cross_entropy(inputs.input, inputs.weight, inputs.target, linear_bias=inputs.bias,
+                                          reduction=inputs.reduction)
 
 
 @dataclasses.dataclass
@@ -176,7 +177,7 @@ def _lce_loss(spec: ImplSpec) -> Callable[[Inputs], torch.Tensor]:
 
 
 def _torch_loss(spec: ImplSpec) -> Callable[[Inputs], torch.Tensor]:
-    options = torch.nn.LinearCrossEntropyOptions(**spec.options_fields())
+    options = lce.LinearCrossEntropyOptions(**spec.options_fields()).to_torch()
 
     def loss(inputs: Inputs) -> torch.Tensor:
         return F.linear_cross_entropy(inputs.input, inputs.weight, inputs.target, linear_bias=inputs.bias,

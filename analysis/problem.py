@@ -13,6 +13,8 @@ import dataclasses
 
 import torch
 
+from lce.options import dtype_name
+
 __all__ = ["Shape", "Inputs", "Outputs", "make_inputs", "OUTPUT_NAMES", "DTYPES", "dtype_name"]
 
 OUTPUT_NAMES: tuple[str, ...] = ("loss", "grad_input", "grad_weight", "grad_bias")
@@ -25,11 +27,6 @@ DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
 }
 """Dtype names as they appear in grids and CSV columns."""
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"``."""
-    return str(dtype).removeprefix("torch.")
 
 
 @dataclasses.dataclass(frozen=True, order=True)

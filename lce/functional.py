@@ -5,16 +5,15 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.nn.functional as F
 
 from .autograd import PerRowLoss, ScalarReductionLoss
 from .options import LinearCrossEntropyOptions
 from .plan import Plan, make_plan
+from .reference import DEFAULT_IGNORE_INDEX, reference_linear_cross_entropy
 
 __all__ = ["linear_cross_entropy", "plan"]
 
 REDUCTIONS = ("mean", "sum", "none")
-DEFAULT_IGNORE_INDEX = -100
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -103,21 +102,6 @@ def _check_arguments(input, linear_weight, target, linear_bias, weight, reductio
             f"target values must lie in [0, {num_classes}) or equal ignore_index={ignored}, found {bad}"
         )
     return False
-
-
-def _reference(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing):
-    """cross_entropy(linear(input, W, b), target): the semantics every path must reproduce."""
-    num_classes, out_features = linear_weight.shape[0], linear_weight.shape[1:-1]
-    flat_weight = linear_weight.reshape(-1, linear_weight.shape[-1])
-    flat_bias = None if linear_bias is None else linear_bias.reshape(-1)
-    logits = F.linear(input, flat_weight, flat_bias)
-    if len(out_features):
-        logits = logits.reshape(input.shape[0], num_classes, *out_features)
-    return F.cross_entropy(
-        logits, target, weight=weight, reduction=reduction,
-        ignore_index=DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index,
-        label_smoothing=label_smoothing,
-    )
 
 
 def _fallback_reason(linear_weight: torch.Tensor, target_is_probabilities: bool) -> str | None:
@@ -226,16 +210,16 @@ def linear_cross_entropy(
     """
     is_probabilities = _check_arguments(input, linear_weight, target, linear_bias, weight, reduction,
                                         ignore_index, label_smoothing)
+    keywords = dict(linear_bias=linear_bias, weight=weight, reduction=reduction, ignore_index=ignore_index,
+                    label_smoothing=label_smoothing)
     if options is None:
-        return _reference(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
-                          label_smoothing)
+        return reference_linear_cross_entropy(input, linear_weight, target, **keywords)
     options = LinearCrossEntropyOptions.coerce(options)
     reason = _fallback_reason(linear_weight, is_probabilities)
     if reason is not None:
         warnings.warn(f"lce.linear_cross_entropy: options ignored, running the reference path because of {reason}",
                       UserWarning, stacklevel=2)
-        return _reference(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
-                          label_smoothing)
+        return reference_linear_cross_entropy(input, linear_weight, target, **keywords)
     ignored = DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index
     return _chunked(input, linear_weight, target, linear_bias, weight, reduction, ignored,
                     float(label_smoothing), options)

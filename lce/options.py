@@ -11,13 +11,21 @@ from typing import Literal
 
 import torch
 
-__all__ = ["LinearCrossEntropyOptions", "ACC_POLICIES", "ACC_DTYPES", "parse_chunking_method"]
+__all__ = ["LinearCrossEntropyOptions", "ACC_POLICIES", "EXPLICIT_POLICIES", "ACC_DTYPES", "dtype_name",
+           "parse_chunking_method"]
 
-ACC_POLICIES: tuple[str, ...] = ("auto", "accurate", "balanced", "compact")
+EXPLICIT_POLICIES: tuple[str, ...] = ("accurate", "balanced", "compact")
+"""The policies a layout table defines, from most to least precise."""
+ACC_POLICIES: tuple[str, ...] = ("auto", *EXPLICIT_POLICIES)
 """Every accepted value of :attr:`LinearCrossEntropyOptions.acc_policy`."""
 
 ACC_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 """Every accepted explicit value of :attr:`LinearCrossEntropyOptions.acc_dtype`."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: how plans, results files and figures name a dtype."""
+    return str(dtype).removeprefix("torch.")
 
 
 def parse_chunking_method(method: str) -> int:
@@ -105,10 +113,20 @@ class LinearCrossEntropyOptions:
         """
         if isinstance(options, cls):
             return options
-        torch_options = getattr(torch.nn, "LinearCrossEntropyOptions", None)
-        if torch_options is not None and isinstance(options, torch_options):
+        torch_class = getattr(torch.nn, "LinearCrossEntropyOptions", None)
+        if torch_class is not None and isinstance(options, torch_class):
             return cls(**{f.name: getattr(options, f.name) for f in dataclasses.fields(cls)})
         raise TypeError(
             "options must be None or a LinearCrossEntropyOptions (lce's or torch.nn's), "
             f"got {type(options).__name__}"
         )
+
+    def to_torch(self) -> object:
+        """The same five fields as torch's ``nn.LinearCrossEntropyOptions`` (the peer the analysis runs).
+
+        ``RuntimeError`` on a torch without that class (it arrived in 2.13).
+        """
+        torch_class = getattr(torch.nn, "LinearCrossEntropyOptions", None)
+        if torch_class is None:
+            raise RuntimeError(f"torch {torch.__version__} has no torch.nn.LinearCrossEntropyOptions")
+        return torch_class(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})

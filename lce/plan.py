@@ -8,66 +8,21 @@ allocates, and from those the predicted peak of extra memory. The chunk loop
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
-from collections.abc import Iterator
 from typing import Literal
 
 import torch
 
+from .device import device_kind_of, has_mixed_precision_mm
 from .gemm import rows_per_block
-from .options import LinearCrossEntropyOptions, parse_chunking_method
+from .options import LinearCrossEntropyOptions, dtype_name, parse_chunking_method
 from .policies import COMPACT_ON_CPU_NOTE, LAYOUTS, Gemm, Layout, Role, auto_pick
 
-__all__ = ["Plan", "Buffer", "make_plan", "emulate_device_kind"]
+__all__ = ["Plan", "Buffer", "make_plan"]
 
 Stage = Literal["forward", "backward"]
 Span = Literal["call", "chunk", "final", "kept"]
-
-_DEVICE_KIND_OVERRIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "lce_device_kind_override", default=None
-)
-
-
-@contextlib.contextmanager
-def emulate_device_kind(kind: str) -> Iterator[None]:
-    """Plan as if tensors lived on ``kind`` ("cpu" or "cuda"), whatever their device.
-
-    Used to run the CUDA layouts on CPU tensors: :mod:`lce.gemm` then computes
-    each mixed-precision GEMM with an exact stand-in, so the numbers are those
-    the CUDA kernels produce up to summation order. CUDA is assumed to be
-    sm80 or newer (bf16 and fp16 mixed-precision GEMMs available).
-    """
-    if kind not in LAYOUTS:
-        raise ValueError(f"kind must be one of {tuple(LAYOUTS)}, got {kind!r}")
-    token = _DEVICE_KIND_OVERRIDE.set(kind)
-    try:
-        yield
-    finally:
-        _DEVICE_KIND_OVERRIDE.reset(token)
-
-
-def device_kind_of(device: torch.device) -> str:
-    """The layout table a device uses: "cuda" for CUDA, "cpu" for everything else."""
-    override = _DEVICE_KIND_OVERRIDE.get()
-    if override is not None:
-        return override
-    return "cuda" if device.type == "cuda" else "cpu"
-
-
-def _has_mixed_precision_mm(device: torch.device, kind: str, dtype: torch.dtype) -> bool:
-    """Whether fp16/bf16 GEMMs with a fp32 result are available (the "auto" acc_dtype rule)."""
-    if dtype not in (torch.float16, torch.bfloat16):
-        return False
-    if kind == "cpu":
-        return True
-    if device.type != "cuda":  # emulated CUDA: assume a current GPU
-        return True
-    major, _ = torch.cuda.get_device_capability(device)
-    return major >= (8 if dtype == torch.bfloat16 else 7)
-
 
 def aspect_ratio_chunk_size(num_rows: int, in_features: int, num_classes: int, divisor: int) -> int:
     """Rows per chunk for ``"aspect_ratio:divisor"``.
@@ -261,8 +216,7 @@ class Plan:
             add("grad_bias", (c,), in_dt, grad_stage, "final",
                 "gradient w.r.t. the bias (returned)")
 
-        # Per chunk: the logits, then (if gradients are due) the gradient chunk.
-        # Per chunk: the logits in every pass that computes them, the gradient chunk where gradients are made.
+                # Per chunk: the logits in every pass that computes them, the gradient chunk where gradients are made.
         logits_dt = self.gemm_result_dtype(self.layout.logits)
         for stage in stages:
             if self.uses_input_in_acc:
@@ -315,12 +269,9 @@ class Plan:
         return max(forward + total("forward", "kept"), backward)
 
     def __str__(self) -> str:
-        def name(dtype: torch.dtype) -> str:
-            return str(dtype).removeprefix("torch.")
-
         layout = self.layout
         lines = [
-            f"lce plan on {self.device_kind}: input {name(self.input_dtype)}, acc {name(self.acc_dtype)}, "
+            f"lce plan on {self.device_kind}: input {dtype_name(self.input_dtype)}, acc {dtype_name(self.acc_dtype)}, "
             f"policy {self.acc_policy}",
             f"  shape      N={self.num_rows} D={self.in_features} C={self.num_classes}, "
             f"reduction={self.reduction!r}",
@@ -328,20 +279,20 @@ class Plan:
             f"{self.batch_chunk_size} rows",
             f"  GEMMs      logits {self._gemm_text(layout.logits)}, grad_input "
             f"{self._gemm_text(layout.grad_input)}, grad_weight {self._gemm_text(layout.grad_weight)}",
-            f"  sums       softmax/loss {name(self.stats_dtype)}, loss total {name(self.loss_sum_dtype)}, "
-            f"weight grad {name(self.weight_grad_sum_dtype)}",
+            f"  sums       softmax/loss {dtype_name(self.stats_dtype)}, loss total {dtype_name(self.loss_sum_dtype)}, "
+            f"weight grad {dtype_name(self.weight_grad_sum_dtype)}",
             "  buffers",
         ]
         for b in self.buffers:
-            lines.append(f"    {b.name:<24} {str(b.shape):<16} {name(b.dtype):<9} {b.stage:<8} {b.span:<5} "
+            lines.append(f"    {b.name:<24} {str(b.shape):<16} {dtype_name(b.dtype):<9} {b.stage:<8} {b.span:<5} "
                          f"{b.nbytes / 2**20:10.2f} MiB")
         lines.append(f"  predicted peak extra memory: {self.peak_extra_bytes / 2**20:.2f} MiB")
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
 
     def _gemm_text(self, gemm: Gemm) -> str:
-        operands = str(self.gemm_operand_dtype(gemm)).removeprefix("torch.")
-        result = str(self.gemm_result_dtype(gemm)).removeprefix("torch.")
+        operands = dtype_name(self.gemm_operand_dtype(gemm))
+        result = dtype_name(self.gemm_result_dtype(gemm))
         return operands if operands == result else f"{operands}->{result}"
 
 
@@ -391,7 +342,7 @@ def make_plan(
 
     acc_dtype = options.acc_dtype
     if acc_dtype is None:
-        use_fp32 = options.acc_policy == "auto" and _has_mixed_precision_mm(device, kind, dtype)
+        use_fp32 = options.acc_policy == "auto" and has_mixed_precision_mm(device, kind, dtype)
         acc_dtype = torch.float32 if use_fp32 else dtype
 
     layout_policy = policy
