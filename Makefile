@@ -9,9 +9,12 @@ VENV ?= .venv
 PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.installed
+# The Jupyter kernel every notebook names (analysis/notebooks.py: KERNEL), registered inside the venv.
+KERNEL := lce-lab
+KERNEL_DISPLAY := Python (lce-lab)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo lint test lab figures reproduce notebooks clean
+.PHONY: help setup demo lint test explore lab figures reproduce notebooks clean
 
 help: ## Show this list of targets
 	@echo "Usage: make <target>   (PYTHON=$(PYTHON) VENV=$(VENV))"
@@ -22,9 +25,10 @@ help: ## Show this list of targets
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -c constraints.txt -e '.[dev]'
+	$(VENV)/bin/python -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "$(KERNEL_DISPLAY)"
 	@touch $@
 
-setup: $(STAMP) ## Create the venv (.venv) and install the project with all extras (torch pinned by constraints.txt)
+setup: $(STAMP) ## Create the venv (.venv), install the project with all extras (torch pinned by constraints.txt), register the kernel
 
 demo: $(STAMP) ## Run the small end-to-end demo (python -m lce.demo)
 	$(VENV)/bin/python -m lce.demo
@@ -35,8 +39,10 @@ lint: $(STAMP) ## Lint with ruff (rules and line length in pyproject.toml); CI r
 test: $(STAMP) ## Run the test suite (extra pytest flags: PYTEST_ARGS="-m 'not slow'")
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
-lab: $(STAMP) ## Register the "Python (lce-lab)" Jupyter kernel and start JupyterLab on notebooks/
-	$(VENV)/bin/python -m ipykernel install --user --name lce-lab --display-name "Python (lce-lab)"
+explore: $(STAMP) ## Property tests with fresh random examples (Hypothesis "explore" profile, 1000 per test)
+	HYPOTHESIS_PROFILE=explore $(VENV)/bin/python -m pytest -q tests/test_parity_hypothesis.py
+
+lab: $(STAMP) ## Start JupyterLab on notebooks/ (the notebooks open with the venv's "Python (lce-lab)" kernel)
 	$(VENV)/bin/jupyter lab notebooks/
 
 figures: $(STAMP) ## Regenerate the figures (python -m analysis figures)

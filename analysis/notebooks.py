@@ -6,10 +6,17 @@ Each notebook is written as a percent-format script, ``notebooks/NN_name.py``
 source into a notebook and runs every cell in a fresh kernel; a cell that
 raises fails the run. ``LCE_QUICK`` tells the notebooks' ``QUICK`` parameter
 which settings to use (quick ones by default).
+
+The ``.ipynb`` is written exactly as JupyterLab saves it (:func:`save_as_jupyterlab`:
+the same contents manager the server uses, jupytext's wrapper included), for the
+kernel ``make setup`` registers (:data:`KERNEL`), without per-cell timing metadata.
+So a reader who opens a committed notebook in ``make lab`` and leaves it open
+finds nothing to save: ``git status`` stays clean.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Iterator
@@ -25,7 +32,8 @@ __all__ = ["NOTEBOOKS_DIR", "QUICK_ENV", "sources", "execute", "build_all"]
 
 NOTEBOOKS_DIR: Path = ROOT / "notebooks"
 QUICK_ENV = "LCE_QUICK"
-KERNEL = {"name": "python3", "display_name": "Python 3", "language": "python"}
+KERNEL = {"name": "lce-lab", "display_name": "Python (lce-lab)", "language": "python"}
+"""The kernel ``make setup`` registers in the venv (``ipykernel install --sys-prefix``) and every notebook names."""
 
 
 def sources(folder: Path = NOTEBOOKS_DIR) -> list[Path]:
@@ -54,14 +62,35 @@ def execute(source: Path, output: Path | None = None, *, quick: bool = True,
     ``nbclient.exceptions.CellExecutionError`` naming the failing cell.
     """
     notebook = jupytext.read(source)
-    notebook.metadata["kernelspec"] = KERNEL
-    client = NotebookClient(notebook, timeout=timeout, kernel_name=KERNEL["name"],
+    notebook.metadata.pop("jupytext", None)  # the source's own format; not part of the notebook
+    notebook.metadata["kernelspec"] = dict(KERNEL)
+    client = NotebookClient(notebook, timeout=timeout, kernel_name=KERNEL["name"], record_timing=False,
                             resources={"metadata": {"path": str(source.parent)}})
     with _environment(QUICK_ENV, "1" if quick else "0"):
         client.execute()
     if output is not None:
-        nbformat.write(notebook, output)
+        save_as_jupyterlab(notebook, output)
     return notebook
+
+
+def save_as_jupyterlab(notebook: nbformat.NotebookNode, path: Path) -> None:
+    """Write ``notebook`` to ``path`` through the contents manager JupyterLab's server uses to save.
+
+    That is jupyter_server's file manager wrapped by jupytext's server extension
+    (installed with the notebooks extra), so the bytes are the ones a save in
+    ``make lab`` would produce.
+    """
+    manager = _server_contents_manager(path.parent)
+    model = {"type": "notebook", "format": "json", "content": nbformat.from_dict(notebook)}
+    asyncio.run(manager.save(model, path.name))
+
+
+def _server_contents_manager(root: Path):
+    from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+    from jupytext.async_contentsmanager import build_async_jupytext_contents_manager_class
+
+    manager_class = build_async_jupytext_contents_manager_class(AsyncLargeFileManager)
+    return manager_class(root_dir=str(root))
 
 
 def build_all(folder: Path = NOTEBOOKS_DIR, *, quick: bool = True) -> list[Path]:

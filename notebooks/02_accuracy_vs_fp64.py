@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 02 · Accuracy against fp64: what each precision policy buys, in rounding floors
+# # 02 · Accuracy against fp64: what does each precision policy buy, in rounding floors?
 #
 # Every error here is measured against fp64 computed from the *same rounded inputs* the
 # low-precision run sees, and reported as a multiple of its rounding floor: the error of the

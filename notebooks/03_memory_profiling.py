@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 03 · Memory: measured against lce's model, where the bytes go, and memory over one step
+# # 03 · Memory: does lce's model match the measured peak, and where do the bytes go over one step?
 #
 # lce's plan predicts the peak extra memory of one forward+backward from the buffers it will
 # allocate; the analysis measures the real peak from the CPU allocator's event stream (every

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 04 · The case for each "auto" default: error against memory and time, per device and dtype
+# # 04 · Is each "auto" default on the error–memory and error–time fronts, and what should fp32 use?
 #
 # For every (device, dtype) entry of lce's "auto" table — plus the entries torch's table
 # lacks (CPU fp32, CUDA fp32, which fall back to compact with aspect_ratio:2) — we place the

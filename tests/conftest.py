@@ -6,12 +6,24 @@ import os
 import sys
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_TESTS)
 for _p in (_ROOT, _TESTS):  # `import lce` and `import helpers` regardless of import mode
     if _p not in sys.path:
         sys.path.insert(0, _p)
+
+
+# Hypothesis profiles. "ci" (the default, and what CI runs) is deterministic: the same examples
+# every run, no example database. "explore" draws fresh random examples each run and keeps the
+# failures it finds in .hypothesis/ so they are replayed first next time:
+#     HYPOTHESIS_PROFILE=explore make test        (or: make explore)
+settings.register_profile("ci", max_examples=150, derandomize=True, database=None, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", max_examples=1000, derandomize=False, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_configure(config):

@@ -1,8 +1,12 @@
-"""Randomised fp64 parity: hypothesis draws the shapes and every call option."""
+"""Randomised fp64 parity: hypothesis draws the shapes and every call option.
+
+How many examples, and whether they are the same every run, is set by the Hypothesis profile
+(tests/conftest.py): deterministic in CI, exploring with HYPOTHESIS_PROFILE=explore.
+"""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import lce
@@ -47,8 +51,6 @@ def configs(draw):
     return case, options, seed, logit_scale
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
 @given(configs())
 def test_random_configs_match_reference_fp64(config):
     case, options, seed, logit_scale = config
