@@ -2,12 +2,11 @@
 
 This drives a real JupyterLab (the venv's, with the kernel ``make setup`` registers) from headless
 Chromium at a 1440 px window, as a reader of a fresh clone would, waits past JupyterLab's
-two-minute autosave, and requires ``git status`` of the clone to stay clean. It needs Debian's
-``chromium`` and the ``browser`` extra (``pip install -e '.[browser]'``, Playwright driving the
-system Chromium; no browser download) and skips without them, so CI (which has neither) skips it:
+two-minute autosave, and requires ``git status`` of the clone to stay clean. Playwright (the
+``browser`` extra, part of ``dev``) drives Debian's ``chromium``, so nothing is downloaded; without
+that package the test skips, as in CI:
 
-    apt-get install chromium && .venv/bin/pip install -e '.[browser]' && \
-        .venv/bin/python -m pytest -q tests/test_jupyterlab_browser.py
+    apt-get install chromium && .venv/bin/python -m pytest -q tests/test_jupyterlab_browser.py
 """
 
 from __future__ import annotations
