@@ -2,8 +2,9 @@
 
 Modules, in data-flow order (see ``../README.md``, "How the code is laid out"):
 
-* :mod:`analysis.config` -- paths and the named grids;
-* :mod:`analysis.problem` -- the inputs of one run and the outputs it returns;
+* :mod:`analysis.paths` -- where results, figures and notebooks live;
+* :mod:`analysis.grids` -- the named grids of runs;
+* :mod:`analysis.inputs` -- the inputs of one run and the outputs it returns;
 * :mod:`analysis.reference` -- fp64 loss and gradients on the same rounded inputs;
 * :mod:`analysis.metrics` -- relative errors and rounding floors;
 * :mod:`analysis.memory`, :mod:`analysis.timing` -- measured peak memory and time;

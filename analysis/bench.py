@@ -30,14 +30,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from .config import ROOT
 from .implementations import ImplSpec, make_implementation, unavailable_reason
+from .inputs import DTYPES, Shape, make_inputs, parse_shape
 from .memory import measure_peak
-from .problem import DTYPES, Shape, make_inputs
+from .paths import ROOT
 from .provenance import provenance
 
 __all__ = ["BENCH_IMPLS", "SCALING_IMPLS", "gemm_floor_s", "run_bench", "run_scaling", "chunk_sweep", "ratios",
-           "parse_shape", "append_csv"]
+           "append_csv"]
 
 BENCH_IMPLS: dict[str, ImplSpec] = {
     "lce": ImplSpec("lce", "auto", "auto"),
@@ -50,15 +50,6 @@ BENCH_IMPLS: dict[str, ImplSpec] = {
 }
 """Display name -> implementation; "lce" and "torch" use default options (explicit policies
 get acc_dtype=float32, which low-precision input needs for a mixed-precision layout)."""
-
-
-def parse_shape(text: str) -> Shape:
-    """``"4096x512x32768"`` -> ``Shape(4096, 512, 32768)``."""
-    try:
-        n, d, c = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"shape must look like NxDxC, e.g. 4096x512x32768; got {text!r}") from None
-    return Shape(n, d, c)
 
 
 def gemm_floor_s(shape: Shape, dtype: str, repeats: int = 3) -> float:

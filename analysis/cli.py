@@ -7,7 +7,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import FIGURES_DIR, GRIDS, RESULTS_DIR, ROOT, get_grid
+from .grids import GRIDS, get_grid
+from .paths import FIGURES_DIR, RESULTS_DIR, ROOT
 
 __all__ = ["main", "build_parser", "make_figures"]
 
@@ -136,8 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(_relative(path))
     elif args.command == "bench":
         from . import bench
+        from .inputs import parse_shape
 
-        shape = bench.parse_shape(args.shape)
+        shape = parse_shape(args.shape)
         if args.chunk_sweep:
             table = bench.chunk_sweep(shape, tuple(args.dtypes), repeats=args.repeats)
             path = bench.append_csv(table, args.results / "bench_chunks.csv")

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 import lce
 
-from .problem import DTYPES, Shape, make_inputs
+from .inputs import DTYPES, Shape, make_inputs
 from .reference import fp64_loss
 
 __all__ = ["ulp", "loss_drift", "all_ignored_gradients"]

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import lce
 from lce.testing import emulate_device_kind
 
-from .problem import OUTPUT_NAMES
+from .inputs import OUTPUT_NAMES
 
 __all__ = ["PathCase", "path_cases", "gradcheck_table", "parity_table"]
 

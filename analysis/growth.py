@@ -22,8 +22,8 @@ import torch.nn.functional as F
 import lce
 from lce.testing import emulate_device_kind
 
+from .inputs import DTYPES, Shape, make_inputs
 from .metrics import compare
-from .problem import DTYPES, Shape, make_inputs
 from .reference import reference_outputs
 
 __all__ = ["chunk_growth", "fit_power_law"]

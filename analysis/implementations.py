@@ -3,7 +3,7 @@
 An implementation is named by an :class:`ImplSpec` (which op, which policy,
 chunking method and ``acc_dtype``) and built by :func:`make_implementation`.
 ``run`` does one forward and one backward (gradients with respect to every
-leaf of the :class:`~analysis.problem.Inputs`) and returns detached outputs, so
+leaf of the :class:`~analysis.inputs.Inputs`) and returns detached outputs, so
 error, memory and time are all measured on the same call.
 
 Registered ops (:data:`OPS`):
@@ -37,7 +37,7 @@ import lce
 from lce.reference import reference_linear_cross_entropy
 from lce.testing import emulate_device_kind
 
-from .problem import DTYPES, Inputs, Outputs
+from .inputs import DTYPES, Inputs, Outputs
 
 __all__ = ["ImplSpec", "Implementation", "OPS", "DEVICES", "make_implementation", "unavailable_reason",
            "resolved_plan"]

@@ -13,8 +13,8 @@ import functools
 import pandas as pd
 
 from .implementations import ImplSpec, make_implementation
+from .inputs import DTYPES, Shape, make_inputs
 from .memory import allocation_trace
-from .problem import DTYPES, Shape, make_inputs
 
 __all__ = ["STUDY_SHAPE", "STUDY_DTYPE", "STUDY_SPECS", "buffer_breakdown", "memory_traces"]
 

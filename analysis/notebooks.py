@@ -19,11 +19,10 @@ import jupytext
 import nbformat
 from nbclient import NotebookClient
 
-from .config import ROOT
+from .paths import NOTEBOOKS_DIR
 
-__all__ = ["NOTEBOOKS_DIR", "QUICK_ENV", "sources", "execute", "build_all"]
+__all__ = ["QUICK_ENV", "sources", "execute", "build_all"]
 
-NOTEBOOKS_DIR: Path = ROOT / "notebooks"
 QUICK_ENV = "LCE_QUICK"
 KERNEL = {"name": "python3", "display_name": "Python 3", "language": "python"}
 

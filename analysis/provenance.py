@@ -11,7 +11,7 @@ import torch
 
 import lce
 
-from .config import ROOT
+from .paths import ROOT
 
 __all__ = ["provenance", "cpu_model", "git_revision", "device_name"]
 

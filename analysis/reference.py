@@ -17,7 +17,7 @@ import torch
 import lce
 from lce.reference import reference_linear_cross_entropy
 
-from .problem import Inputs, Outputs, Shape, make_inputs
+from .inputs import Inputs, Outputs, Shape, make_inputs
 
 __all__ = ["reference_outputs", "fp64_loss", "gradcheck_lce"]
 

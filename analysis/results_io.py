@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .config import RunConfig
-from .problem import OUTPUT_NAMES
+from .grids import RunConfig
+from .inputs import OUTPUT_NAMES
 
 __all__ = ["COLUMNS", "append_row", "read_rows", "done_keys", "load_results"]
 

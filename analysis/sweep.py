@@ -18,11 +18,14 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .config import RESULTS_DIR, Grid, RunConfig
+from lce.options import dtype_name
+
+from .grids import Grid, RunConfig
 from .implementations import ImplSpec, make_implementation, unavailable_reason
+from .inputs import DTYPES, Inputs, Outputs, make_inputs
 from .memory import default_method, measure_peak
 from .metrics import compare
-from .problem import DTYPES, Inputs, Outputs, dtype_name, make_inputs
+from .paths import RESULTS_DIR
 from .provenance import provenance
 from .reference import reference_outputs
 from .results_io import append_row, done_keys

@@ -19,7 +19,7 @@ import pandas as pd
 from IPython.display import Image, display
 
 from analysis import defects, growth, pareto, plots
-from analysis.problem import Shape
+from analysis.inputs import Shape
 
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"
 pd.set_option("display.width", 200)

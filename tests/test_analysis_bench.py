@@ -6,14 +6,14 @@ import pandas as pd
 import pytest
 
 from analysis import bench
+from analysis.inputs import Shape, parse_shape
 from analysis.plots import plot_bench_scaling
-from analysis.problem import Shape
 
 
 def test_parse_shape():
-    assert bench.parse_shape("64x8x256") == Shape(64, 8, 256)
+    assert parse_shape("64x8x256") == Shape(64, 8, 256)
     with pytest.raises(ValueError, match="NxDxC"):
-        bench.parse_shape("64x8")
+        parse_shape("64x8")
 
 
 def test_tiny_bench_measures_time_memory_and_floor():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from analysis.implementations import OPS, ImplSpec, make_implementation, unavailable_reason
-from analysis.problem import Shape, make_inputs
+from analysis.inputs import Shape, make_inputs
 from analysis.reference import reference_outputs
 from analysis.timing import time_call
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import lce
-from analysis.problem import Shape, make_inputs
+from analysis.inputs import Shape, make_inputs
 from analysis.reference import gradcheck_lce, reference_outputs
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from analysis import results_io
 from analysis.cli import main
-from analysis.config import GRIDS, RunConfig, get_grid
+from analysis.grids import GRIDS, RunConfig, get_grid
 from analysis.results_io import COLUMNS, append_row, read_rows
 from analysis.sweep import measure_run, parse_shard, results_path, run_grid
 

@@ -15,18 +15,15 @@ import torch
 
 from lce.options import dtype_name
 
-__all__ = ["Shape", "Inputs", "Outputs", "make_inputs", "OUTPUT_NAMES", "DTYPES", "dtype_name"]
+__all__ = ["Shape", "Inputs", "Outputs", "make_inputs", "parse_shape", "OUTPUT_NAMES", "DTYPES"]
 
 OUTPUT_NAMES: tuple[str, ...] = ("loss", "grad_input", "grad_weight", "grad_bias")
 """The outputs compared against fp64, in CSV column order."""
 
 DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
+    dtype_name(dtype): dtype for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 }
-"""Dtype names as they appear in grids and CSV columns."""
+"""Dtype names (:func:`lce.options.dtype_name`) as they appear in grids and results files -> dtypes."""
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -45,6 +42,15 @@ class Shape:
 
     def __str__(self) -> str:
         return f"{self.N}x{self.D}x{self.C}"
+
+
+def parse_shape(text: str) -> Shape:
+    """``"4096x512x32768"`` -> ``Shape(4096, 512, 32768)`` (the spelling of :meth:`Shape.__str__`)."""
+    try:
+        n, d, c = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"shape must look like NxDxC, e.g. 4096x512x32768; got {text!r}") from None
+    return Shape(n, d, c)
 
 
 @dataclasses.dataclass

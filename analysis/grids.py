@@ -1,4 +1,4 @@
-"""Paths and the named grids: every run the analysis makes is declared here.
+"""The named grids: every run a sweep makes is declared here.
 
 A grid is a list of :class:`RunConfig` (one CSV row each) plus how each run is
 measured (:class:`Measurement`). Grids:
@@ -22,21 +22,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
-from .problem import Shape
+from lce.options import ACC_POLICIES
 
-__all__ = ["ROOT", "RESULTS_DIR", "FIGURES_DIR", "RunConfig", "Measurement", "Grid", "GRIDS", "get_grid",
-           "POLICIES", "CHUNKINGS", "LOW_PRECISION", "chunked_configs"]
+from .inputs import Shape
 
-ROOT: Path = Path(__file__).resolve().parent.parent
-"""The repository root (the folder holding ``lce/`` and ``analysis/``)."""
-RESULTS_DIR: Path = ROOT / "analysis" / "results"
-"""Where sweeps write their CSVs (committed)."""
-FIGURES_DIR: Path = ROOT / "figures"
-"""Where ``python -m analysis figures`` writes PNG/SVG and ``README.md``."""
+__all__ = ["RunConfig", "Measurement", "Grid", "GRIDS", "get_grid", "CHUNKINGS", "LOW_PRECISION", "chunked_configs"]
 
-POLICIES: tuple[str, ...] = ("auto", "accurate", "balanced", "compact")
 CHUNKINGS: tuple[str, ...] = ("auto", "aspect_ratio", "aspect_ratio:2", "aspect_ratio:4", "aspect_ratio:8")
 LOW_PRECISION: tuple[str, ...] = ("bfloat16", "float16")
 
@@ -112,7 +104,7 @@ class Grid:
 
 
 def chunked_configs(shapes: Iterable[Shape], dtypes: Sequence[str], *, ops: Sequence[str] = ("lce", "torch"),
-                    policies: Sequence[str] = POLICIES, chunkings: Sequence[str] = CHUNKINGS,
+                    policies: Sequence[str] = ACC_POLICIES, chunkings: Sequence[str] = CHUNKINGS,
                     device: str = "cpu", bias: bool = True) -> list[RunConfig]:
     """Every op x policy x chunking x acc_dtype for each shape and dtype, grouped by problem.
 
