@@ -19,10 +19,11 @@ import jupytext
 import nbformat
 from nbclient import NotebookClient
 
-from .paths import NOTEBOOKS_DIR
+from .paths import ROOT
 
-__all__ = ["QUICK_ENV", "sources", "execute", "build_all"]
+__all__ = ["NOTEBOOKS_DIR", "QUICK_ENV", "sources", "execute", "build_all"]
 
+NOTEBOOKS_DIR: Path = ROOT / "notebooks"
 QUICK_ENV = "LCE_QUICK"
 KERNEL = {"name": "python3", "display_name": "Python 3", "language": "python"}
 

@@ -244,7 +244,7 @@ SPAN_COLOURS = dict(zip(("kept", "call", "final", "chunk"), sns.color_palette("m
 
 
 def plot_buffer_breakdown(breakdown: pd.DataFrame, folder: Path) -> Figure | None:
-    """Stacked bar per lce configuration: every planned buffer (from :func:`analysis.memory_study.buffer_breakdown`).
+    """Stacked bar per lce configuration: every planned buffer (:func:`analysis.studies.memory_study.buffer_breakdown`).
 
     Segments are coloured by when the buffer lives; the black tick is the plan's
     predicted peak (less than the sum: chunk buffers and the final rounding of
@@ -341,7 +341,7 @@ def plot_bench_scaling(bench: pd.DataFrame, folder: Path) -> Figure | None:
 
 
 def _memory_study_figures(table: pd.DataFrame, folder: Path) -> list[Figure | None]:
-    from .memory_study import buffer_breakdown, memory_traces
+    from .studies.memory_study import buffer_breakdown, memory_traces
 
     if table.empty:  # nothing measured: draw nothing, as for every other figure
         return []

@@ -18,8 +18,9 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Image, display
 
-from analysis import defects, growth, pareto, plots
+from analysis import pareto, plots
 from analysis.inputs import Shape
+from analysis.studies import defects, growth
 
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"
 pd.set_option("display.width", 200)

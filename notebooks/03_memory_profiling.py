@@ -17,7 +17,8 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import Image, display
 
-from analysis import memory_study, pareto, plots
+from analysis import pareto, plots
+from analysis.studies import memory_study
 
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # both settings are quick here: the study problem is fixed
 pd.set_option("display.width", 200)

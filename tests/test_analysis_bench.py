@@ -1,13 +1,13 @@
-"""analysis.bench: shape parsing, a tiny real bench run (with a fresh-process memory figure), ratios, figure."""
+"""analysis.studies.bench: shape parsing, a tiny real bench run (with a fresh-process memory figure), ratios, figure."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from analysis import bench
 from analysis.inputs import Shape, parse_shape
 from analysis.plots import plot_bench_scaling
+from analysis.studies import bench
 
 
 def test_parse_shape():

@@ -12,9 +12,11 @@ import functools
 
 import pandas as pd
 
-from .implementations import ImplSpec, make_implementation
-from .inputs import DTYPES, Shape, make_inputs
-from .memory import allocation_trace
+from lce.options import dtype_name
+
+from ..implementations import ImplSpec, make_implementation
+from ..inputs import DTYPES, Shape, make_inputs
+from ..memory import allocation_trace
 
 __all__ = ["STUDY_SHAPE", "STUDY_DTYPE", "STUDY_SPECS", "buffer_breakdown", "memory_traces"]
 
@@ -40,7 +42,7 @@ def buffer_breakdown(shape: Shape = STUDY_SHAPE, dtype: str = STUDY_DTYPE) -> pd
         plan = make_implementation(spec).plan(inputs)
         for buffer in plan.buffers:
             rows.append({"config": name, "buffer": buffer.name, "MiB": buffer.nbytes / 2**20,
-                         "stage": buffer.stage, "span": buffer.span, "dtype": str(buffer.dtype).removeprefix("torch."),
+                         "stage": buffer.stage, "span": buffer.span, "dtype": dtype_name(buffer.dtype),
                          "predicted_peak_MiB": plan.peak_extra_bytes / 2**20})
     return pd.DataFrame(rows)
 
