@@ -42,19 +42,18 @@ def _argument(parse: Callable[[str], object]) -> Callable[[str], object]:
 
 def make_figures(results: Path, out: Path, command: str = "python -m analysis figures") -> list[Path]:
     """Draw every figure from the CSVs in ``results`` into ``out``; return the files written."""
-    import pandas as pd
-
     from .pareto import load_table, verdict_lines
     from .plots import draw_all, plot_bench_scaling, write_index
+    from .results_io import BENCH, load_kind
 
     paths, table = load_table(results)
     if table.empty:
         raise SystemExit(f"no results in {results}: run `python -m analysis sweep` first")
     figures = draw_all(table, out)
-    bench_csv = results / "bench.csv"
-    if bench_csv.exists():
-        figures += [f for f in [plot_bench_scaling(pd.read_csv(bench_csv), out)] if f is not None]
-        paths = [*paths, bench_csv]
+    bench_paths, bench = load_kind(results, BENCH.name)
+    if not bench.empty:
+        figures += [f for f in [plot_bench_scaling(bench, out)] if f is not None]
+        paths = [*paths, *bench_paths]
     index = write_index(figures, out, [_relative(p) for p in paths], command, verdict_lines(table))
     written = [out / f"{f.stem}.{ext}" for f in figures for ext in ("png", "svg")]
     return [*written, index]
@@ -100,20 +99,22 @@ def _reproduce_command(args: argparse.Namespace) -> None:
 
 
 def _bench_command(args: argparse.Namespace) -> None:
+    from .results_io import BENCH, CHUNK_SWEEP, append_rows
     from .studies import bench
 
     dtypes = tuple(args.dtypes)
     if args.chunk_sweep:
         table = bench.chunk_sweep(args.shape, dtypes, repeats=args.repeats)
-        path = bench.append_csv(table, args.results / "bench_chunks.csv")
+        path = args.results / "bench_chunks.csv"
+        append_rows(path, CHUNK_SWEEP.rows(table))
         print(table[["dtype", "chunk_size", "num_chunks", "value", "modeled_peak_bytes"]].to_string(index=False))
-    elif args.scaling:
-        table = bench.run_scaling(args.shape, dtypes, repeats=args.repeats)
-        path = bench.append_csv(table, args.results / "bench.csv")
     else:
-        table = bench.run_bench(args.shape, dtypes, repeats=args.repeats)
-        path = bench.append_csv(table, args.results / "bench.csv")
-        print(bench.ratios(table).to_string(index=False, float_format="%.3f"))
+        measure = bench.run_scaling if args.scaling else bench.run_bench
+        table = measure(args.shape, dtypes, repeats=args.repeats)
+        path = args.results / "bench.csv"
+        append_rows(path, BENCH.rows(table))
+        if not args.scaling:
+            print(bench.ratios(table).to_string(index=False, float_format="%.3f"))
     print(_relative(path))
 
 

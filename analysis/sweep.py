@@ -3,9 +3,9 @@
 For each run: build the inputs (rounded once to the run's dtype) and the fp64
 reference (both shared by the runs of one problem), warm the implementation
 up, run it once under the memory meter (that call's outputs give the errors),
-then time it. The row is appended atomically before the next run starts, so a
-crash loses at most the run in flight, and rerunning skips every key the CSV
-already holds (see :mod:`analysis.results_io`).
+then time it. The row is appended (one line, flushed to disk) before the next
+run starts, so a crash loses at most the run in flight, and rerunning skips
+every key the CSV already holds (see :mod:`analysis.results_io`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .metrics import compare
 from .paths import RESULTS_DIR
 from .provenance import provenance
 from .reference import reference_outputs
-from .results_io import append_row, done_keys
+from .results_io import SWEEP, append_row, done_keys
 from .timing import time_call
 
 __all__ = ["results_path", "parse_shard", "measure_run", "run_grid", "SweepSummary"]
@@ -162,7 +162,7 @@ def _run(grid: Grid, shard: tuple[int, int], folder: Path, progress: bool, confi
                 errors += 1
                 row.update(status="error", note=f"{type(error).__name__}: {error}"[:500])
         row.update(provenance(config.device))
-        append_row(path, row)
+        append_row(path, SWEEP.row(row))
     bar.close()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

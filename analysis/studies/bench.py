@@ -12,9 +12,12 @@ One bench run at one problem (default: the issue's N=4096 D=512 C=32768):
   GEMM measured in the same dtype -- what the three GEMMs of the op cost
   with nothing else.
 
-Each measurement is one CSV row in ``analysis/results/bench.csv`` with
-provenance; ``chunk_sweep`` times lce's default policy against the chunk size
-(``bench_chunks.csv``), the data behind the CPU entries of lce's "auto" table.
+Each measurement is one row of a ``bench`` results file
+(``analysis/results/bench.csv``) with provenance; ``chunk_sweep`` times lce's
+policies against the chunk size (a ``chunk_sweep`` file, ``bench_chunks.csv``),
+the data behind the CPU entries of lce's "auto" table. The functions return
+tables; ``python -m analysis bench`` appends them through
+:func:`analysis.results_io.append_rows`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import torch
@@ -39,8 +41,7 @@ from ..memory import measure_peak
 from ..paths import ROOT
 from ..provenance import provenance
 
-__all__ = ["BENCH_IMPLS", "SCALING_IMPLS", "gemm_floor_s", "run_bench", "run_scaling", "chunk_sweep", "ratios",
-           "append_csv"]
+__all__ = ["BENCH_IMPLS", "SCALING_IMPLS", "gemm_floor_s", "run_bench", "run_scaling", "chunk_sweep", "ratios"]
 
 BENCH_IMPLS: dict[str, ImplSpec] = {
     "lce": ImplSpec("lce", "auto", "auto"),
@@ -84,7 +85,7 @@ def _memory_child(name: str, shape_text: str, dtype: str) -> None:
 
 def _row(shape: Shape, dtype: str, impl: str, metric: str, value: float, **extra) -> dict[str, object]:
     return {"impl": impl, "dtype": dtype, "N": shape.N, "D": shape.D, "C": shape.C, "metric": metric,
-            "value": value, **extra, **provenance("cpu"), "threads": torch.get_num_threads()}
+            "value": value, **extra, **provenance("cpu")}
 
 
 def run_bench(shape: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"), *, repeats: int = 3,
@@ -186,15 +187,6 @@ def chunk_sweep(shape: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
                             resolved_policy=plan.acc_policy, resolved_acc_dtype=dtype_name(plan.acc_dtype),
                             repeats=len(values)))
     return pd.DataFrame(out)
-
-
-def append_csv(table: pd.DataFrame, path: Path) -> Path:
-    """Append ``table`` to ``path`` (header only when the file is new); written in one call."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = not path.exists()
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(table.to_csv(index=False, header=header))
-    return path
 
 
 def main(argv: list[str] | None = None) -> None:
