@@ -13,18 +13,11 @@ from pathlib import Path
 
 from .grids import GRIDS, get_grid
 from .inputs import Shape, parse_shape
-from .paths import FIGURES_DIR, RESULTS_DIR, ROOT
+from .paths import FIGURES_DIR, RESULTS_DIR, display_path
 
-__all__ = ["main", "build_parser", "make_figures"]
+__all__ = ["main", "build_parser"]
 
 Handler = Callable[[argparse.Namespace], None]
-
-
-def _relative(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
 
 
 def _argument(parse: Callable[[str], object]) -> Callable[[str], object]:
@@ -40,37 +33,38 @@ def _argument(parse: Callable[[str], object]) -> Callable[[str], object]:
     return convert
 
 
-def make_figures(results: Path, out: Path, command: str = "python -m analysis figures") -> list[Path]:
-    """Draw every figure from the CSVs in ``results`` into ``out``; return the files written."""
-    from .pareto import load_table, verdict_lines
-    from .plots import draw_all, plot_bench_scaling, write_index
-    from .results_io import BENCH, load_kind
-
-    paths, table = load_table(results)
-    if table.empty:
-        raise SystemExit(f"no results in {results}: run `python -m analysis sweep` first")
-    figures = draw_all(table, out)
-    bench_paths, bench = load_kind(results, BENCH.name)
-    if not bench.empty:
-        figures += [f for f in [plot_bench_scaling(bench, out)] if f is not None]
-        paths = [*paths, *bench_paths]
-    index = write_index(figures, out, [_relative(p) for p in paths], command, verdict_lines(table))
-    written = [out / f"{f.stem}.{ext}" for f in figures for ext in ("png", "svg")]
-    return [*written, index]
-
-
 def _set_aside(path: Path) -> None:
-    """Rename ``path`` to ``<name>.previous`` (which ``figures`` ignores) so a reproduction starts fresh."""
-    if path.exists():
-        path.replace(path.with_name(path.name + ".previous"))
-        print(f"moved the existing {_relative(path)} to {_relative(path)}.previous")
+    from .results_io import set_aside
+
+    if set_aside(path) is not None:
+        print(f"moved the existing {display_path(path)} to {display_path(path)}.previous")
+
+
+def _draw_figures(results: Path, out: Path, command: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no window, whatever the environment's default backend
+    from .figures import make_figures
+
+    for path in make_figures(results, out, command):
+        print(display_path(path))
+
+
+def _record_memory_study(results: Path, shape: Shape, dtype: str) -> None:
+    from .studies import memory_study
+
+    for path in (results / memory_study.BREAKDOWN_FILE, results / memory_study.TRACE_FILE):
+        if path.exists():
+            print(f"moving the existing {display_path(path)} to {display_path(path)}.previous")
+    for path in memory_study.record(results, shape, dtype):
+        print(display_path(path))
 
 
 def _run_sweep(grid_name: str, shard: tuple[int, int], results: Path, progress: bool) -> None:
     from .sweep import run_grid
 
     summary = run_grid(get_grid(grid_name), shard=shard, folder=results, progress=progress)
-    print(f"{_relative(summary.path)}: {summary.ran} run(s) in {summary.seconds:.0f} s, "
+    print(f"{display_path(summary.path)}: {summary.ran} run(s) in {summary.seconds:.0f} s, "
           f"{summary.skipped_done} already done, {summary.errors} error(s)")
 
 
@@ -84,18 +78,24 @@ def _sweep_command(args: argparse.Namespace) -> None:
 
 
 def _figures_command(args: argparse.Namespace) -> None:
-    for path in make_figures(args.results, args.out):
-        print(_relative(path))
+    _draw_figures(args.results, args.out, "python -m analysis figures")
 
 
 def _reproduce_command(args: argparse.Namespace) -> None:
+    from .studies.memory_study import BREAKDOWN_FILE, STUDY_DTYPE, STUDY_SHAPE, TRACE_FILE
+
     grid = args.grid or "quick"
     if not args.resume:
         _set_aside(args.results / f"{grid}.csv")
     _run_sweep(grid, (1, 1), args.results, not args.no_progress)
+    if not args.resume or not all((args.results / name).exists() for name in (BREAKDOWN_FILE, TRACE_FILE)):
+        _record_memory_study(args.results, STUDY_SHAPE, STUDY_DTYPE)
     command = "python -m analysis reproduce " + ("--quick" if grid == "quick" else f"--grid {grid}")
-    for path in make_figures(args.results, args.out, command):
-        print(_relative(path))
+    _draw_figures(args.results, args.out, command)
+
+
+def _memory_study_command(args: argparse.Namespace) -> None:
+    _record_memory_study(args.results, args.shape, args.dtype)
 
 
 def _bench_command(args: argparse.Namespace) -> None:
@@ -115,7 +115,7 @@ def _bench_command(args: argparse.Namespace) -> None:
         append_rows(path, BENCH.rows(table))
         if not args.scaling:
             print(bench.ratios(table).to_string(index=False, float_format="%.3f"))
-    print(_relative(path))
+    print(display_path(path))
 
 
 def _demo_command(args: argparse.Namespace) -> None:
@@ -128,7 +128,7 @@ def _notebooks_command(args: argparse.Namespace) -> None:
     from .notebooks import build_all
 
     for path in build_all(quick=not args.full):
-        print(_relative(path))
+        print(display_path(path))
 
 
 def _verdicts_command(args: argparse.Namespace) -> None:
@@ -140,6 +140,7 @@ def _verdicts_command(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m analysis`` parser: every subcommand with its flags and handler."""
+    from .studies.memory_study import STUDY_DTYPE, STUDY_SHAPE
     from .sweep import parse_shard
 
     parser = argparse.ArgumentParser(
@@ -155,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def results_folder(command: argparse.ArgumentParser, what: str = "results folder") -> None:
         command.add_argument("--results", type=Path, default=RESULTS_DIR,
-                             help=f"{what} (default: {_relative(RESULTS_DIR)})")
+                             help=f"{what} (default: {display_path(RESULTS_DIR)})")
 
     sweep = add("sweep", _sweep_command, "run a named grid into analysis/results/<grid>.csv (resumable)",
                 "Each run appends one row (errors vs fp64, peak memory, time, provenance); a rerun skips the runs "
@@ -172,9 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     results_folder(figures, "folder of results files")
     figures.add_argument("--out", type=Path, default=FIGURES_DIR, help="figures folder (default: figures)")
 
-    reproduce = add("reproduce", _reproduce_command, "sweep a grid, then draw every figure",
+    reproduce = add("reproduce", _reproduce_command, "sweep a grid, record the memory study, draw every figure",
                     "The README's main command: `reproduce --quick` re-measures the quick grid (~7.5 min on 2 "
-                    "cores) and redraws every figure.")
+                    "cores) and the memory study, then redraws every figure.")
     reproduce.add_argument("--quick", action="store_true", help="use the quick grid (the default grid anyway)")
     reproduce.add_argument("--grid", default=None, choices=sorted(GRIDS), help="grid to sweep (default: quick)")
     results_folder(reproduce)
@@ -205,6 +206,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--features", type=int, default=256, help="D (default: 256)")
     demo.add_argument("--classes", type=int, default=8192, help="C (default: 8192)")
     demo.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"], help="input dtypes")
+
+    memory = add("memory-study", _memory_study_command, "measure where lce's bytes go and live memory over one step",
+                 "Writes memory_breakdown.csv (every buffer of lce's plan per configuration, no measurement) and "
+                 "memory_trace.csv (live extra bytes after each allocator event of one forward+backward, lce next "
+                 "to torch and the unfused reference), moving earlier ones to .previous; seconds at the default "
+                 "problem. `figures` draws them.")
+    memory.add_argument("--shape", default=STUDY_SHAPE, type=_argument(parse_shape), metavar="NxDxC",
+                        help=f"study problem (default: {STUDY_SHAPE})")
+    memory.add_argument("--dtype", default=STUDY_DTYPE, choices=("float32", "bfloat16", "float16"),
+                        help=f"input dtype (default: {STUDY_DTYPE})")
+    results_folder(memory)
 
     notebooks = add("notebooks", _notebooks_command, "execute every notebook from its source and write the .ipynb",
                     "Runs notebooks/NN_*.py top to bottom in a fresh kernel each (quick settings unless --full).")

@@ -33,8 +33,8 @@ from .inputs import OUTPUT_NAMES
 from .provenance import PROVENANCE_COLUMNS
 
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "COLUMNS",
-           "append_rows", "append_row", "read_rows", "read_table", "file_kind", "paths_of_kind", "load_kind",
-           "done_keys", "load_results"]
+           "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
+           "load_kind", "done_keys", "load_results"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,10 +85,9 @@ CHUNK_SWEEP = Kind("chunk_sweep", BENCH.columns,
                    "lce's time per policy and explicit chunk size at one problem (python -m analysis bench "
                    "--chunk-sweep)")
 MEMORY_BREAKDOWN = Kind("memory_breakdown", tuple(["kind", *_STUDY_PROBLEM, "buffer", "buffer_dtype", "stage", "span",
-                                                   "MiB", "predicted_peak_MiB", *PROVENANCE_COLUMNS]),
+                                                   "nbytes", "predicted_peak_bytes", *PROVENANCE_COLUMNS]),
                         "every buffer lce's plan allocates, per configuration (python -m analysis memory-study)")
-MEMORY_TRACE = Kind("memory_trace", tuple(["kind", *_STUDY_PROBLEM, "event", "progress", "live_MiB",
-                                           *PROVENANCE_COLUMNS]),
+MEMORY_TRACE = Kind("memory_trace", tuple(["kind", *_STUDY_PROBLEM, "event", "live_bytes", *PROVENANCE_COLUMNS]),
                     "live extra memory after each allocator event of one forward+backward, per configuration "
                     "(python -m analysis memory-study)")
 
@@ -183,6 +182,20 @@ def append_rows(path: Path, rows: Iterable[Mapping[str, object]]) -> int:
 def append_row(path: Path, row: Mapping[str, object]) -> None:
     """Append one row to ``path`` (see :func:`append_rows`)."""
     append_rows(path, [row])
+
+
+def set_aside(path: Path) -> Path | None:
+    """Rename ``path`` to ``<name>.previous`` (which no reader globs), so the next append starts a new file.
+
+    Returns the new path, or None if ``path`` did not exist. For results that
+    are re-measured as a whole (a reproduction, a study); an older
+    ``.previous`` is replaced.
+    """
+    if not path.exists():
+        return None
+    previous = path.with_name(path.name + ".previous")
+    path.replace(previous)
+    return previous
 
 
 def _complete_text(path: Path) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from analysis.cli import build_parser, main
+from analysis.results_io import file_kind, read_table
 
-SUBCOMMANDS = ("sweep", "figures", "reproduce", "bench", "demo", "notebooks", "grids", "verdicts")
+SUBCOMMANDS = ("sweep", "figures", "reproduce", "bench", "demo", "memory-study", "notebooks", "grids", "verdicts")
 
 
 def test_every_subcommand_is_registered_with_a_handler():
@@ -44,3 +45,18 @@ def test_grids_and_demo_run(capsys):
     text = capsys.readouterr().out
     assert "lce plan on cpu" in text and "(floor)" in text
     assert sum(line.startswith(("lce   ", "torch   ")) for line in text.splitlines()) == 8  # 4 settings x 2 ops
+
+
+def test_memory_study_writes_its_results_files(tmp_path, capsys):
+    assert main(["memory-study", "--shape", "64x16x512", "--results", str(tmp_path)]) == 0
+    breakdown, trace = tmp_path / "memory_breakdown.csv", tmp_path / "memory_trace.csv"
+    assert file_kind(breakdown) == "memory_breakdown" and file_kind(trace) == "memory_trace"
+    table = read_table(trace)
+    assert set(table["config"]) == {"lce auto", "lce balanced acc=fp32", "lce compact acc=bf16", "torch auto",
+                                    "reference"}
+    assert (table[["N", "D", "C"]].drop_duplicates().values.tolist() == [[64, 16, 512]]
+            and table["git_revision"].notna().all())
+    assert (read_table(breakdown)["predicted_peak_bytes"] > 0).all()
+    main(["memory-study", "--shape", "64x16x512", "--results", str(tmp_path)])  # a rerun replaces, never appends
+    assert len(read_table(trace)) == len(table) and (tmp_path / "memory_trace.csv.previous").exists()
+    assert "memory_trace.csv" in capsys.readouterr().out

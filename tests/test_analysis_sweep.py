@@ -123,8 +123,9 @@ def test_tiny_reproduce_end_to_end(tmp_path, capsys):
                  "--no-progress"]) == 0
     assert len(pd.read_csv(results / "tiny.csv")) == len(get_grid("tiny").configs)
     index = (figures / "README.md").read_text()
+    assert {path.name for path in results.iterdir()} == {"tiny.csv", "memory_breakdown.csv", "memory_trace.csv"}
     for stem in ("error_vs_memory_cpu", "error_vs_chunks_cpu", "memory_measured_vs_modeled", "time_vs_shape",
-                 "error_vs_memory_cuda-emulated"):
+                 "error_vs_memory_cuda-emulated", "memory_breakdown", "memory_trace"):
         assert (figures / f"{stem}.png").stat().st_size > 0 and (figures / f"{stem}.svg").exists()
         assert f"## {stem}" in index
     assert "python -m analysis reproduce --grid tiny" in index and "auto = " in index
