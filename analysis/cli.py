@@ -210,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     memory = add("memory-study", _memory_study_command, "measure where lce's bytes go and live memory over one step",
                  "Writes memory_breakdown.csv (every buffer of lce's plan per configuration, no measurement) and "
                  "memory_trace.csv (live extra bytes after each allocator event of one forward+backward, lce next "
-                 "to torch and the unfused reference), moving earlier ones to .previous; seconds at the default "
+                 "to torch and the unfused reference), moving earlier ones to .previous; about 20 s at the default "
                  "problem. `figures` draws them.")
     memory.add_argument("--shape", default=STUDY_SHAPE, type=_argument(parse_shape), metavar="NxDxC",
                         help=f"study problem (default: {STUDY_SHAPE})")

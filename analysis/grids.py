@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 
 from lce.options import ACC_POLICIES
 
+from .implementations import ImplSpec
 from .inputs import Shape
 
 __all__ = ["RunConfig", "Measurement", "Grid", "GRIDS", "get_grid", "CHUNKINGS", "LOW_PRECISION", "chunked_configs"]
@@ -62,8 +63,13 @@ class RunConfig:
         """Stable identity of the run; a sweep skips keys its CSV already holds."""
         return "|".join(str(getattr(self, f.name)) for f in dataclasses.fields(self))
 
-    def problem_key(self) -> tuple:
-        """Runs with equal problem keys share inputs and the fp64 reference."""
+    @property
+    def spec(self) -> ImplSpec:
+        """The implementation this run measures."""
+        return ImplSpec(self.op, self.policy, self.chunking, self.acc_dtype)
+
+    def inputs_key(self) -> tuple:
+        """Runs with equal inputs keys share inputs and the fp64 reference."""
         return (self.device, self.dtype, self.N, self.D, self.C, self.bias, self.seed)
 
 
@@ -128,7 +134,7 @@ def _with_unchunked(configs: list[RunConfig], ops: Sequence[str]) -> tuple[RunCo
     """``configs`` plus one run of each unchunked op per problem, kept next to its problem's runs."""
     by_problem: dict[tuple, list[RunConfig]] = {}
     for config in configs:
-        by_problem.setdefault(config.problem_key(), []).append(config)
+        by_problem.setdefault(config.inputs_key(), []).append(config)
     out: list[RunConfig] = []
     for runs in by_problem.values():
         first = runs[0]

@@ -21,12 +21,14 @@ import seaborn as sns
 from matplotlib import ticker
 from matplotlib.figure import Figure
 
+from lce.options import ACC_POLICIES
+
 from .pareto import ERROR, MEMORY, TIME, front_mask, verdicts
 
 __all__ = ["CaptionedFigure", "SWEEP_FIGURES", "plot_error_vs_memory", "plot_error_vs_chunks", "plot_memory_model",
            "plot_time_vs_shape", "plot_buffer_breakdown", "plot_memory_trace", "plot_bench_scaling", "draw_all"]
 
-POLICY_ORDER = ("auto", "accurate", "balanced", "compact", "")
+POLICY_ORDER = (*ACC_POLICIES, "")  # "": the unchunked ops
 PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER)), strict=True))
 PALETTE[""] = (0.3, 0.3, 0.3)
 MARKERS = {"lce": "o", "torch": "X", "reference": "s", "compiled": "D", "liger": "^", "cce": "v"}

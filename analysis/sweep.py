@@ -1,4 +1,4 @@
-"""Run a grid: one measured, tidy CSV row per :class:`~analysis.config.RunConfig`.
+"""Run a grid: one measured, tidy CSV row per :class:`~analysis.grids.RunConfig`.
 
 For each run: build the inputs (rounded once to the run's dtype) and the fp64
 reference (both shared by the runs of one problem), warm the implementation
@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from lce.options import dtype_name
 
 from .grids import Grid, RunConfig
-from .implementations import ImplSpec, make_implementation, unavailable_reason
+from .implementations import make_implementation, unavailable_reason
 from .inputs import DTYPES, Inputs, Outputs, make_inputs
 from .memory import default_method, measure_peak
 from .metrics import compare
@@ -52,28 +52,27 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-class _ProblemCache:
-    """Inputs and fp64 reference of the most recent problem (grids keep a problem's runs together)."""
+class _InputsCache:
+    """Inputs and fp64 reference of the most recent inputs key (grids keep the runs sharing inputs together)."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._value: tuple[Inputs, Outputs] | None = None
 
     def get(self, config: RunConfig) -> tuple[Inputs, Outputs]:
-        if config.problem_key() != self._key:
-            self._value = None  # free the previous problem before building the next
+        if config.inputs_key() != self._key:
+            self._value = None  # free the previous inputs before building the next
             device = "cuda" if config.device == "cuda" else "cpu"
             inputs = make_inputs(config.shape, DTYPES[config.dtype], seed=config.seed, bias=config.bias,
                                  device=device)
-            self._key, self._value = config.problem_key(), (inputs, reference_outputs(inputs))
+            self._key, self._value = config.inputs_key(), (inputs, reference_outputs(inputs))
         return self._value
 
 
 def measure_run(config: RunConfig, inputs: Inputs, reference: Outputs, *, warmup: int, repeats: int
                 ) -> dict[str, object]:
     """Every measured column of one run (errors, resolved plan, memory, time)."""
-    spec = ImplSpec(config.op, config.policy, config.chunking, config.acc_dtype)
-    implementation = make_implementation(spec, config.device)
+    implementation = make_implementation(config.spec, config.device)
     row: dict[str, object] = {}
     plan = implementation.plan(inputs)
     if plan is not None:
@@ -142,7 +141,7 @@ def _run(grid: Grid, shard: tuple[int, int], folder: Path, progress: bool, confi
     finished = done_keys(path)
     pending = [c for c in selected if c.key not in finished]
     started = time.perf_counter()
-    cache = _ProblemCache()
+    cache = _InputsCache()
     errors = 0
     bar = tqdm(pending, desc=f"sweep {grid.name}", unit="run", disable=not progress, dynamic_ncols=True)
     for config in bar:

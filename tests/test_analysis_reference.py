@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from analysis.implementations import ImplSpec
 from analysis.inputs import Shape, make_inputs
 from analysis.reference import gradcheck, reference_outputs
+from lce.options import EXPLICIT_POLICIES
 
 
 def test_reference_uses_the_rounded_inputs_exactly():
@@ -32,7 +33,7 @@ def test_inputs_are_seeded():
         Shape(0, 3, 5)
 
 
-@pytest.mark.parametrize("policy", ["accurate", "balanced", "compact"])
+@pytest.mark.parametrize("policy", EXPLICIT_POLICIES)
 @pytest.mark.parametrize("device_kind", ["cpu", "cuda"])
 def test_gradcheck_every_lce_layout(policy, device_kind):
     inputs = make_inputs(Shape(6, 4, 10), torch.float64)
