@@ -51,13 +51,10 @@ def _draw_figures(results: Path, out: Path, command: str) -> None:
 
 
 def _record_memory_study(results: Path, shape: Shape, dtype: str) -> None:
-    from .studies import memory_study
+    from .studies.memory_study import record
 
-    for path in (results / memory_study.BREAKDOWN_FILE, results / memory_study.TRACE_FILE):
-        if path.exists():
-            print(f"moving the existing {display_path(path)} to {display_path(path)}.previous")
-    for path in memory_study.record(results, shape, dtype):
-        print(display_path(path))
+    for path in record(results, shape, dtype):
+        print(f"{display_path(path)} (an earlier one, if any, is now {path.name}.previous)")
 
 
 def _run_sweep(grid_name: str, shard: tuple[int, int], results: Path, progress: bool) -> None:
