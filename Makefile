@@ -30,8 +30,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP) ## Create the venv (.venv), install the project with all extras (torch pinned by constraints.txt), register the kernel
 
-demo: $(STAMP) ## Run the small end-to-end demo (python -m lce.demo)
-	$(VENV)/bin/python -m lce.demo
+demo: $(STAMP) ## Run the small end-to-end demo (python -m analysis demo)
+	$(VENV)/bin/python -m analysis demo
 
 lint: $(STAMP) ## Lint with ruff (rules and line length in pyproject.toml); CI runs it before the tests
 	$(VENV)/bin/ruff check .

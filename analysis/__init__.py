@@ -1,15 +1,21 @@
 """analysis: measure what each precision policy of ``lce`` costs and buys.
 
-Modules, in data-flow order (see ``../README.md``, "How the code is laid out"):
+Modules, in data-flow order (see ``README.md`` here and ``../README.md``, "How the code is laid out"):
 
-* :mod:`analysis.config` -- paths and the named grids;
-* :mod:`analysis.problem` -- the inputs of one run and the outputs it returns;
-* :mod:`analysis.reference` -- fp64 loss and gradients on the same rounded inputs;
+* :mod:`analysis.paths` -- where the results files and figures live;
+* :mod:`analysis.grids` -- the named grids of runs;
+* :mod:`analysis.inputs` -- the inputs of one call and the outputs it returns;
+* :mod:`analysis.implementations` -- every compared op behind one signature;
+* :mod:`analysis.reference` -- fp64 loss and gradients on the same rounded inputs; gradcheck;
 * :mod:`analysis.metrics` -- relative errors and rounding floors;
 * :mod:`analysis.memory`, :mod:`analysis.timing` -- measured peak memory and time;
-* :mod:`analysis.implementations` -- every compared callable behind one signature;
-* :mod:`analysis.sweep` -- runs a grid into a resumable CSV with provenance;
-* :mod:`analysis.pareto`, :mod:`analysis.plots` -- fronts, verdicts, figures.
+* :mod:`analysis.provenance`, :mod:`analysis.results_io` -- provenance columns; the kinds of
+  results files and their one writer;
+* :mod:`analysis.sweep` -- runs a grid into a resumable results file;
+* :mod:`analysis.studies` -- one-off studies (demo, bench, fp64 checks, growth, defects, memory);
+* :mod:`analysis.pareto`, :mod:`analysis.plots`, :mod:`analysis.figures` -- fronts and verdicts,
+  figures drawn from results files, the figures folder;
+* :mod:`analysis.notebooks`, :mod:`analysis.cli` -- the notebooks; ``python -m analysis``.
 
 ``python -m analysis --help`` lists the commands. ``lce`` never imports this package.
 """

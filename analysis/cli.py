@@ -1,163 +1,234 @@
-"""``python -m analysis``: sweep a grid, draw the figures, or both (``reproduce``)."""
+"""``python -m analysis``: one subcommand per step (sweep, studies, figures, notebooks), and ``reproduce``.
+
+Each subcommand is one small handler (``_<name>_command``) registered with its
+parser through ``set_defaults(handler=...)``; pandas, matplotlib and the
+studies are imported inside the handlers that need them.
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .config import FIGURES_DIR, GRIDS, RESULTS_DIR, ROOT, get_grid
+from .grids import GRIDS, get_grid
+from .inputs import Shape, parse_shape
+from .paths import FIGURES_DIR, RESULTS_DIR, display_path
 
-__all__ = ["main", "build_parser", "make_figures"]
+__all__ = ["main", "build_parser"]
+
+Handler = Callable[[argparse.Namespace], None]
+
+
+def _argument(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse ``type`` that reports ``parse``'s ValueError message as a usage error."""
+
+    def convert(text: str) -> object:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def _set_aside(path: Path) -> None:
+    from .results_io import set_aside
+
+    if set_aside(path) is not None:
+        print(f"moved the existing {display_path(path)} to {display_path(path)}.previous")
+
+
+def _draw_figures(results: Path, out: Path, command: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no window, whatever the environment's default backend
+    from .figures import make_figures
+
+    for path in make_figures(results, out, command):
+        print(display_path(path))
+
+
+def _record_memory_study(results: Path, shape: Shape, dtype: str) -> None:
+    from .studies.memory_study import record
+
+    for path in record(results, shape, dtype):
+        print(f"{display_path(path)} (an earlier one, if any, is now {path.name}.previous)")
+
+
+def _run_sweep(grid_name: str, shard: tuple[int, int], results: Path, progress: bool) -> None:
+    from .sweep import run_grid
+
+    summary = run_grid(get_grid(grid_name), shard=shard, folder=results, progress=progress)
+    print(f"{display_path(summary.path)}: {summary.ran} run(s) in {summary.seconds:.0f} s, "
+          f"{summary.skipped_done} already done, {summary.errors} error(s)")
+
+
+def _grids_command(args: argparse.Namespace) -> None:
+    for grid in GRIDS.values():
+        print(f"{grid.name:<6} {len(grid.configs):>5} runs  {grid.description}")
+
+
+def _sweep_command(args: argparse.Namespace) -> None:
+    _run_sweep(args.grid, args.shard, args.results, not args.no_progress)
+
+
+def _figures_command(args: argparse.Namespace) -> None:
+    _draw_figures(args.results, args.out, "python -m analysis figures")
+
+
+def _reproduce_command(args: argparse.Namespace) -> None:
+    from .studies.memory_study import BREAKDOWN_FILE, STUDY_DTYPE, STUDY_SHAPE, TRACE_FILE
+
+    grid = args.grid or "quick"
+    if not args.resume:
+        _set_aside(args.results / f"{grid}.csv")
+    _run_sweep(grid, (1, 1), args.results, not args.no_progress)
+    if not args.resume or not all((args.results / name).exists() for name in (BREAKDOWN_FILE, TRACE_FILE)):
+        _record_memory_study(args.results, STUDY_SHAPE, STUDY_DTYPE)
+    command = "python -m analysis reproduce " + ("--quick" if grid == "quick" else f"--grid {grid}")
+    _draw_figures(args.results, args.out, command)
+
+
+def _memory_study_command(args: argparse.Namespace) -> None:
+    _record_memory_study(args.results, args.shape, args.dtype)
+
+
+def _bench_command(args: argparse.Namespace) -> None:
+    from .results_io import BENCH, CHUNK_SWEEP, append_rows
+    from .studies import bench
+
+    dtypes = tuple(args.dtypes)
+    if args.chunk_sweep:
+        table = bench.chunk_sweep(args.shape, dtypes, repeats=args.repeats)
+        path = args.results / "bench_chunks.csv"
+        append_rows(path, CHUNK_SWEEP.rows(table))
+        print(table[["dtype", "chunk_size", "num_chunks", "value", "modeled_peak_bytes"]].to_string(index=False))
+    else:
+        measure = bench.run_scaling if args.scaling else bench.run_bench
+        table = measure(args.shape, dtypes, repeats=args.repeats)
+        path = args.results / "bench.csv"
+        append_rows(path, BENCH.rows(table))
+        if not args.scaling:
+            print(bench.ratios(table).to_string(index=False, float_format="%.3f"))
+    print(display_path(path))
+
+
+def _demo_command(args: argparse.Namespace) -> None:
+    from .studies.demo import run_demo
+
+    run_demo(Shape(args.rows, args.features, args.classes), tuple(args.dtypes))
+
+
+def _notebooks_command(args: argparse.Namespace) -> None:
+    from .notebooks import build_all
+
+    for path in build_all(quick=not args.full):
+        print(display_path(path))
+
+
+def _verdicts_command(args: argparse.Namespace) -> None:
+    from .pareto import load_table, verdict_lines
+
+    _, table = load_table(args.results)
+    print("\n".join(verdict_lines(table)))
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m analysis`` parser: every subcommand with its flags and handler."""
+    from .studies.memory_study import STUDY_DTYPE, STUDY_SHAPE
+    from .sweep import parse_shard
+
     parser = argparse.ArgumentParser(
         prog="python -m analysis",
         description="Measure what each lce precision policy costs (memory, time) and buys (accuracy vs fp64).",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sweep = commands.add_parser("sweep", help="run a named grid into analysis/results/<grid>.csv (resumable)")
+    def add(name: str, handler: Handler, summary: str, description: str) -> argparse.ArgumentParser:
+        command = commands.add_parser(name, help=summary, description=f"{summary}. {description}")
+        command.set_defaults(handler=handler)
+        return command
+
+    def results_folder(command: argparse.ArgumentParser, what: str = "results folder") -> None:
+        command.add_argument("--results", type=Path, default=RESULTS_DIR,
+                             help=f"{what} (default: {display_path(RESULTS_DIR)})")
+
+    sweep = add("sweep", _sweep_command, "run a named grid into analysis/results/<grid>.csv (resumable)",
+                "Each run appends one row (errors vs fp64, peak memory, time, provenance); a rerun skips the runs "
+                "the file already holds.")
     sweep.add_argument("--grid", default="quick", choices=sorted(GRIDS), help="which grid (default: quick)")
-    sweep.add_argument("--shard", default="1/1", metavar="K/N",
+    sweep.add_argument("--shard", default=(1, 1), type=_argument(parse_shard), metavar="K/N",
                        help="run only shard K of N (1-based); each shard writes <grid>.shard-K-of-N.csv")
-    sweep.add_argument("--results", type=Path, default=RESULTS_DIR, help="results folder")
+    results_folder(sweep)
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    figures = commands.add_parser("figures", help="draw every figure from the committed CSVs (seconds)")
-    figures.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of result CSVs")
-    figures.add_argument("--out", type=Path, default=FIGURES_DIR, help="figures folder")
+    figures = add("figures", _figures_command, "draw every figure from the committed results files (seconds)",
+                  "Writes PNG and SVG per figure and figures/README.md (captions, data files, command, verdicts); "
+                  "measures nothing.")
+    results_folder(figures, "folder of results files")
+    figures.add_argument("--out", type=Path, default=FIGURES_DIR, help="figures folder (default: figures)")
 
-    reproduce = commands.add_parser("reproduce", help="sweep a grid, then draw every figure")
+    reproduce = add("reproduce", _reproduce_command, "sweep a grid, record the memory study, draw every figure",
+                    "The README's main command: `reproduce --quick` re-measures the quick grid (~7.5 min on 2 "
+                    "cores) and the memory study, then redraws every figure.")
     reproduce.add_argument("--quick", action="store_true", help="use the quick grid (the default grid anyway)")
     reproduce.add_argument("--grid", default=None, choices=sorted(GRIDS), help="grid to sweep (default: quick)")
-    reproduce.add_argument("--results", type=Path, default=RESULTS_DIR, help="results folder")
-    reproduce.add_argument("--out", type=Path, default=FIGURES_DIR, help="figures folder")
+    results_folder(reproduce)
+    reproduce.add_argument("--out", type=Path, default=FIGURES_DIR, help="figures folder (default: figures)")
     reproduce.add_argument("--no-progress", action="store_true", help="no progress bar")
     reproduce.add_argument("--resume", action="store_true",
                            help="keep the grid's existing rows and run only the missing ones (default: start "
                                 "fresh, moving the old CSV to <grid>.csv.previous)")
 
-    bench = commands.add_parser("bench", help="time and peak memory of lce, torch, unfused and compiled at one "
-                                              "problem, with the 3-GEMM floor (analysis/results/bench.csv)")
-    bench.add_argument("--shape", default="4096x512x32768", help="NxDxC (default: 4096x512x32768)")
+    bench = add("bench", _bench_command, "time and peak memory of lce, torch, unfused and compiled at one problem",
+                "Interleaved timing rounds, peak memory in a fresh process per implementation and the 3-GEMM "
+                "floor, appended to analysis/results/bench.csv (about 10 minutes at the default shape here).")
+    bench.add_argument("--shape", default=parse_shape("4096x512x32768"), type=_argument(parse_shape),
+                       metavar="NxDxC", help="problem size (default: 4096x512x32768)")
     bench.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="input dtypes")
     bench.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up round")
-    bench.add_argument("--chunk-sweep", action="store_true",
-                       help="instead: time lce's default policy per chunk size (bench_chunks.csv)")
-    bench.add_argument("--scaling", action="store_true",
-                       help="instead: lce, torch and unfused with N and C divided by 1, 2 and 4 (bench.csv)")
-    bench.add_argument("--results", type=Path, default=RESULTS_DIR, help="results folder")
+    mode = bench.add_mutually_exclusive_group()
+    mode.add_argument("--chunk-sweep", action="store_true",
+                      help="instead: time lce's default policy per chunk size (bench_chunks.csv)")
+    mode.add_argument("--scaling", action="store_true",
+                      help="instead: lce, torch and unfused with N and C divided by 1, 2 and 4 (bench.csv)")
+    results_folder(bench)
 
-    notebooks = commands.add_parser("notebooks", help="execute every notebook from its source and write the .ipynb")
+    demo = add("demo", _demo_command, "a one-minute tour: lce's plan, then lce's and torch's errors vs fp64",
+               "Prints the resolved plan of lce's default options, then every output's error against fp64 "
+               "(and as a multiple of its rounding floor) for lce and torch, per policy. Writes nothing.")
+    demo.add_argument("--rows", type=int, default=2048, help="N (default: 2048)")
+    demo.add_argument("--features", type=int, default=256, help="D (default: 256)")
+    demo.add_argument("--classes", type=int, default=8192, help="C (default: 8192)")
+    demo.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"], help="input dtypes")
+
+    memory = add("memory-study", _memory_study_command, "measure where lce's bytes go and live memory over one step",
+                 "Writes memory_breakdown.csv (every buffer of lce's plan per configuration, no measurement) and "
+                 "memory_trace.csv (live extra bytes after each allocator event of one forward+backward, lce next "
+                 "to torch and the unfused reference), moving earlier ones to .previous; about 20 s at the default "
+                 "problem. `figures` draws them.")
+    memory.add_argument("--shape", default=STUDY_SHAPE, type=_argument(parse_shape), metavar="NxDxC",
+                        help=f"study problem (default: {STUDY_SHAPE})")
+    memory.add_argument("--dtype", default=STUDY_DTYPE, choices=("float32", "bfloat16", "float16"),
+                        help=f"input dtype (default: {STUDY_DTYPE})")
+    results_folder(memory)
+
+    notebooks = add("notebooks", _notebooks_command, "execute every notebook from its source and write the .ipynb",
+                    "Runs notebooks/NN_*.py top to bottom in a fresh kernel each (quick settings unless --full).")
     notebooks.add_argument("--full", action="store_true", help="QUICK=False: the larger settings (slow)")
 
-    commands.add_parser("grids", help="list the named grids and their sizes")
-    verdict = commands.add_parser("verdicts", help="print the Pareto verdict of every \"auto\" entry")
-    verdict.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of result CSVs")
+    add("grids", _grids_command, "list the named grids and their sizes", "Measures nothing.")
+
+    verdicts = add("verdicts", _verdicts_command, "print the Pareto verdict of every \"auto\" entry",
+                   "Reads the sweep results; measures nothing.")
+    results_folder(verdicts, "folder of results files")
     return parser
 
 
-def _relative(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(ROOT))
-    except ValueError:
-        return str(path)
-
-
-def _load(results: Path):
-    from .pareto import load_table
-
-    return load_table(results)
-
-
-def make_figures(results: Path, out: Path, command: str = "python -m analysis figures") -> list[Path]:
-    """Draw every figure from the CSVs in ``results`` into ``out``; return the files written."""
-    from .pareto import verdict_lines
-    from .plots import draw_all, write_index
-
-    paths, table = _load(results)
-    if table.empty:
-        raise SystemExit(f"no results in {results}: run `python -m analysis sweep` first")
-    figures = draw_all(table, out)
-    bench_csv = results / "bench.csv"
-    if bench_csv.exists():
-        import pandas as pd
-
-        from .plots import plot_bench_scaling
-
-        figures += [f for f in [plot_bench_scaling(pd.read_csv(bench_csv), out)] if f is not None]
-        paths = [*paths, bench_csv]
-    index = write_index(figures, out, [_relative(p) for p in paths], command, verdict_lines(table))
-    written = [out / f"{f.stem}.{ext}" for f in figures for ext in ("png", "svg")]
-    return [*written, index]
-
-
-def _set_aside(path: Path) -> None:
-    """Rename ``path`` to ``<name>.previous`` (which ``figures`` ignores) so a reproduction starts fresh."""
-    if path.exists():
-        path.replace(path.with_name(path.name + ".previous"))
-        print(f"moved the existing {_relative(path)} to {_relative(path)}.previous")
-
-
-def _sweep(grid_name: str, shard_text: str, results: Path, progress: bool) -> None:
-    from .sweep import parse_shard, run_grid
-
-    shard = parse_shard(shard_text)
-    summary = run_grid(get_grid(grid_name), shard=shard, folder=results, progress=progress)
-    print(f"{_relative(summary.path)}: {summary.ran} run(s) in {summary.seconds:.0f} s, "
-          f"{summary.skipped_done} already done, {summary.errors} error(s)")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the process exit status."""
+    """Entry point; returns the process exit status (argparse exits with 2 on a usage error)."""
     args = build_parser().parse_args(argv)
-    if args.command == "grids":
-        for grid in GRIDS.values():
-            print(f"{grid.name:<6} {len(grid.configs):>5} runs  {grid.description}")
-    elif args.command == "sweep":
-        try:
-            _sweep(args.grid, args.shard, args.results, not args.no_progress)
-        except ValueError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-    elif args.command == "figures":
-        for path in make_figures(args.results, args.out):
-            print(_relative(path))
-    elif args.command == "reproduce":
-        grid = args.grid or "quick"
-        if not args.resume:
-            _set_aside(args.results / f"{grid}.csv")
-        _sweep(grid, "1/1", args.results, not args.no_progress)
-        command = "python -m analysis reproduce " + ("--quick" if grid == "quick" else f"--grid {grid}")
-        for path in make_figures(args.results, args.out, command):
-            print(_relative(path))
-    elif args.command == "bench":
-        from . import bench
-
-        shape = bench.parse_shape(args.shape)
-        if args.chunk_sweep:
-            table = bench.chunk_sweep(shape, tuple(args.dtypes), repeats=args.repeats)
-            path = bench.append_csv(table, args.results / "bench_chunks.csv")
-            print(table[["dtype", "chunk_size", "num_chunks", "value", "modeled_peak_bytes"]].to_string(index=False))
-        elif args.scaling:
-            table = bench.run_scaling(shape, tuple(args.dtypes), repeats=args.repeats)
-            path = bench.append_csv(table, args.results / "bench.csv")
-        else:
-            table = bench.run_bench(shape, tuple(args.dtypes), repeats=args.repeats)
-            path = bench.append_csv(table, args.results / "bench.csv")
-            print(bench.ratios(table).to_string(index=False, float_format="%.3f"))
-        print(_relative(path))
-    elif args.command == "notebooks":
-        from .notebooks import build_all
-
-        for path in build_all(quick=not args.full):
-            print(_relative(path))
-    elif args.command == "verdicts":
-        from .pareto import verdict_lines
-
-        _, table = _load(args.results)
-        print("\n".join(verdict_lines(table)))
+    args.handler(args)
     return 0

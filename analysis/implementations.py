@@ -1,10 +1,13 @@
 """Every compared implementation behind one signature: ``Implementation.run(inputs) -> Outputs``.
 
 An implementation is named by an :class:`ImplSpec` (which op, which policy,
-chunking method and ``acc_dtype``) and built by :func:`make_implementation`.
-``run`` does one forward and one backward (gradients with respect to every
-leaf of the :class:`~analysis.problem.Inputs`) and returns detached outputs, so
-error, memory and time are all measured on the same call.
+chunking and ``acc_dtype``) and built by :func:`make_implementation` for a
+device. ``run`` does one forward and one backward (gradients with respect to
+every leaf of the :class:`~analysis.inputs.Inputs`, from its ``grad_output``)
+and returns detached outputs, so error, memory and time are all measured on
+the same call; ``loss`` is the forward alone (gradcheck, loss-only studies).
+Every op gets the same call arguments (:meth:`Inputs.loss_arguments`:
+reduction, class weights, ``ignore_index``, label smoothing).
 
 Registered ops (:data:`OPS`):
 
@@ -34,10 +37,10 @@ import torch
 import torch.nn.functional as F
 
 import lce
-from lce.reference import reference_linear_cross_entropy
+from lce.reference import DEFAULT_IGNORE_INDEX, reference_linear_cross_entropy
 from lce.testing import emulate_device_kind
 
-from .problem import DTYPES, Inputs, Outputs
+from .inputs import DTYPES, Inputs, Outputs, outputs_of
 
 __all__ = ["ImplSpec", "Implementation", "OPS", "DEVICES", "make_implementation", "unavailable_reason",
            "resolved_plan"]
@@ -56,40 +59,57 @@ CHUNKED_OPS = ("lce", "torch")
 DEVICES = ("cpu", "cuda", "cuda-emulated")
 
 
+ROWS_PREFIX = "rows:"
+"""``chunking="rows:K"`` asks for chunks of exactly K rows (``chunking_method=None, batch_chunk_size=K``)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ImplSpec:
     """Which op runs, and for the chunked ops with which options.
 
-    ``policy``/``chunking`` are ``LinearCrossEntropyOptions`` field values
-    (``acc_policy`` / ``chunking_method``); ``acc_dtype`` is ``"default"``
-    (None: resolved by the options contract) or a dtype name. They are ignored
-    (and should be ``""``) for the unchunked ops.
+    ``policy`` is ``acc_policy``; ``chunking`` is a ``chunking_method``
+    (``"auto"``, ``"aspect_ratio"``, ``"aspect_ratio:N"``) or ``"rows:K"`` for
+    an explicit chunk size; ``acc_dtype`` is ``"default"`` (None: resolved by
+    the options contract) or a dtype name; ``retain_graph`` is
+    ``allow_retain_graph`` (gradcheck runs backward more than once). They are
+    ignored (and should be left empty) for the unchunked ops.
     """
 
     op: str
     policy: str = ""
     chunking: str = ""
     acc_dtype: str = "default"
+    retain_graph: bool = False
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
             raise ValueError(f"op must be one of {tuple(OPS)}, got {self.op!r}")
         if self.acc_dtype != "default" and self.acc_dtype not in DTYPES:
             raise ValueError(f"acc_dtype must be 'default' or one of {tuple(DTYPES)}, got {self.acc_dtype!r}")
+        if self.chunking.startswith(ROWS_PREFIX):
+            rows = self.chunking.removeprefix(ROWS_PREFIX)
+            if not rows.isdigit() or int(rows) < 1:
+                raise ValueError(f"chunking 'rows:K' needs an integer K >= 1, got {self.chunking!r}")
 
     @property
     def chunked(self) -> bool:
         return self.op in CHUNKED_OPS
 
-    def options_fields(self) -> dict[str, object]:
-        """Keyword arguments of ``LinearCrossEntropyOptions`` (lce's and torch's take the same)."""
-        return dict(acc_policy=self.policy or "auto", chunking_method=self.chunking or "auto",
-                    acc_dtype=None if self.acc_dtype == "default" else DTYPES[self.acc_dtype])
+    def options(self) -> lce.LinearCrossEntropyOptions:
+        """lce's options for this spec (torch's op gets the same fields through ``.to_torch()``)."""
+        if self.chunking.startswith(ROWS_PREFIX):
+            chunking = dict(chunking_method=None, batch_chunk_size=int(self.chunking.removeprefix(ROWS_PREFIX)))
+        else:
+            chunking = dict(chunking_method=self.chunking or "auto")
+        return lce.LinearCrossEntropyOptions(
+            acc_policy=self.policy or "auto", acc_dtype=None if self.acc_dtype == "default" else DTYPES[self.acc_dtype],
+            allow_retain_graph=self.retain_graph, **chunking)
 
     def __str__(self) -> str:
         if not self.chunked:
             return self.op
-        return f"{self.op}[{self.policy},{self.chunking},acc={self.acc_dtype}]"
+        retain = ",retain_graph" if self.retain_graph else ""
+        return f"{self.op}[{self.policy},{self.chunking},acc={self.acc_dtype}{retain}]"
 
 
 def unavailable_reason(op: str, device: str) -> str | None:
@@ -113,14 +133,8 @@ def unavailable_reason(op: str, device: str) -> str | None:
     return None
 
 
-def _gradients(loss: torch.Tensor, inputs: Inputs) -> Outputs:
-    grads = torch.autograd.grad(loss, inputs.leaves())
-    return Outputs(loss.detach(), grads[0], grads[1], grads[2] if inputs.bias is not None else None)
-
-
 def _unfused(inputs: Inputs) -> torch.Tensor:
-    return reference_linear_cross_entropy(inputs.input, inputs.weight, inputs.target, linear_bias=inputs.bias,
-                                          reduction=inputs.reduction)
+    return reference_linear_cross_entropy(inputs.input, inputs.weight, inputs.target, **inputs.loss_arguments())
 
 
 @dataclasses.dataclass
@@ -132,9 +146,14 @@ class Implementation:
     loss_fn: Callable[[Inputs], torch.Tensor]
 
     def run(self, inputs: Inputs) -> Outputs:
-        """Loss and gradients (w.r.t. input, weight and bias if any) of one call, detached."""
+        """Loss and gradients (w.r.t. input, weight and bias if any) of one forward + backward, detached."""
         with self._context():
-            return _gradients(self.loss_fn(inputs), inputs)
+            return outputs_of(self.loss_fn(inputs), inputs)
+
+    def loss(self, inputs: Inputs) -> torch.Tensor:
+        """The loss of one forward, with its autograd graph unless called under ``torch.no_grad()``."""
+        with self._context():
+            return self.loss_fn(inputs)
 
     def _context(self) -> contextlib.AbstractContextManager:
         return emulate_device_kind("cuda") if self.device == "cuda-emulated" else contextlib.nullcontext()
@@ -154,8 +173,7 @@ class Implementation:
 
 def resolved_plan(spec: ImplSpec, inputs: Inputs) -> lce.Plan:
     """``lce.plan`` of ``spec``'s options for ``inputs`` (gradients planned for every leaf)."""
-    options = lce.LinearCrossEntropyOptions(**spec.options_fields())
-    return lce.plan(options, inputs.input, inputs.weight, linear_bias=inputs.bias, reduction=inputs.reduction)
+    return lce.plan(spec.options(), inputs.input, inputs.weight, linear_bias=inputs.bias, reduction=inputs.reduction)
 
 
 def make_implementation(spec: ImplSpec, device: str = "cpu") -> Implementation:
@@ -167,21 +185,21 @@ def make_implementation(spec: ImplSpec, device: str = "cpu") -> Implementation:
 
 
 def _lce_loss(spec: ImplSpec) -> Callable[[Inputs], torch.Tensor]:
-    options = lce.LinearCrossEntropyOptions(**spec.options_fields())
+    options = spec.options()
 
     def loss(inputs: Inputs) -> torch.Tensor:
-        return lce.linear_cross_entropy(inputs.input, inputs.weight, inputs.target, linear_bias=inputs.bias,
-                                        reduction=inputs.reduction, options=options)
+        return lce.linear_cross_entropy(inputs.input, inputs.weight, inputs.target, options=options,
+                                        **inputs.loss_arguments())
 
     return loss
 
 
 def _torch_loss(spec: ImplSpec) -> Callable[[Inputs], torch.Tensor]:
-    options = lce.LinearCrossEntropyOptions(**spec.options_fields()).to_torch()
+    options = spec.options().to_torch()
 
     def loss(inputs: Inputs) -> torch.Tensor:
-        return F.linear_cross_entropy(inputs.input, inputs.weight, inputs.target, linear_bias=inputs.bias,
-                                      reduction=inputs.reduction, options=options)
+        return F.linear_cross_entropy(inputs.input, inputs.weight, inputs.target, options=options,
+                                      **inputs.loss_arguments())
 
     return loss
 
@@ -204,6 +222,7 @@ def _liger_loss(spec: ImplSpec) -> Callable[[Inputs], torch.Tensor]:  # pragma: 
     module = LigerFusedLinearCrossEntropyLoss(reduction="mean")
 
     def loss(inputs: Inputs) -> torch.Tensor:
+        _plain_only(spec, inputs)
         return module(inputs.weight, inputs.input, inputs.target, inputs.bias)
 
     return loss
@@ -213,9 +232,17 @@ def _cce_loss(spec: ImplSpec) -> Callable[[Inputs], torch.Tensor]:  # pragma: no
     from cut_cross_entropy import linear_cross_entropy as cce
 
     def loss(inputs: Inputs) -> torch.Tensor:
+        _plain_only(spec, inputs)
         return cce(inputs.input, inputs.weight, inputs.target, bias=inputs.bias, reduction=inputs.reduction)
 
     return loss
+
+
+def _plain_only(spec: ImplSpec, inputs: Inputs) -> None:  # pragma: no cover - CUDA only
+    """Liger and CCE run the grids' plain calls only; other arguments would be dropped silently."""
+    if (inputs.class_weight is not None or inputs.ignore_index != DEFAULT_IGNORE_INDEX or inputs.label_smoothing
+            or inputs.grad_output is not None):
+        raise ValueError(f"{spec.op} is run without class weights, ignore_index, label smoothing or grad_output")
 
 
 _LOSS_FACTORIES: dict[str, Callable[[ImplSpec], Callable[[Inputs], torch.Tensor]]] = {

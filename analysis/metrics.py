@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from .problem import OUTPUT_NAMES, Outputs
+from .inputs import OUTPUT_NAMES, Outputs
 
 __all__ = ["rel_fro", "max_rel", "rounding_floor", "in_floors", "ErrorReport", "report", "compare"]
 

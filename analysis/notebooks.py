@@ -26,7 +26,7 @@ import jupytext
 import nbformat
 from nbclient import NotebookClient
 
-from .config import ROOT
+from .paths import ROOT
 
 __all__ = ["NOTEBOOKS_DIR", "QUICK_ENV", "sources", "execute", "build_all"]
 

@@ -21,9 +21,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from lce.options import dtype_name
 from lce.policies import AUTO_FALLBACK, AUTO_TABLE, auto_pick
-
-from .problem import dtype_name
 
 __all__ = ["ERROR", "MEMORY", "TIME", "GROUP", "load_table", "prepare", "front_mask", "auto_entries", "verdicts",
            "recommend", "label", "verdict_lines"]
@@ -36,12 +35,11 @@ _GRADS = ("grad_input", "grad_weight", "grad_bias")
 
 
 def load_table(folder: Path | None = None) -> tuple[list[Path], pd.DataFrame]:
-    """Every result CSV in ``folder`` (default: the committed results), merged and :func:`prepare`-d."""
-    from .config import RESULTS_DIR
-    from .results_io import load_results
+    """Every sweep results file in ``folder`` (default: the committed results), merged and :func:`prepare`-d."""
+    from .paths import RESULTS_DIR
+    from .results_io import SWEEP, load_results, paths_of_kind
 
-    # Sweep CSVs only: bench*.csv (python -m analysis bench) have columns of their own.
-    paths = sorted(p for p in (folder or RESULTS_DIR).glob("*.csv") if not p.name.startswith("bench"))
+    paths = paths_of_kind(folder or RESULTS_DIR, SWEEP.name)
     return paths, prepare(load_results(paths))
 
 

@@ -1,35 +1,34 @@
-"""One function per figure, all drawn from a results table (see :func:`analysis.pareto.prepare`).
+"""One function per figure, each drawn from results tables only; nothing here measures or writes files.
 
-Each ``plot_*`` function takes the prepared table and an output folder, writes
-``<name>.png`` and ``<name>.svg`` and returns a :class:`Figure` record (file
-stem, caption) that :func:`write_index` lists in ``figures/README.md``.
-Style: seaborn's "whitegrid" with one palette keyed by policy, log axes where
-the data spans decades, units in every axis label.
+Each ``plot_*`` function takes the tables it draws (the sweep table of
+:func:`analysis.pareto.load_table`, or a study's results file) and returns a
+:class:`CaptionedFigure` (file stem, caption, the ``matplotlib`` figure), or
+None when the tables hold no data for it. :func:`draw_all` draws every figure;
+:mod:`analysis.figures` saves them and writes ``figures/README.md``; a notebook
+displays them inline. Style: seaborn's "whitegrid" with one palette keyed by
+policy, log axes where the data spans decades, units in every axis label.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib import ticker
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only; no display needed
+from lce.options import ACC_POLICIES
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-from matplotlib import ticker  # noqa: E402
+from .pareto import ERROR, MEMORY, TIME, front_mask, verdicts
 
-from .pareto import ERROR, MEMORY, TIME, front_mask, verdicts  # noqa: E402
+__all__ = ["CaptionedFigure", "SWEEP_FIGURES", "plot_error_vs_memory", "plot_error_vs_chunks", "plot_memory_model",
+           "plot_time_vs_shape", "plot_buffer_breakdown", "plot_memory_trace", "plot_bench_scaling", "draw_all"]
 
-__all__ = ["Figure", "FIGURES", "plot_error_vs_memory", "plot_error_vs_chunks", "plot_memory_model",
-           "plot_time_vs_shape", "plot_buffer_breakdown", "plot_memory_trace", "plot_bench_scaling", "draw_all",
-           "write_index"]
-
-POLICY_ORDER = ("auto", "accurate", "balanced", "compact", "")
+POLICY_ORDER = (*ACC_POLICIES, "")  # "": the unchunked ops
 PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER)), strict=True))
 PALETTE[""] = (0.3, 0.3, 0.3)
 MARKERS = {"lce": "o", "torch": "X", "reference": "s", "compiled": "D", "liger": "^", "cce": "v"}
@@ -37,9 +36,10 @@ ERROR_LABEL = "worst gradient error (multiples of the rounding floor)"
 
 
 @dataclasses.dataclass(frozen=True)
-class Figure:
-    """A written figure: file stem under the figures folder and its caption."""
+class CaptionedFigure:
+    """A drawn figure, the file stem it is saved under (``<stem>.png``, ``<stem>.svg``) and its caption."""
 
+    figure: Figure
     stem: str
     caption: str
 
@@ -49,18 +49,11 @@ def _style() -> None:
     plt.rcParams["svg.hashsalt"] = "lce-lab"  # stable element ids: unchanged data gives unchanged SVGs
 
 
-def _save(fig: plt.Figure, folder: Path, stem: str) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    fig.savefig(folder / f"{stem}.png", dpi=130, bbox_inches="tight")
-    fig.savefig(folder / f"{stem}.svg", bbox_inches="tight", metadata={"Date": None})
-    plt.close(fig)
-
-
 def _shape_text(row) -> str:
     return f"N={row.N} D={row.D} C={row.C}"
 
 
-def _grid(panels: int, width: float = 4.2, height: float = 3.4, columns: int = 3) -> tuple[plt.Figure, np.ndarray]:
+def _grid(panels: int, width: float = 4.2, height: float = 3.4, columns: int = 3) -> tuple[Figure, np.ndarray]:
     columns = max(1, min(columns, panels))
     rows = max(1, -(-panels // columns))
     fig, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows + 0.8), squeeze=False,
@@ -70,7 +63,7 @@ def _grid(panels: int, width: float = 4.2, height: float = 3.4, columns: int = 3
     return fig, axes
 
 
-def _legend_below(fig: plt.Figure, axes: np.ndarray) -> None:
+def _legend_below(fig: Figure, axes: np.ndarray) -> None:
     handles, labels = {}, []
     for ax in axes.flat:
         for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -98,7 +91,7 @@ def _log_axes(ax: plt.Axes, x: bool = True, y: bool = True, x_base: float = 10) 
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
 
 
-def plot_error_vs_memory(table: pd.DataFrame, folder: Path, device: str = "cpu") -> Figure | None:
+def plot_error_vs_memory(table: pd.DataFrame, device: str = "cpu") -> CaptionedFigure | None:
     """Error vs peak memory per (dtype, shape) on ``device``, front drawn, auto pick starred."""
     data = table[table["device"] == device]
     if data.empty:
@@ -127,13 +120,13 @@ def plot_error_vs_memory(table: pd.DataFrame, folder: Path, device: str = "cpu")
     fig.supylabel(ERROR_LABEL, fontsize=9)
     _legend_below(fig, axes)
     stem = f"error_vs_memory_{device}"
-    _save(fig, folder, stem)
     memory_source = "lce's model (CPU stand-in measured otherwise)" if device == "cuda-emulated" else "measured"
-    return Figure(stem, f"Gradient error (in rounding floors) vs peak extra memory ({memory_source}) on {device}, "
-                        "one panel per dtype and shape; black steps: Pareto front; red star: the \"auto\" pick.")
+    return CaptionedFigure(fig, stem,
+                           f"Gradient error (in rounding floors) vs peak extra memory ({memory_source}) on {device}, "
+                           "one panel per dtype and shape; black steps: Pareto front; red star: the \"auto\" pick.")
 
 
-def plot_error_vs_chunks(table: pd.DataFrame, folder: Path, device: str = "cpu") -> Figure | None:
+def plot_error_vs_chunks(table: pd.DataFrame, device: str = "cpu") -> CaptionedFigure | None:
     """grad_weight error vs number of chunks per policy, lce (solid) next to torch (dashed)."""
     data = table[(table["device"] == device) & table["op"].isin(["lce", "torch"])].copy()
     if data.empty:
@@ -158,15 +151,15 @@ def plot_error_vs_chunks(table: pd.DataFrame, folder: Path, device: str = "cpu")
     fig.supylabel("grad_weight error (multiples of the rounding floor)", fontsize=9)
     _legend_below(fig, axes)
     stem = f"error_vs_chunks_{device}"
-    _save(fig, folder, stem)
-    return Figure(stem, f"Weight-gradient error (in rounding floors) vs number of chunks, per policy, on {device}: "
-                        "circles lce, crosses torch's native op; solid lines where the resolved acc_dtype is wider "
-                        "than the input, dotted where it equals it (all policies then compute the same numbers "
-                        "and their lines coincide). A policy that rounds the weight gradient per chunk grows "
-                        "with the chunk count; one that keeps a wide accumulator stays flat.")
+    return CaptionedFigure(fig, stem,
+                           f"Weight-gradient error (in rounding floors) vs number of chunks, per policy, on {device}: "
+                           "circles lce, crosses torch's native op; solid lines where the resolved acc_dtype is wider "
+                           "than the input, dotted where it equals it (all policies then compute the same numbers "
+                           "and their lines coincide). A policy that rounds the weight gradient per chunk grows "
+                           "with the chunk count; one that keeps a wide accumulator stays flat.")
 
 
-def plot_memory_model(table: pd.DataFrame, folder: Path) -> Figure | None:
+def plot_memory_model(table: pd.DataFrame) -> CaptionedFigure | None:
     """lce's predicted peak (Plan.peak_extra_bytes) vs the measured one, with the +-15% band."""
     data = table[(table["op"] == "lce") & (table["device"] != "cuda-emulated")].dropna(
         subset=["peak_bytes_modeled", "peak_bytes_measured"])
@@ -190,10 +183,9 @@ def plot_memory_model(table: pd.DataFrame, folder: Path) -> Figure | None:
     ax.set_xlabel("modeled peak extra memory, lce Plan (MiB)")
     ax.set_ylabel("measured peak extra memory (MiB)")
     ax.legend(fontsize=8, frameon=False)
-    _save(fig, folder, "memory_measured_vs_modeled")
-    return Figure("memory_measured_vs_modeled",
-                  "lce's memory model (Plan.peak_extra_bytes) vs the measured peak of one forward+backward, "
-                  "every lce run. " + _model_fit_summary(data))
+    return CaptionedFigure(fig, "memory_measured_vs_modeled",
+                           "lce's memory model (Plan.peak_extra_bytes) vs the measured peak of one forward+backward, "
+                           "every lce run. " + _model_fit_summary(data))
 
 
 def _model_fit_summary(data: pd.DataFrame) -> str:
@@ -212,7 +204,7 @@ def _model_fit_summary(data: pd.DataFrame) -> str:
     return text
 
 
-def plot_time_vs_shape(table: pd.DataFrame, folder: Path) -> Figure | None:
+def plot_time_vs_shape(table: pd.DataFrame) -> CaptionedFigure | None:
     """Median time vs problem size N*D*C, per op and policy, one panel per (device, dtype)."""
     data = table.copy()
     if data.empty:
@@ -234,17 +226,23 @@ def plot_time_vs_shape(table: pd.DataFrame, folder: Path) -> Figure | None:
         ax.set_xlabel("problem size N*D*C (multiply-adds per GEMM)")
     fig.supylabel("median time of forward+backward (ms)", fontsize=9)
     _legend_below(fig, axes)
-    _save(fig, folder, "time_vs_shape")
-    return Figure("time_vs_shape", "Median wall time of one forward+backward vs problem size N*D*C (each point: "
-                                   "median over the chunking methods and acc_dtypes of one op and policy); lce "
-                                   "solid, others dashed. CPU timings use one thread on a shared machine.")
+    return CaptionedFigure(fig, "time_vs_shape",
+                           "Median wall time of one forward+backward vs problem size N*D*C (each point: "
+                           "median over the chunking methods and acc_dtypes of one op and policy); lce "
+                           "solid, others dashed. CPU timings use one thread on a shared machine.")
 
 
 SPAN_COLOURS = dict(zip(("kept", "call", "final", "chunk"), sns.color_palette("muted", 4), strict=True))
 
 
-def plot_buffer_breakdown(breakdown: pd.DataFrame, folder: Path) -> Figure | None:
-    """Stacked bar per lce configuration: every planned buffer (from :func:`analysis.memory_study.buffer_breakdown`).
+def _study_problem(table: pd.DataFrame) -> str:
+    """``N=2048 D=256 C=16384, bfloat16``: the one problem a study's results file was measured at."""
+    problems = table[["N", "D", "C", "dtype"]].drop_duplicates()
+    return "; ".join(f"N={p.N} D={p.D} C={p.C}, {p.dtype}" for p in problems.itertuples(index=False))
+
+
+def plot_buffer_breakdown(breakdown: pd.DataFrame) -> CaptionedFigure | None:
+    """Stacked bar per lce configuration: every planned buffer (a ``memory_breakdown`` results file).
 
     Segments are coloured by when the buffer lives; the black tick is the plan's
     predicted peak (less than the sum: chunk buffers and the final rounding of
@@ -253,6 +251,7 @@ def plot_buffer_breakdown(breakdown: pd.DataFrame, folder: Path) -> Figure | Non
     if breakdown.empty:
         return None
     _style()
+    breakdown = breakdown.assign(MiB=breakdown["nbytes"] / 2**20)
     configs = list(dict.fromkeys(breakdown["config"]))
     fig, ax = plt.subplots(figsize=(8, 0.9 * len(configs) + 1.6), layout="constrained")
     for row, config in enumerate(configs):
@@ -260,10 +259,10 @@ def plot_buffer_breakdown(breakdown: pd.DataFrame, folder: Path) -> Figure | Non
         for buffer in breakdown[breakdown["config"] == config].itertuples():
             ax.barh(row, buffer.MiB, left=left, color=SPAN_COLOURS[buffer.span], edgecolor="white", height=0.6)
             if buffer.MiB > 0.06 * breakdown.groupby("config")["MiB"].sum().max():
-                ax.text(left + buffer.MiB / 2, row, f"{buffer.buffer}\n{buffer.dtype}", ha="center", va="center",
-                        fontsize=6.5)
+                ax.text(left + buffer.MiB / 2, row, f"{buffer.buffer}\n{buffer.buffer_dtype}", ha="center",
+                        va="center", fontsize=6.5)
             left += buffer.MiB
-        peak = breakdown[breakdown["config"] == config]["predicted_peak_MiB"].iloc[0]
+        peak = breakdown[breakdown["config"] == config]["predicted_peak_bytes"].iloc[0] / 2**20
         ax.plot([peak, peak], [row - 0.38, row + 0.38], color="k", lw=2)
     ax.set_yticks(range(len(configs)), configs)
     ax.invert_yaxis()
@@ -271,42 +270,47 @@ def plot_buffer_breakdown(breakdown: pd.DataFrame, folder: Path) -> Figure | Non
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in SPAN_COLOURS.values()]
     ax.legend(handles, [f"{span}" for span in SPAN_COLOURS], title="lives", fontsize=7, title_fontsize=7,
               frameon=False, loc="lower right")
-    _save(fig, folder, "memory_breakdown")
-    shape = "N=2048 D=256 C=16384 bf16"
-    return Figure("memory_breakdown", f"Every buffer lce's plan allocates for one forward+backward ({shape}), per "
-                                      "configuration, coloured by lifetime (kept: returned gradients; call: the whole "
-                                      "pass; chunk: one chunk at a time; final: made after the loop); black tick: the "
-                                      "plan's predicted peak. Drawn from lce.plan, no measurement.")
+    return CaptionedFigure(fig, "memory_breakdown",
+                           f"Every buffer lce's plan allocates for one forward+backward ({_study_problem(breakdown)}), "
+                           "per configuration, coloured by lifetime (kept: returned gradients; call: the whole pass; "
+                           "chunk: one chunk at a time; final: made after the loop); black tick: the plan's predicted "
+                           "peak. From lce.plan, no measurement (python -m analysis memory-study).")
 
 
-def plot_memory_trace(traces: pd.DataFrame, breakdown: pd.DataFrame, folder: Path) -> Figure | None:
-    """Live extra memory over one forward+backward per configuration, lce's predicted peaks dashed."""
-    if traces.empty:
+def plot_memory_trace(trace: pd.DataFrame, breakdown: pd.DataFrame) -> CaptionedFigure | None:
+    """Live extra memory over one forward+backward per configuration (a ``memory_trace`` results file).
+
+    lce's predicted peaks, from the ``memory_breakdown`` file, are dashed.
+    """
+    if trace.empty:
         return None
     _style()
     fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
-    configs = list(dict.fromkeys(traces["config"]))
+    configs = list(dict.fromkeys(trace["config"]))
     colours = dict(zip(configs, sns.color_palette("colorblind", len(configs)), strict=True))
-    for config, trace in traces.groupby("config", sort=False):
-        ax.step(trace["progress"], trace["live_MiB"].clip(lower=1e-3), where="post", lw=1.2, color=colours[config],
-                label=f"{config} (peak {trace['live_MiB'].max():.1f} MiB)")
-        predicted = breakdown[breakdown["config"] == config]["predicted_peak_MiB"]
+    for config, events in trace.groupby("config", sort=False):
+        # x: the event index scaled to [0, 1], so calls with different numbers of allocations share an axis.
+        progress = events["event"] / max(len(events) - 1, 1)
+        live = events["live_bytes"] / 2**20
+        ax.step(progress, live.clip(lower=1e-3), where="post", lw=1.2, color=colours[config],
+                label=f"{config} (peak {live.max():.1f} MiB)")
+        predicted = breakdown[breakdown["config"] == config]["predicted_peak_bytes"]
         if len(predicted):
-            ax.axhline(predicted.iloc[0], color=colours[config], ls="--", lw=0.8)
+            ax.axhline(predicted.iloc[0] / 2**20, color=colours[config], ls="--", lw=0.8)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
     ax.set_ylim(bottom=0.5)
     ax.set_xlabel("progress through one forward+backward (allocator events, scaled to 0-1)")
     ax.set_ylabel("live extra memory (MiB)")
     ax.legend(fontsize=7, frameon=False, loc="lower right")
-    _save(fig, folder, "memory_trace")
-    return Figure("memory_trace", "Live extra tensor memory after each allocation or free during one forward+backward "
-                                  "(N=2048 D=256 C=16384, bf16, CPU), measured from the allocator's event stream; "
-                                  "dashed: lce's predicted peak for the same configuration. Measured when drawn "
-                                  "(event order is deterministic).")
+    return CaptionedFigure(fig, "memory_trace",
+                           "Live extra tensor memory after each allocation or free during one forward+backward "
+                           f"({_study_problem(trace)}, CPU), measured from the allocator's event stream; dashed: "
+                           "lce's predicted peak for the same configuration. Measured by python -m analysis "
+                           "memory-study (event order is deterministic).")
 
 
-def plot_bench_scaling(bench: pd.DataFrame, folder: Path) -> Figure | None:
+def plot_bench_scaling(bench: pd.DataFrame) -> CaptionedFigure | None:
     """Time and peak memory vs N and vs C (log-log), per implementation and dtype, from bench.csv."""
     if bench.empty or not {"N", "C", "metric"} <= set(bench.columns):
         return None
@@ -332,53 +336,39 @@ def plot_bench_scaling(bench: pd.DataFrame, folder: Path) -> Figure | None:
             ax.set_xlabel(f"{axis} ({fixed}={fixed_value}, D={int(data['D'].iloc[0])})")
             ax.set_ylabel(unit)
     _legend_below(fig, axes)
-    _save(fig, folder, "bench_scaling")
-    return Figure("bench_scaling", "Time (median of repeats) and peak extra memory (measured, fresh process) of one "
-                                   "forward+backward vs N and vs C, CPU, for lce with default options, torch's native "
-                                   "op with default options, the unfused reference and the 3-GEMM floor "
-                                   "(6*N*D*C at the measured GEMM rate); solid fp32, dashed bf16. Data: "
-                                   "analysis/results/bench.csv (python -m analysis bench --scaling).")
+    return CaptionedFigure(fig, "bench_scaling",
+                           "Time (median of repeats) and peak extra memory (measured, fresh process) of one "
+                           "forward+backward vs N and vs C, CPU, for lce with default options, torch's native "
+                           "op with default options, the unfused reference and the 3-GEMM floor "
+                           "(6*N*D*C at the measured GEMM rate); solid fp32, dashed bf16. Data: "
+                           "analysis/results/bench.csv (python -m analysis bench --scaling).")
 
 
-def _memory_study_figures(table: pd.DataFrame, folder: Path) -> list[Figure | None]:
-    from .memory_study import buffer_breakdown, memory_traces
-
-    if table.empty:  # nothing measured: draw nothing, as for every other figure
-        return []
-    breakdown = buffer_breakdown()
-    return [plot_buffer_breakdown(breakdown, folder), plot_memory_trace(memory_traces(), breakdown, folder)]
-
-
-FIGURES: tuple[Callable[[pd.DataFrame, Path], Figure | None], ...] = (
-    lambda t, f: plot_error_vs_memory(t, f, "cpu"),
-    lambda t, f: plot_error_vs_memory(t, f, "cuda-emulated"),
-    lambda t, f: plot_error_vs_memory(t, f, "cuda"),
-    lambda t, f: plot_error_vs_chunks(t, f, "cpu"),
-    lambda t, f: plot_error_vs_chunks(t, f, "cuda-emulated"),
-    lambda t, f: plot_error_vs_chunks(t, f, "cuda"),
+SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], CaptionedFigure | None], ...] = (
+    lambda t: plot_error_vs_memory(t, "cpu"),
+    lambda t: plot_error_vs_memory(t, "cuda-emulated"),
+    lambda t: plot_error_vs_memory(t, "cuda"),
+    lambda t: plot_error_vs_chunks(t, "cpu"),
+    lambda t: plot_error_vs_chunks(t, "cuda-emulated"),
+    lambda t: plot_error_vs_chunks(t, "cuda"),
     plot_memory_model,
     plot_time_vs_shape,
 )
-"""Every figure function, in README order (device-specific ones are skipped without data)."""
+"""Every figure of the sweep table, in README order (device-specific ones are skipped without data)."""
 
 
-def draw_all(table: pd.DataFrame, folder: Path) -> list[Figure]:
-    """Draw every figure that has data (and the memory study, measured on the spot); return what was written."""
-    drawn = [figure for draw in FIGURES if (figure := draw(table, folder)) is not None]
-    return drawn + [figure for figure in _memory_study_figures(table, folder) if figure is not None]
+def draw_all(table: pd.DataFrame, *, memory_breakdown: pd.DataFrame | None = None,
+             memory_trace: pd.DataFrame | None = None, bench: pd.DataFrame | None = None) -> list[CaptionedFigure]:
+    """Every figure the given results tables have data for, in README order: sweep, memory study, bench.
 
-
-def write_index(figures: Sequence[Figure], folder: Path, data: Sequence[str], command: str,
-                verdict_text: Sequence[str] = ()) -> Path:
-    """Write ``README.md`` in ``folder``: each figure, its caption, the data it read, the command."""
-    lines = ["# Figures", "", "Generated by code; do not edit by hand. Regenerate with:", "",
-             f"    {command}", "", "Data: " + ", ".join(f"`{d}`" for d in data), ""]
-    for figure in figures:
-        lines += [f"## {figure.stem}", "", f"![{figure.stem}]({figure.stem}.png)", "", figure.caption, "",
-                  f"Files: `{figure.stem}.png`, `{figure.stem}.svg`.", ""]
-    if verdict_text:
-        lines += ["## Verdicts on the \"auto\" table", "", *[f"- {line}" for line in verdict_text], ""]
-    path = folder / "README.md"
-    folder.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
+    ``table`` is the prepared sweep table; the others are the tables of the
+    ``memory_breakdown``, ``memory_trace`` and ``bench`` results files (None or
+    empty: their figures are skipped).
+    """
+    empty = pd.DataFrame()
+    breakdown = empty if memory_breakdown is None else memory_breakdown
+    drawn = [draw(table) for draw in SWEEP_FIGURES]
+    drawn += [plot_buffer_breakdown(breakdown), plot_memory_trace(empty if memory_trace is None else memory_trace,
+                                                                  breakdown)]
+    drawn.append(plot_bench_scaling(empty if bench is None else bench))
+    return [figure for figure in drawn if figure is not None]

@@ -11,9 +11,13 @@ import torch
 
 import lce
 
-from .config import ROOT
+from .paths import ROOT
 
-__all__ = ["provenance", "cpu_model", "git_revision", "device_name"]
+__all__ = ["PROVENANCE_COLUMNS", "provenance", "cpu_model", "git_revision", "device_name"]
+
+PROVENANCE_COLUMNS: tuple[str, ...] = ("lce_version", "torch_version", "device_name", "cpu_model", "num_threads",
+                                       "git_revision", "date")
+"""The columns :func:`provenance` fills, last in every results file."""
 
 
 @functools.cache
@@ -55,13 +59,7 @@ def device_name(device: str) -> str:
 
 
 def provenance(device: str) -> dict[str, str]:
-    """The provenance columns for a run on ``device``."""
-    return {
-        "lce_version": lce.__version__,
-        "torch_version": torch.__version__,
-        "device_name": device_name(device),
-        "cpu_model": cpu_model(),
-        "num_threads": str(torch.get_num_threads()),
-        "git_revision": git_revision(),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-    }
+    """The provenance columns (:data:`PROVENANCE_COLUMNS`) for a run on ``device``."""
+    values = (lce.__version__, torch.__version__, device_name(device), cpu_model(), str(torch.get_num_threads()),
+              git_revision(), datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    return dict(zip(PROVENANCE_COLUMNS, values, strict=True))

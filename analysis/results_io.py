@@ -1,14 +1,26 @@
-"""The results CSV: column order, atomic row appends, reading and merging.
+"""Results files: what each kind holds, the one row writer, and reading them back.
 
-Every append rewrites the file to a temporary sibling, flushes it to disk and
-renames it over the original (``os.replace`` is atomic on POSIX), so a crash at
-any moment leaves either the old file or the new one, never half a row.
-Rewriting is O(rows) per append; a grid has at most a few thousand rows.
+Every results file (``analysis/results/*.csv``) starts with a ``kind`` column
+naming what it holds, one of :data:`KINDS`: ``sweep`` rows (one run of a grid
+each), the ``bench`` and ``chunk_sweep`` measurements of
+:mod:`analysis.studies.bench`, the ``memory_breakdown`` and ``memory_trace``
+of :mod:`analysis.studies.memory_study`. Readers choose files by kind
+(:func:`paths_of_kind`), never by file name. Every kind ends with the
+provenance columns.
+
+:func:`append_rows` is the only writer. It opens the file in append mode,
+writes the header only when the file is new, writes the rows as one block (one
+line per row; line breaks inside a value become spaces), then flushes and
+fsyncs. Appending costs O(rows written), however long the file already is. A
+row whose columns are not the file's header, in order, is refused with a
+``ValueError``. A crash mid-write leaves at most one unfinished last line (no
+newline): readers ignore it, and the next append cuts it off before writing.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import os
 from collections.abc import Iterable, Mapping
@@ -16,73 +28,228 @@ from pathlib import Path
 
 import pandas as pd
 
-from .config import RunConfig
-from .problem import OUTPUT_NAMES
+from .grids import RunConfig
+from .inputs import OUTPUT_NAMES
+from .provenance import PROVENANCE_COLUMNS
 
-__all__ = ["COLUMNS", "append_row", "read_rows", "done_keys", "load_results"]
+__all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "COLUMNS",
+           "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
+           "load_kind", "done_keys", "load_results"]
 
-_CONFIG_COLUMNS = ["key", "grid"] + [f for f in RunConfig.__dataclass_fields__]
-_RESOLVED_COLUMNS = ["resolved_policy", "resolved_acc_dtype", "chunk_size", "num_chunks"]
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One kind of results file: its name (the value of its ``kind`` column) and its columns, in file order."""
+
+    name: str
+    columns: tuple[str, ...]
+    description: str
+
+    def row(self, values: Mapping[str, object] | None = None, **more: object) -> dict[str, object]:
+        """A complete row of this kind: every column in file order, ``None`` (an empty cell) where not given.
+
+        ``ValueError`` naming the columns this kind does not have.
+        """
+        given = {**(values or {}), **more}
+        unknown = [column for column in given if column not in self.columns]
+        if unknown:
+            raise ValueError(f"a {self.name!r} row has no columns {unknown}; its columns are {list(self.columns)}")
+        if given.get("kind", self.name) != self.name:
+            raise ValueError(f"a {self.name!r} row cannot have kind={given['kind']!r}")
+        return {column: self.name if column == "kind" else given.get(column) for column in self.columns}
+
+    def rows(self, table: pd.DataFrame) -> list[dict[str, object]]:
+        """Complete rows from ``table``; pandas' missing values (NaN, None) become empty cells."""
+        records = table.astype(object).where(table.notna(), None).to_dict("records")
+        return [self.row(record) for record in records]
+
+
+_SWEEP_CONFIG = ["kind", "key", "grid"] + [field.name for field in dataclasses.fields(RunConfig)]
+_SWEEP_RESOLVED = ["resolved_policy", "resolved_acc_dtype", "chunk_size", "num_chunks"]
 _ERROR_SUFFIXES = ["rel_fro", "max_rel", "floor_fro", "floor_max", "fro_in_floors", "max_in_floors"]
-_ERROR_COLUMNS = [f"{name}_{suffix}" for name in OUTPUT_NAMES for suffix in _ERROR_SUFFIXES]
-_COST_COLUMNS = ["peak_bytes_measured", "peak_bytes_modeled", "memory_method", "time_median_s", "time_spread_s",
-                 "time_repeats"]
-_PROVENANCE_COLUMNS = ["lce_version", "torch_version", "device_name", "cpu_model", "num_threads", "git_revision",
-                       "date"]
-_STATUS_COLUMNS = ["status", "note"]
+_SWEEP_ERRORS = [f"{name}_{suffix}" for name in OUTPUT_NAMES for suffix in _ERROR_SUFFIXES]
+_SWEEP_COSTS = ["peak_bytes_measured", "peak_bytes_modeled", "memory_method", "time_median_s", "time_spread_s",
+                "time_repeats"]
+_SWEEP_STATUS = ["status", "note"]
+_BENCH = ["kind", "impl", "dtype", "N", "D", "C", "metric", "value", "spread_s", "repeats", "chunk_size", "num_chunks",
+          "modeled_peak_bytes", "resolved_policy", "resolved_acc_dtype"]
+_STUDY_PROBLEM = ["config", "dtype", "N", "D", "C"]
 
-COLUMNS: tuple[str, ...] = tuple(_CONFIG_COLUMNS + _RESOLVED_COLUMNS + _ERROR_COLUMNS + _COST_COLUMNS
-                                 + _STATUS_COLUMNS + _PROVENANCE_COLUMNS)
-"""Every CSV column, in file order: config, resolved plan, errors, costs, status, provenance."""
+SWEEP = Kind("sweep", tuple(_SWEEP_CONFIG + _SWEEP_RESOLVED + _SWEEP_ERRORS + _SWEEP_COSTS + _SWEEP_STATUS
+                            + list(PROVENANCE_COLUMNS)),
+             "one run of a grid per row: config, resolved plan, errors vs fp64, costs, status (analysis.sweep)")
+BENCH = Kind("bench", tuple(_BENCH + list(PROVENANCE_COLUMNS)),
+             "one measurement per row (metric time_s or peak_bytes) of an implementation at one problem "
+             "(python -m analysis bench [--scaling])")
+CHUNK_SWEEP = Kind("chunk_sweep", BENCH.columns,
+                   "lce's time per policy and explicit chunk size at one problem (python -m analysis bench "
+                   "--chunk-sweep)")
+MEMORY_BREAKDOWN = Kind("memory_breakdown", tuple(["kind", *_STUDY_PROBLEM, "buffer", "buffer_dtype", "stage", "span",
+                                                   "nbytes", "predicted_peak_bytes", *PROVENANCE_COLUMNS]),
+                        "every buffer lce's plan allocates, per configuration (python -m analysis memory-study)")
+MEMORY_TRACE = Kind("memory_trace", tuple(["kind", *_STUDY_PROBLEM, "event", "live_bytes", *PROVENANCE_COLUMNS]),
+                    "live extra memory after each allocator event of one forward+backward, per configuration "
+                    "(python -m analysis memory-study)")
+
+KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE)}
+"""Every kind of results file, by the name its ``kind`` column holds."""
+
+COLUMNS: tuple[str, ...] = SWEEP.columns
+"""The sweep's columns, in file order: kind and config, resolved plan, errors, costs, status, provenance."""
 
 
 def _format(value: object) -> str:
     if value is None:
         return ""
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
+    if isinstance(value, float):  # numpy's float64 too, whose repr() is not a number
+        return repr(float(value))
+    return " ".join(str(value).splitlines())  # one line per row
 
 
-def read_rows(path: Path) -> list[dict[str, str]]:
-    """Every row of ``path`` as strings (``[]`` if it does not exist)."""
-    if not path.exists():
-        return []
-    with open(path, newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))
+def _lines(rows: list[Mapping[str, object]]) -> tuple[list[str], str]:
+    """The rows' columns (the same for every row, or ``ValueError``) and their CSV text, header line first."""
+    header = list(rows[0])
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    for row in rows:
+        if list(row) != header:
+            raise ValueError(_mismatch(list(row), header, "the first row's"))
+        writer.writerow([_format(value) for value in row.values()])
+    return header, buffer.getvalue()
 
 
-def done_keys(path: Path) -> set[str]:
-    """Keys of the runs ``path`` already holds."""
-    return {row["key"] for row in read_rows(path)}
+def _mismatch(got: list[str], header: list[str], where: str) -> str:
+    missing = [column for column in header if column not in got]
+    extra = [column for column in got if column not in header]
+    detail = f"missing {missing}, extra {extra}" if missing or extra else "same columns in another order"
+    return f"row columns differ from {where}: {detail}"
+
+
+def _cut_unfinished_line(handle, size: int) -> int:
+    """Truncate ``handle`` after its last newline (a row cut short by a crash); return the new size."""
+    end = size
+    while end > 0:
+        start = max(0, end - 4096)
+        handle.seek(start)
+        block = handle.read(end - start)
+        newline = block.rfind(b"\n")
+        if newline >= 0:
+            end = start + newline + 1
+            break
+        end = start
+    if end != size:
+        handle.truncate(end)
+    return end
+
+
+def _read_head(handle) -> tuple[list[str], str | None]:
+    """The file's header and the ``kind`` of its first row (None without a ``kind`` column or a row)."""
+    handle.seek(0)
+    header_line, first_line = handle.readline().decode("utf-8"), handle.readline().decode("utf-8")
+    header = next(csv.reader([header_line]))
+    kind = next(csv.reader([first_line]))[0] if first_line and header[0] == "kind" else None
+    return header, kind
+
+
+def append_rows(path: Path, rows: Iterable[Mapping[str, object]]) -> int:
+    """Append ``rows`` (mappings with the same columns, in order) to the CSV at ``path``; return how many.
+
+    A new (or empty) file gets the rows' columns as its header. ``ValueError``
+    if a row's columns differ from the header, or its ``kind`` from the
+    file's; nothing is written then.
+    """
+    rows = list(rows)
+    if not rows:
+        return 0
+    columns, text = _lines(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        if _cut_unfinished_line(handle, handle.seek(0, os.SEEK_END)):
+            header, kind = _read_head(handle)
+            if columns != header:
+                raise ValueError(_mismatch(columns, header, f"the header of {path.name}"))
+            other = {str(row.get("kind")) for row in rows} - {kind} if kind is not None else set()
+            if other:
+                raise ValueError(f"{path.name} holds {kind!r} rows; refusing rows of kind {sorted(other)}")
+            text = text[text.index("\n") + 1:]  # the file has its header
+        handle.write(text.encode("utf-8"))  # O_APPEND: lands at the end whatever the position
+        handle.flush()
+        os.fsync(handle.fileno())
+    return len(rows)
 
 
 def append_row(path: Path, row: Mapping[str, object]) -> None:
-    """Append ``row`` (columns: :data:`COLUMNS`) to ``path`` atomically.
+    """Append one row to ``path`` (see :func:`append_rows`)."""
+    append_rows(path, [row])
 
-    ``ValueError`` naming the columns if ``row`` has any not in :data:`COLUMNS`.
+
+def set_aside(path: Path) -> Path | None:
+    """Rename ``path`` to ``<name>.previous`` (which no reader globs), so the next append starts a new file.
+
+    Returns the new path, or None if ``path`` did not exist. For results that
+    are re-measured as a whole (a reproduction, a study); an older
+    ``.previous`` is replaced.
     """
-    unknown = set(row) - set(COLUMNS)
-    if unknown:
-        raise ValueError(f"row has columns not in COLUMNS: {sorted(unknown)}")
-    rows = read_rows(path)
-    rows.append({column: _format(row.get(column)) for column in COLUMNS})
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "w", encoding="utf-8", newline="") as handle:
-        handle.write(buffer.getvalue())
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    if not path.exists():
+        return None
+    previous = path.with_name(path.name + ".previous")
+    path.replace(previous)
+    return previous
+
+
+def _complete_text(path: Path) -> str:
+    """The file's text up to its last newline (an unfinished last line is not a row yet)."""
+    text = path.read_text(encoding="utf-8")
+    return text[:text.rfind("\n") + 1]
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """Every complete row of ``path`` as strings (``[]`` if it does not exist)."""
+    if not path.exists():
+        return []
+    return list(csv.DictReader(io.StringIO(_complete_text(path))))
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """Every complete row of ``path`` as a table (types inferred by pandas)."""
+    text = _complete_text(path)
+    return pd.read_csv(io.StringIO(text)) if text else pd.DataFrame()
+
+
+def file_kind(path: Path) -> str | None:
+    """The ``kind`` of a results file (from its first row), or None without one or without a complete row."""
+    with open(path, encoding="utf-8", newline="") as handle:
+        lines = [handle.readline() for _ in range(2)]
+    if not lines[1].endswith("\n"):
+        return None
+    header, first = csv.reader(lines)
+    return first[0] if header and header[0] == "kind" and first else None
+
+
+def paths_of_kind(folder: Path, kind: str) -> list[Path]:
+    """The results files in ``folder`` holding ``kind``, sorted by name."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
+    return [path for path in sorted(Path(folder).glob("*.csv")) if file_kind(path) == kind]
+
+
+def load_kind(folder: Path, kind: str) -> tuple[list[Path], pd.DataFrame]:
+    """Every results file of ``kind`` in ``folder``, concatenated (empty, with the kind's columns, if none)."""
+    paths = paths_of_kind(folder, kind)
+    frames = [frame for frame in (read_table(path) for path in paths) if len(frame)]
+    table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(KINDS[kind].columns))
+    return paths, table
+
+
+def done_keys(path: Path) -> set[str]:
+    """Keys of the sweep runs ``path`` already holds."""
+    return {row["key"] for row in read_rows(path)}
 
 
 def load_results(paths: Iterable[Path]) -> pd.DataFrame:
-    """Concatenate result CSVs (e.g. the shards of one grid), one row per key (the newest wins)."""
-    frames = [pd.read_csv(path) for path in paths if Path(path).exists()]
+    """Concatenate sweep files (e.g. the shards of one grid), one row per key (the newest wins)."""
+    frames = [read_table(Path(path)) for path in paths if Path(path).exists()]
     frames = [frame for frame in frames if len(frame)]
     if not frames:
         return pd.DataFrame(columns=list(COLUMNS))

@@ -1,11 +1,11 @@
-"""Run a grid: one measured, tidy CSV row per :class:`~analysis.config.RunConfig`.
+"""Run a grid: one measured, tidy CSV row per :class:`~analysis.grids.RunConfig`.
 
 For each run: build the inputs (rounded once to the run's dtype) and the fp64
 reference (both shared by the runs of one problem), warm the implementation
 up, run it once under the memory meter (that call's outputs give the errors),
-then time it. The row is appended atomically before the next run starts, so a
-crash loses at most the run in flight, and rerunning skips every key the CSV
-already holds (see :mod:`analysis.results_io`).
+then time it. The row is appended (one line, flushed to disk) before the next
+run starts, so a crash loses at most the run in flight, and rerunning skips
+every key the CSV already holds (see :mod:`analysis.results_io`).
 """
 
 from __future__ import annotations
@@ -18,14 +18,17 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from .config import RESULTS_DIR, Grid, RunConfig
-from .implementations import ImplSpec, make_implementation, unavailable_reason
+from lce.options import dtype_name
+
+from .grids import Grid, RunConfig
+from .implementations import make_implementation, unavailable_reason
+from .inputs import DTYPES, Inputs, Outputs, make_inputs
 from .memory import default_method, measure_peak
 from .metrics import compare
-from .problem import DTYPES, Inputs, Outputs, dtype_name, make_inputs
+from .paths import RESULTS_DIR
 from .provenance import provenance
 from .reference import reference_outputs
-from .results_io import append_row, done_keys
+from .results_io import SWEEP, append_row, done_keys
 from .timing import time_call
 
 __all__ = ["results_path", "parse_shard", "measure_run", "run_grid", "SweepSummary"]
@@ -49,28 +52,27 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-class _ProblemCache:
-    """Inputs and fp64 reference of the most recent problem (grids keep a problem's runs together)."""
+class _InputsCache:
+    """Inputs and fp64 reference of the most recent inputs key (grids keep the runs sharing inputs together)."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._value: tuple[Inputs, Outputs] | None = None
 
     def get(self, config: RunConfig) -> tuple[Inputs, Outputs]:
-        if config.problem_key() != self._key:
-            self._value = None  # free the previous problem before building the next
+        if config.inputs_key() != self._key:
+            self._value = None  # free the previous inputs before building the next
             device = "cuda" if config.device == "cuda" else "cpu"
             inputs = make_inputs(config.shape, DTYPES[config.dtype], seed=config.seed, bias=config.bias,
                                  device=device)
-            self._key, self._value = config.problem_key(), (inputs, reference_outputs(inputs))
+            self._key, self._value = config.inputs_key(), (inputs, reference_outputs(inputs))
         return self._value
 
 
 def measure_run(config: RunConfig, inputs: Inputs, reference: Outputs, *, warmup: int, repeats: int
                 ) -> dict[str, object]:
     """Every measured column of one run (errors, resolved plan, memory, time)."""
-    spec = ImplSpec(config.op, config.policy, config.chunking, config.acc_dtype)
-    implementation = make_implementation(spec, config.device)
+    implementation = make_implementation(config.spec, config.device)
     row: dict[str, object] = {}
     plan = implementation.plan(inputs)
     if plan is not None:
@@ -139,7 +141,7 @@ def _run(grid: Grid, shard: tuple[int, int], folder: Path, progress: bool, confi
     finished = done_keys(path)
     pending = [c for c in selected if c.key not in finished]
     started = time.perf_counter()
-    cache = _ProblemCache()
+    cache = _InputsCache()
     errors = 0
     bar = tqdm(pending, desc=f"sweep {grid.name}", unit="run", disable=not progress, dynamic_ncols=True)
     for config in bar:
@@ -159,7 +161,7 @@ def _run(grid: Grid, shard: tuple[int, int], folder: Path, progress: bool, confi
                 errors += 1
                 row.update(status="error", note=f"{type(error).__name__}: {error}"[:500])
         row.update(provenance(config.device))
-        append_row(path, row)
+        append_row(path, SWEEP.row(row))
     bar.close()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

@@ -15,7 +15,7 @@ import os
 
 import pandas as pd
 
-from analysis import fp64_checks
+from analysis.studies import fp64_checks
 
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # quick: CPU layouts and two chunkings; else both layout tables
 pd.set_option("display.width", 200)

@@ -12,18 +12,15 @@
 
 # %%
 import os
-import tempfile
-from pathlib import Path
 
 import pandas as pd
-from IPython.display import Image, display
 
-from analysis import defects, growth, pareto, plots
-from analysis.problem import Shape
+from analysis import pareto, plots
+from analysis.inputs import Shape
+from analysis.studies import defects, growth
 
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"
 pd.set_option("display.width", 200)
-FIGURES = Path(tempfile.mkdtemp())  # the same functions `python -m analysis figures` calls, drawn here
 paths, table = pareto.load_table()
 print("data:", [p.name for p in paths], f"{len(table)} runs;",
       "provenance:", table[["torch_version", "git_revision", "date"]].iloc[0].to_dict())
@@ -65,9 +62,8 @@ flat = fits[(fits.impl == "lce") & (fits.policy == "accurate")]
 print("lce accurate stays at", ", ".join(f"{v:.2f}" for v in flat.at_max_chunks), "floors at", counts[-1], "chunks")
 
 # %%
-figure = plots.plot_error_vs_chunks(table, FIGURES, "cpu")
+figure = plots.plot_error_vs_chunks(table, "cpu")  # the function `python -m analysis figures` calls
 print(figure.caption)
-display(Image(filename=str(FIGURES / f"{figure.stem}.png")))
 
 # %% [markdown]
 # ## Defect 1 — the loss drifts with the chunk count (bf16, default options)

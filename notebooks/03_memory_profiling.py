@@ -11,22 +11,15 @@
 
 # %%
 import os
-import tempfile
-from pathlib import Path
 
 import pandas as pd
-from IPython.display import Image, display
 
-from analysis import memory_study, pareto, plots
+from analysis import pareto, plots
+from analysis.studies import memory_study
 
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # both settings are quick here: the study problem is fixed
 pd.set_option("display.width", 200)
-FIGURES = Path(tempfile.mkdtemp())
 paths, table = pareto.load_table()
-
-def show(figure):
-    print(figure.caption)
-    display(Image(filename=str(FIGURES / f"{figure.stem}.png")))
 
 # %% [markdown]
 # ## Measured vs modeled, every lce run of the quick grid
@@ -38,27 +31,28 @@ ratios = lce_runs.groupby(["dtype", "policy", "acc_dtype"])["measured/modeled"]
 ratios.agg(["min", "median", "max"]).style.format("{:.2f}")
 
 # %%
-show(plots.plot_memory_model(table, FIGURES))
+print(plots.plot_memory_model(table).caption)
 
 # %% [markdown]
 # ## Where the bytes go: lce's plan, buffer by buffer (bf16, N=2048 D=256 C=16384)
 
 # %%
 breakdown = memory_study.buffer_breakdown()
-breakdown.pivot_table(index="buffer", columns="config", values="MiB", aggfunc="sum").fillna(0).style.format("{:.2f}")
+(breakdown.assign(MiB=breakdown.nbytes / 2**20)
+ .pivot_table(index="buffer", columns="config", values="MiB", aggfunc="sum").fillna(0).style.format("{:.2f}"))
 
 # %%
-show(plots.plot_buffer_breakdown(breakdown, FIGURES))
+print(plots.plot_buffer_breakdown(breakdown).caption)
 
 # %% [markdown]
 # ## Memory over one forward+backward, measured
 
 # %%
 traces = memory_study.memory_traces()
-peaks = traces.groupby("config", sort=False).live_MiB.max().rename("measured peak (MiB)").to_frame()
-peaks["predicted (MiB)"] = breakdown.groupby("config").predicted_peak_MiB.first()
+peaks = (traces.groupby("config", sort=False).live_bytes.max() / 2**20).rename("measured peak (MiB)").to_frame()
+peaks["predicted (MiB)"] = breakdown.groupby("config").predicted_peak_bytes.first() / 2**20
 peaks["vs reference"] = peaks["measured peak (MiB)"] / peaks.loc["reference", "measured peak (MiB)"]
 peaks.style.format("{:.2f}")
 
 # %%
-show(plots.plot_memory_trace(traces, breakdown, FIGURES))
+print(plots.plot_memory_trace(traces, breakdown).caption)

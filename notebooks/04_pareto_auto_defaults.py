@@ -12,18 +12,14 @@
 
 # %%
 import os
-import tempfile
-from pathlib import Path
 
 import pandas as pd
-from IPython.display import Image, display
 
 from analysis import pareto, plots
 from lce.policies import AUTO_FALLBACK, AUTO_TABLE
 
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # reads committed data only; nothing to shorten
 pd.set_option("display.width", 200)
-FIGURES = Path(tempfile.mkdtemp())
 paths, table = pareto.load_table()
 print("data:", [p.name for p in paths], "| devices:", sorted(table.device.unique()))
 if "cuda" not in set(table.device):
@@ -58,17 +54,13 @@ for line in pareto.verdict_lines(table):
 # ## Fronts on this CPU (error vs measured peak memory)
 
 # %%
-figure = plots.plot_error_vs_memory(table, FIGURES, "cpu")
-print(figure.caption)
-display(Image(filename=str(FIGURES / f"{figure.stem}.png")))
+print(plots.plot_error_vs_memory(table, "cpu").caption)
 
 # %% [markdown]
 # ## CUDA layouts (emulated on CPU tensors; memory from lce's model)
 
 # %%
-figure = plots.plot_error_vs_memory(table, FIGURES, "cuda-emulated")
-print(figure.caption)
-display(Image(filename=str(FIGURES / f"{figure.stem}.png")))
+print(plots.plot_error_vs_memory(table, "cuda-emulated").caption)
 
 # %% [markdown]
 # ## Picks for the entries torch's table lacks (fp32), ranked from the data

@@ -1,19 +1,21 @@
-"""analysis.bench: shape parsing, a tiny real bench run (with a fresh-process memory figure), ratios, figure."""
+"""analysis.studies.bench: shape parsing, a tiny real bench run (with a fresh-process memory figure), ratios, figure."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from analysis import bench
+from analysis.figures import save
+from analysis.inputs import Shape, parse_shape
 from analysis.plots import plot_bench_scaling
-from analysis.problem import Shape
+from analysis.results_io import BENCH
+from analysis.studies import bench
 
 
 def test_parse_shape():
-    assert bench.parse_shape("64x8x256") == Shape(64, 8, 256)
+    assert parse_shape("64x8x256") == Shape(64, 8, 256)
     with pytest.raises(ValueError, match="NxDxC"):
-        bench.parse_shape("64x8")
+        parse_shape("64x8")
 
 
 def test_tiny_bench_measures_time_memory_and_floor():
@@ -24,6 +26,7 @@ def test_tiny_bench_measures_time_memory_and_floor():
     assert value[("unfused", "peak_bytes")] >= 2 * 64 * 512 * 4
     assert 0 < value[("lce", "peak_bytes")] < value[("unfused", "peak_bytes")] + 64 * 16 * 4 + 512 * 16 * 4
     assert table["git_revision"].notna().all() and (table["torch_version"] != "").all()
+    assert len(BENCH.rows(table)) == len(table)  # every column is a column of the bench results file
     ratios = bench.ratios(table)
     assert ratios.loc[0, "lce/torch time"] == pytest.approx(value[("lce", "time_s")] / value[("torch", "time_s")])
 
@@ -44,6 +47,8 @@ def _synthetic():
 
 
 def test_bench_figure_builds(tmp_path):
-    figure = plot_bench_scaling(_synthetic(), tmp_path)
-    assert figure is not None and (tmp_path / "bench_scaling.png").stat().st_size > 0
-    assert plot_bench_scaling(pd.DataFrame(), tmp_path) is None
+    figure = plot_bench_scaling(_synthetic())
+    assert figure is not None and len(figure.figure.axes) == 4
+    png, svg = save(figure, tmp_path)
+    assert png.stat().st_size > 0 and svg.name == "bench_scaling.svg"
+    assert plot_bench_scaling(pd.DataFrame()) is None

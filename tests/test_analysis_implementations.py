@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from analysis.implementations import OPS, ImplSpec, make_implementation, unavailable_reason
-from analysis.problem import Shape, make_inputs
+from analysis.inputs import Shape, make_inputs
 from analysis.reference import reference_outputs
 from analysis.timing import time_call
 
@@ -71,3 +71,34 @@ def test_time_call_takes_the_median_after_warmup():
     assert 0.004 <= timing.median_s < 0.02
     with pytest.raises(ValueError, match="repeats"):
         time_call(work, repeats=0)
+
+
+def test_rows_chunking_is_an_explicit_chunk_size():
+    spec = ImplSpec("lce", "compact", "rows:16")
+    options = spec.options()
+    assert options.chunking_method is None and options.batch_chunk_size == 16
+    plan = make_implementation(spec).plan(make_inputs(Shape(64, 8, 512), torch.float32))
+    assert plan.batch_chunk_size == 16 and plan.num_chunks == 4
+    assert ImplSpec("torch", "accurate", "aspect_ratio:2", retain_graph=True).options().allow_retain_graph
+    for bad in ("rows:0", "rows:x", "rows:"):
+        with pytest.raises(ValueError, match="rows:K"):
+            ImplSpec("lce", chunking=bad)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_every_call_argument_reaches_every_op(reduction):
+    """Class weights, ignore_index, label smoothing and grad_output: lce and torch agree with the fp64 reference."""
+    inputs = make_inputs(Shape(24, 8, 96), torch.float32, seed=2, reduction=reduction)
+    inputs.target[::5] = 7
+    inputs.ignore_index, inputs.label_smoothing = 7, 0.05
+    inputs.class_weight = torch.linspace(0.5, 1.5, 96)
+    if reduction == "none":
+        inputs.grad_output = torch.linspace(-1.0, 1.0, 24)
+    exact = reference_outputs(inputs)
+    for spec in (ImplSpec("reference"), ImplSpec("lce", "accurate", "rows:5"), ImplSpec("torch", "accurate", "rows:8")):
+        outputs = make_implementation(spec).run(inputs)
+        for name in ("loss", "grad_input", "grad_weight", "grad_bias"):
+            torch.testing.assert_close(outputs.get(name).double(), exact.get(name), rtol=1e-4, atol=1e-6)
+    with torch.no_grad():
+        loss = make_implementation(ImplSpec("lce", "balanced", "rows:5")).loss(inputs)
+    assert loss.shape == exact.loss.shape and not loss.requires_grad

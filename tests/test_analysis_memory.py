@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from analysis.implementations import ImplSpec, make_implementation
+from analysis.inputs import Shape, make_inputs
 from analysis.memory import measure_peak
-from analysis.problem import Shape, make_inputs
 
 MiB = 2**20
 

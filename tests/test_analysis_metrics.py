@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from analysis.inputs import Outputs
 from analysis.metrics import compare, in_floors, max_rel, rel_fro, report, rounding_floor
-from analysis.problem import Outputs
 
 F64 = torch.float64
 

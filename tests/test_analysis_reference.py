@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import lce
-from analysis.problem import Shape, make_inputs
-from analysis.reference import gradcheck_lce, reference_outputs
+from analysis.implementations import ImplSpec
+from analysis.inputs import Shape, make_inputs
+from analysis.reference import gradcheck, reference_outputs
+from lce.options import EXPLICIT_POLICIES
 
 
 def test_reference_uses_the_rounded_inputs_exactly():
@@ -32,14 +33,33 @@ def test_inputs_are_seeded():
         Shape(0, 3, 5)
 
 
-@pytest.mark.parametrize("policy", ["accurate", "balanced", "compact"])
+@pytest.mark.parametrize("policy", EXPLICIT_POLICIES)
 @pytest.mark.parametrize("device_kind", ["cpu", "cuda"])
 def test_gradcheck_every_lce_layout(policy, device_kind):
-    options = lce.LinearCrossEntropyOptions(acc_policy=policy, batch_chunk_size=2, chunking_method=None)
-    assert gradcheck_lce(options, device_kind=device_kind)
+    inputs = make_inputs(Shape(6, 4, 10), torch.float64)
+    device = "cuda-emulated" if device_kind == "cuda" else "cpu"
+    assert gradcheck(ImplSpec("lce", policy, "rows:2"), inputs, device=device)
 
 
 @pytest.mark.parametrize("reduction", ["sum", "none"])
 def test_gradcheck_other_reductions_without_bias(reduction):
-    options = lce.LinearCrossEntropyOptions(acc_policy="compact", chunking_method="aspect_ratio:2")
-    assert gradcheck_lce(options, bias=False, reduction=reduction)
+    inputs = make_inputs(Shape(6, 4, 10), torch.float64, bias=False, reduction=reduction)
+    assert gradcheck(ImplSpec("lce", "compact", "aspect_ratio:2"), inputs)
+
+
+def test_gradcheck_with_every_call_argument():
+    """Class weights, ignore_index, label smoothing and a grad_output reach the op and the check."""
+    inputs = make_inputs(Shape(6, 4, 10), torch.float64, reduction="none")
+    inputs.target[::3] = 2
+    inputs.ignore_index, inputs.label_smoothing = 2, 0.1
+    inputs.class_weight = torch.linspace(0.5, 1.5, 10, dtype=torch.float64)
+    inputs.grad_output = torch.linspace(-1.0, 1.0, 6, dtype=torch.float64)
+    assert gradcheck(ImplSpec("lce", "balanced", "rows:4"), inputs)
+    exact = reference_outputs(inputs)
+    (grad_x,) = torch.autograd.grad(F.cross_entropy(inputs.input @ inputs.weight.T + inputs.bias, inputs.target,
+                                                    weight=inputs.class_weight, ignore_index=2,
+                                                    label_smoothing=0.1, reduction="none"),
+                                    inputs.input, inputs.grad_output)
+    torch.testing.assert_close(exact.grad_input, grad_x, rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="fp64"):
+        gradcheck(ImplSpec("lce"), make_inputs(Shape(6, 4, 10), torch.float32))

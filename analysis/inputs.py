@@ -14,19 +14,17 @@ import dataclasses
 import torch
 
 from lce.options import dtype_name
+from lce.reference import DEFAULT_IGNORE_INDEX
 
-__all__ = ["Shape", "Inputs", "Outputs", "make_inputs", "OUTPUT_NAMES", "DTYPES", "dtype_name"]
+__all__ = ["Shape", "Inputs", "Outputs", "outputs_of", "make_inputs", "parse_shape", "OUTPUT_NAMES", "DTYPES"]
 
 OUTPUT_NAMES: tuple[str, ...] = ("loss", "grad_input", "grad_weight", "grad_bias")
 """The outputs compared against fp64, in CSV column order."""
 
 DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
+    dtype_name(dtype): dtype for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 }
-"""Dtype names as they appear in grids and CSV columns."""
+"""Dtype names (:func:`lce.options.dtype_name`) as they appear in grids and results files -> dtypes."""
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -47,12 +45,25 @@ class Shape:
         return f"{self.N}x{self.D}x{self.C}"
 
 
+def parse_shape(text: str) -> Shape:
+    """``"4096x512x32768"`` -> ``Shape(4096, 512, 32768)`` (the spelling of :meth:`Shape.__str__`)."""
+    try:
+        n, d, c = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"shape must look like NxDxC, e.g. 4096x512x32768; got {text!r}") from None
+    return Shape(n, d, c)
+
+
 @dataclasses.dataclass
 class Inputs:
-    """Leaf tensors of one run, all in one dtype and on one device.
+    """Everything one call of the op takes: leaf tensors in one dtype on one device, and the loss's options.
 
     ``input`` (N, D), ``weight`` (C, D) and ``bias`` (C,) or None require
-    grad; ``target`` is (N,) int64 in ``[0, C)``.
+    grad; ``target`` is (N,) int64 in ``[0, C)`` (or ``ignore_index``).
+    ``class_weight`` (C,) in the input dtype, ``reduction``, ``ignore_index``
+    and ``label_smoothing`` are the loss's keyword arguments (the defaults
+    are torch's). Backward starts from ``grad_output`` (shaped like the
+    loss); None means the gradient of the loss's sum.
     """
 
     input: torch.Tensor
@@ -60,6 +71,10 @@ class Inputs:
     bias: torch.Tensor | None
     target: torch.Tensor
     reduction: str = "mean"
+    class_weight: torch.Tensor | None = None
+    ignore_index: int = DEFAULT_IGNORE_INDEX
+    label_smoothing: float = 0.0
+    grad_output: torch.Tensor | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -73,18 +88,34 @@ class Inputs:
         """The tensors gradients are taken with respect to, in OUTPUT_NAMES order."""
         return [t for t in (self.input, self.weight, self.bias) if t is not None]
 
-    def to(self, dtype: torch.dtype) -> Inputs:
-        """Exact upcast (or rounding) of every float leaf to ``dtype``, as fresh leaves."""
+    def with_leaves(self, *leaves: torch.Tensor) -> Inputs:
+        """These inputs with :meth:`leaves` replaced by ``leaves`` (same order; e.g. gradcheck's)."""
+        if len(leaves) != len(self.leaves()):
+            raise ValueError(f"leaves must be {len(self.leaves())} tensors (input, weight[, bias]), got {len(leaves)}")
+        bias = leaves[2] if self.bias is not None else None
+        return dataclasses.replace(self, input=leaves[0], weight=leaves[1], bias=bias)
 
-        def convert(t: torch.Tensor | None) -> torch.Tensor | None:
+    def loss_arguments(self) -> dict[str, object]:
+        """Keyword arguments of ``linear_cross_entropy`` (lce's, torch's and the reference's) besides the options."""
+        return dict(linear_bias=self.bias, weight=self.class_weight, reduction=self.reduction,
+                    ignore_index=self.ignore_index, label_smoothing=self.label_smoothing)
+
+    def to(self, dtype: torch.dtype) -> Inputs:
+        """Exact upcast (or rounding) of every float tensor to ``dtype``; the leaves are fresh leaves."""
+
+        def leaf(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.detach().to(dtype).requires_grad_(True)
 
-        return Inputs(convert(self.input), convert(self.weight), convert(self.bias), self.target, self.reduction)
+        def value(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.detach().to(dtype)
+
+        return dataclasses.replace(self, input=leaf(self.input), weight=leaf(self.weight), bias=leaf(self.bias),
+                                   class_weight=value(self.class_weight), grad_output=value(self.grad_output))
 
 
 @dataclasses.dataclass
 class Outputs:
-    """Loss (0-dim) and gradients, detached; ``grad_bias`` is None without a bias."""
+    """Loss (0-dim, or (N,) for ``reduction="none"``) and gradients, detached; ``grad_bias`` is None without a bias."""
 
     loss: torch.Tensor
     grad_input: torch.Tensor
@@ -95,6 +126,18 @@ class Outputs:
         if name not in OUTPUT_NAMES:
             raise ValueError(f"name must be one of {OUTPUT_NAMES}, got {name!r}")
         return getattr(self, name)
+
+
+def outputs_of(loss: torch.Tensor, inputs: Inputs) -> Outputs:
+    """``loss`` and its gradients with respect to every leaf of ``inputs``, from ``inputs.grad_output``.
+
+    Gradients are returned, never accumulated into the leaves' ``.grad``.
+    """
+    if inputs.grad_output is not None:
+        grads = torch.autograd.grad(loss, inputs.leaves(), inputs.grad_output)
+    else:
+        grads = torch.autograd.grad(loss.sum() if loss.dim() else loss, inputs.leaves())
+    return Outputs(loss.detach(), grads[0], grads[1], grads[2] if inputs.bias is not None else None)
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, *, seed: int = 0, bias: bool = True,

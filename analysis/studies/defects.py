@@ -11,23 +11,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
-import lce
-
-from .problem import DTYPES, Shape, make_inputs
-from .reference import fp64_loss
+from ..implementations import ImplSpec, make_implementation
+from ..inputs import DTYPES, Shape, make_inputs
+from ..reference import fp64_loss
 
 __all__ = ["ulp", "loss_drift", "all_ignored_gradients"]
 
-_PEERS = {
-    "lce": (lce.linear_cross_entropy, lce.LinearCrossEntropyOptions),
-    "torch": (F.linear_cross_entropy, torch.nn.LinearCrossEntropyOptions),
-}
+CHUNKED_OPS = ("lce", "torch")
+"""The two chunked ops compared, each with default options but an explicit chunk size."""
 
 
 def ulp(value: float, dtype: torch.dtype) -> float:
@@ -50,29 +47,28 @@ def loss_drift(shape: Shape, dtype: str, chunk_counts: tuple[int, ...] = (1, 4, 
         for count in chunk_counts:
             if shape.N % count:
                 raise ValueError(f"chunk_counts must divide N={shape.N}, got {count}")
-            for impl, (fn, options_class) in _PEERS.items():
-                options = options_class(batch_chunk_size=shape.N // count)
-                value = fn(inputs.input, inputs.weight, inputs.target, linear_bias=inputs.bias,
-                           options=options).item()
-                rows.append({"impl": impl, "chunks": count, "dtype": dtype, "loss": value, "exact_loss": exact,
+            for op in CHUNKED_OPS:
+                value = make_implementation(ImplSpec(op, "auto", f"rows:{shape.N // count}")).loss(inputs).item()
+                rows.append({"impl": op, "chunks": count, "dtype": dtype, "loss": value, "exact_loss": exact,
                              "ulps_from_exact": abs(value - exact) / spacing})
     return pd.DataFrame(rows)
 
 
 def all_ignored_gradients(shape: Shape | None = None, dtype: str = "float32",
                           reduction: str = "mean") -> pd.DataFrame:
-    """Loss and gradient summary when every target is ignored: reference, lce and torch (default 64x16x100)."""
+    """Loss and gradient summary when every target is ignored: reference, lce and torch (default 64x16x100).
+
+    lce and torch run default options with 16-row chunks. ``loss`` is the loss (its sum for ``"none"``).
+    """
     shape = shape or Shape(64, 16, 100)
-    inputs = make_inputs(shape, DTYPES[dtype])
-    ignored = torch.full_like(inputs.target, -100)
-    runs = {"reference": (lce.linear_cross_entropy, None)}
-    runs.update({impl: (fn, options_class(batch_chunk_size=16)) for impl, (fn, options_class) in _PEERS.items()})
+    inputs = make_inputs(shape, DTYPES[dtype], reduction=reduction)
+    inputs = dataclasses.replace(inputs, target=torch.full_like(inputs.target, inputs.ignore_index))
+    specs = {"reference": ImplSpec("reference"), **{op: ImplSpec(op, "auto", "rows:16") for op in CHUNKED_OPS}}
     rows = []
-    for impl, (fn, options) in runs.items():
-        leaves = [t.detach().clone().requires_grad_() for t in inputs.leaves()]
-        loss = fn(leaves[0], leaves[1], ignored, linear_bias=leaves[2], reduction=reduction, options=options)
-        grads = torch.autograd.grad(loss, leaves)
-        rows.append({"impl": impl, "reduction": reduction, "loss": loss.item(),
+    for impl, spec in specs.items():
+        outputs = make_implementation(spec).run(inputs)
+        grads = [g for g in (outputs.grad_input, outputs.grad_weight, outputs.grad_bias) if g is not None]
+        rows.append({"impl": impl, "reduction": reduction, "loss": outputs.loss.sum().item(),
                      **{f"{name}_nan_entries": int(g.isnan().sum()) for name, g in
                         zip(("grad_input", "grad_weight", "grad_bias"), grads, strict=False)},
                      "max_abs_finite_grad": max(float(g.nan_to_num(0).abs().max()) for g in grads)})

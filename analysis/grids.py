@@ -1,4 +1,4 @@
-"""Paths and the named grids: every run the analysis makes is declared here.
+"""The named grids: every run a sweep makes is declared here.
 
 A grid is a list of :class:`RunConfig` (one CSV row each) plus how each run is
 measured (:class:`Measurement`). Grids:
@@ -22,21 +22,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
-from .problem import Shape
+from lce.options import ACC_POLICIES
 
-__all__ = ["ROOT", "RESULTS_DIR", "FIGURES_DIR", "RunConfig", "Measurement", "Grid", "GRIDS", "get_grid",
-           "POLICIES", "CHUNKINGS", "LOW_PRECISION", "chunked_configs"]
+from .implementations import ImplSpec
+from .inputs import Shape
 
-ROOT: Path = Path(__file__).resolve().parent.parent
-"""The repository root (the folder holding ``lce/`` and ``analysis/``)."""
-RESULTS_DIR: Path = ROOT / "analysis" / "results"
-"""Where sweeps write their CSVs (committed)."""
-FIGURES_DIR: Path = ROOT / "figures"
-"""Where ``python -m analysis figures`` writes PNG/SVG and ``README.md``."""
+__all__ = ["RunConfig", "Measurement", "Grid", "GRIDS", "get_grid", "CHUNKINGS", "LOW_PRECISION", "chunked_configs"]
 
-POLICIES: tuple[str, ...] = ("auto", "accurate", "balanced", "compact")
 CHUNKINGS: tuple[str, ...] = ("auto", "aspect_ratio", "aspect_ratio:2", "aspect_ratio:4", "aspect_ratio:8")
 LOW_PRECISION: tuple[str, ...] = ("bfloat16", "float16")
 
@@ -70,8 +63,13 @@ class RunConfig:
         """Stable identity of the run; a sweep skips keys its CSV already holds."""
         return "|".join(str(getattr(self, f.name)) for f in dataclasses.fields(self))
 
-    def problem_key(self) -> tuple:
-        """Runs with equal problem keys share inputs and the fp64 reference."""
+    @property
+    def spec(self) -> ImplSpec:
+        """The implementation this run measures."""
+        return ImplSpec(self.op, self.policy, self.chunking, self.acc_dtype)
+
+    def inputs_key(self) -> tuple:
+        """Runs with equal inputs keys share inputs and the fp64 reference."""
         return (self.device, self.dtype, self.N, self.D, self.C, self.bias, self.seed)
 
 
@@ -112,7 +110,7 @@ class Grid:
 
 
 def chunked_configs(shapes: Iterable[Shape], dtypes: Sequence[str], *, ops: Sequence[str] = ("lce", "torch"),
-                    policies: Sequence[str] = POLICIES, chunkings: Sequence[str] = CHUNKINGS,
+                    policies: Sequence[str] = ACC_POLICIES, chunkings: Sequence[str] = CHUNKINGS,
                     device: str = "cpu", bias: bool = True) -> list[RunConfig]:
     """Every op x policy x chunking x acc_dtype for each shape and dtype, grouped by problem.
 
@@ -136,7 +134,7 @@ def _with_unchunked(configs: list[RunConfig], ops: Sequence[str]) -> tuple[RunCo
     """``configs`` plus one run of each unchunked op per problem, kept next to its problem's runs."""
     by_problem: dict[tuple, list[RunConfig]] = {}
     for config in configs:
-        by_problem.setdefault(config.problem_key(), []).append(config)
+        by_problem.setdefault(config.inputs_key(), []).append(config)
     out: list[RunConfig] = []
     for runs in by_problem.values():
         first = runs[0]

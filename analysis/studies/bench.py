@@ -12,32 +12,36 @@ One bench run at one problem (default: the issue's N=4096 D=512 C=32768):
   GEMM measured in the same dtype -- what the three GEMMs of the op cost
   with nothing else.
 
-Each measurement is one CSV row in ``analysis/results/bench.csv`` with
-provenance; ``chunk_sweep`` times lce's default policy against the chunk size
-(``bench_chunks.csv``), the data behind the CPU entries of lce's "auto" table.
+Each measurement is one row of a ``bench`` results file
+(``analysis/results/bench.csv``) with provenance; ``chunk_sweep`` times lce's
+policies against the chunk size (a ``chunk_sweep`` file, ``bench_chunks.csv``),
+the data behind the CPU entries of lce's "auto" table. The functions return
+tables; ``python -m analysis bench`` appends them through
+:func:`analysis.results_io.append_rows`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import torch
 
-from .config import ROOT
-from .implementations import ImplSpec, make_implementation, unavailable_reason
-from .memory import measure_peak
-from .problem import DTYPES, Shape, make_inputs
-from .provenance import provenance
+from lce.options import dtype_name
 
-__all__ = ["BENCH_IMPLS", "SCALING_IMPLS", "gemm_floor_s", "run_bench", "run_scaling", "chunk_sweep", "ratios",
-           "parse_shape", "append_csv"]
+from ..implementations import ImplSpec, make_implementation, unavailable_reason
+from ..inputs import DTYPES, Shape, make_inputs, parse_shape
+from ..memory import measure_peak
+from ..paths import ROOT
+from ..provenance import provenance
+
+__all__ = ["BENCH_IMPLS", "SCALING_IMPLS", "gemm_floor_s", "run_bench", "run_scaling", "chunk_sweep", "ratios"]
 
 BENCH_IMPLS: dict[str, ImplSpec] = {
     "lce": ImplSpec("lce", "auto", "auto"),
@@ -50,15 +54,6 @@ BENCH_IMPLS: dict[str, ImplSpec] = {
 }
 """Display name -> implementation; "lce" and "torch" use default options (explicit policies
 get acc_dtype=float32, which low-precision input needs for a mixed-precision layout)."""
-
-
-def parse_shape(text: str) -> Shape:
-    """``"4096x512x32768"`` -> ``Shape(4096, 512, 32768)``."""
-    try:
-        n, d, c = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"shape must look like NxDxC, e.g. 4096x512x32768; got {text!r}") from None
-    return Shape(n, d, c)
 
 
 def gemm_floor_s(shape: Shape, dtype: str, repeats: int = 3) -> float:
@@ -76,7 +71,7 @@ def gemm_floor_s(shape: Shape, dtype: str, repeats: int = 3) -> float:
 
 
 def _peak_in_fresh_process(name: str, shape: Shape, dtype: str) -> int:
-    command = [sys.executable, "-m", "analysis.bench", "--memory-child", name, f"{shape.N}x{shape.D}x{shape.C}", dtype]
+    command = [sys.executable, "-m", "analysis.studies.bench", "--memory-child", name, str(shape), dtype]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True, timeout=1800)
     return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"])
 
@@ -90,7 +85,7 @@ def _memory_child(name: str, shape_text: str, dtype: str) -> None:
 
 def _row(shape: Shape, dtype: str, impl: str, metric: str, value: float, **extra) -> dict[str, object]:
     return {"impl": impl, "dtype": dtype, "N": shape.N, "D": shape.D, "C": shape.C, "metric": metric,
-            "value": value, **extra, **provenance("cpu"), "threads": torch.get_num_threads()}
+            "value": value, **extra, **provenance("cpu")}
 
 
 def run_bench(shape: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"), *, repeats: int = 3,
@@ -151,15 +146,16 @@ def ratios(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-CHUNK_SWEEP_POLICIES: dict[str, dict[str, object]] = {
-    "auto": {},
-    "accurate": {"acc_policy": "accurate", "acc_dtype": torch.float32},
-    "balanced": {"acc_policy": "balanced", "acc_dtype": torch.float32},
-    "compact": {"acc_policy": "compact"},
+CHUNK_SWEEP_SPECS: dict[str, ImplSpec] = {
+    "auto": ImplSpec("lce", "auto"),
+    "accurate": ImplSpec("lce", "accurate", acc_dtype="float32"),
+    "balanced": ImplSpec("lce", "balanced", acc_dtype="float32"),
+    "compact": ImplSpec("lce", "compact"),
 }
-"""Policies the chunk sweep times: the default options, and each explicit policy as a user would
-spell it for low-precision input (mixed-precision layouts with acc_dtype=float32; compact with the
-input dtype, its accumulator-free layout). On fp32 input they all resolve to the same arithmetic."""
+"""Policies the chunk sweep times (the chunking is set per size): the default options, and each explicit
+policy as a user would spell it for low-precision input (mixed-precision layouts with acc_dtype=float32;
+compact with the input dtype, its accumulator-free layout). On fp32 input they all resolve to the same
+arithmetic."""
 
 
 def chunk_sweep(shape: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
@@ -169,44 +165,32 @@ def chunk_sweep(shape: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
 
     fp32 input runs only "auto": every policy computes the same numbers there.
     """
-    import lce
-
     out = []
     for dtype in dtypes:
         inputs = make_inputs(shape, DTYPES[dtype], bias=False)
         names = ("auto",) if dtype == "float32" else policies
-        settings = [(name, rows) for name in names for rows in rows_options]
-        samples: dict[tuple[str, int], list[float]] = {setting: [] for setting in settings}
+        runnable = {(name, rows): make_implementation(dataclasses.replace(CHUNK_SWEEP_SPECS[name],
+                                                                          chunking=f"rows:{rows}"))
+                    for name in names for rows in rows_options}
+        samples: dict[tuple[str, int], list[float]] = {setting: [] for setting in runnable}
         for round_index in range(repeats + 1):
-            for name, rows in settings:
-                options = lce.LinearCrossEntropyOptions(batch_chunk_size=rows, **CHUNK_SWEEP_POLICIES[name])
-                leaves = [t.detach().clone().requires_grad_() for t in inputs.leaves()]
+            for setting, implementation in runnable.items():
                 start = time.perf_counter()
-                lce.linear_cross_entropy(leaves[0], leaves[1], inputs.target, options=options).backward()
+                implementation.run(inputs)
                 if round_index:
-                    samples[(name, rows)].append(time.perf_counter() - start)
+                    samples[setting].append(time.perf_counter() - start)
         for (name, rows), values in samples.items():
-            options = lce.LinearCrossEntropyOptions(batch_chunk_size=rows, **CHUNK_SWEEP_POLICIES[name])
-            plan = lce.plan(options, *inputs.leaves()[:2])
+            plan = runnable[(name, rows)].plan(inputs)
             out.append(_row(shape, dtype, "lce" if name == "auto" else f"lce {name}", "time_s",
                             statistics.median(values), spread_s=max(values) - min(values), chunk_size=rows,
                             num_chunks=plan.num_chunks, modeled_peak_bytes=plan.peak_extra_bytes,
-                            resolved_policy=plan.acc_policy, resolved_acc_dtype=str(plan.acc_dtype)[6:],
+                            resolved_policy=plan.acc_policy, resolved_acc_dtype=dtype_name(plan.acc_dtype),
                             repeats=len(values)))
     return pd.DataFrame(out)
 
 
-def append_csv(table: pd.DataFrame, path: Path) -> Path:
-    """Append ``table`` to ``path`` (header only when the file is new); written in one call."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = not path.exists()
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(table.to_csv(index=False, header=header))
-    return path
-
-
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m analysis.bench")
+    parser = argparse.ArgumentParser(prog="python -m analysis.studies.bench")
     parser.add_argument("--memory-child", nargs=3, metavar=("IMPL", "SHAPE", "DTYPE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child:

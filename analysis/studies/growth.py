@@ -11,29 +11,20 @@ policies and torch's op with the same options, and fits ``error ∝ chunks^p``.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-
 import numpy as np
 import pandas as pd
-import torch
-import torch.nn.functional as F
 
-import lce
-from lce.testing import emulate_device_kind
+from lce.options import EXPLICIT_POLICIES
 
-from .metrics import compare
-from .problem import DTYPES, Shape, make_inputs
-from .reference import reference_outputs
+from ..implementations import ImplSpec, make_implementation
+from ..inputs import DTYPES, Shape, make_inputs
+from ..metrics import compare
+from ..reference import reference_outputs
 
 __all__ = ["chunk_growth", "fit_power_law"]
 
 
-def _options(cls, policy: str, acc_dtype: torch.dtype | None, rows: int):
-    return cls(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None, batch_chunk_size=rows)
-
-
-def chunk_growth(shape: Shape, dtype: str, policies: tuple[str, ...] = ("accurate", "balanced", "compact"),
+def chunk_growth(shape: Shape, dtype: str, policies: tuple[str, ...] = EXPLICIT_POLICIES,
                  chunk_counts: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), *, acc_dtype: str | None = "float32",
                  device: str = "cpu", peer: bool = True, seed: int = 0) -> pd.DataFrame:
     """Error (in floors) of every output for each policy and chunk count; one row per (impl, policy, chunks).
@@ -43,26 +34,16 @@ def chunk_growth(shape: Shape, dtype: str, policies: tuple[str, ...] = ("accurat
     """
     inputs = make_inputs(shape, DTYPES[dtype], seed=seed)
     exact = reference_outputs(inputs)
-    acc = DTYPES[acc_dtype] if acc_dtype else None
-    runners = [("lce", lce.linear_cross_entropy, lce.LinearCrossEntropyOptions)]
-    if peer and device == "cpu":
-        runners.append(("torch", F.linear_cross_entropy, torch.nn.LinearCrossEntropyOptions))
+    ops = ("lce", "torch") if peer and device == "cpu" else ("lce",)
     rows = []
     for count in chunk_counts:
         if shape.N % count:
             raise ValueError(f"chunk_counts must divide N={shape.N}, got {count}")
         for policy in policies:
-            for impl, fn, options_class in runners:
-                options = _options(options_class, policy, acc, shape.N // count)
-                leaves = [t.detach().clone().requires_grad_() for t in inputs.leaves()]
-                x, w, *bias = leaves
-                context = emulate_device_kind("cuda") if device == "cuda-emulated" else contextlib.nullcontext()
-                with context:
-                    loss = fn(x, w, inputs.target, linear_bias=bias[0] if bias else None, options=options)
-                grads = torch.autograd.grad(loss, leaves)
-                got = dataclasses.replace(exact, loss=loss.detach(), grad_input=grads[0], grad_weight=grads[1],
-                                          grad_bias=grads[2] if bias else None)
-                row = {"impl": impl, "policy": policy, "chunks": count, "dtype": dtype, "device": device}
+            for op in ops:
+                spec = ImplSpec(op, policy, f"rows:{shape.N // count}", acc_dtype or "default")
+                got = make_implementation(spec, device).run(inputs)
+                row = {"impl": op, "policy": policy, "chunks": count, "dtype": dtype, "device": device}
                 for name, rep in compare(got, exact).items():
                     row[f"{name}_in_floors"] = rep.fro_in_floors
                 rows.append(row)

@@ -10,23 +10,21 @@ same table is computed for torch 2.13's native chunked op next to lce's.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import time
 import warnings
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
-import lce
-from lce.testing import emulate_device_kind
+from lce.options import EXPLICIT_POLICIES
 
-from .problem import OUTPUT_NAMES
+from ..implementations import ImplSpec, make_implementation
+from ..inputs import OUTPUT_NAMES, Inputs
+from ..reference import gradcheck
 
 __all__ = ["PathCase", "path_cases", "gradcheck_table", "parity_table"]
 
-POLICIES = ("accurate", "balanced", "compact")
 CHUNKINGS = ("aspect_ratio", "aspect_ratio:4", "rows:3")
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -44,12 +42,14 @@ class PathCase:
     label_smoothing: float = 0.0
     device_kind: str = "cpu"
 
-    def options(self, **extra) -> lce.LinearCrossEntropyOptions:
-        if self.chunking.startswith("rows:"):
-            chunking = dict(chunking_method=None, batch_chunk_size=int(self.chunking.split(":")[1]))
-        else:
-            chunking = dict(chunking_method=self.chunking)
-        return lce.LinearCrossEntropyOptions(acc_policy=self.policy, **chunking, **extra)
+    def spec(self, op: str = "lce") -> ImplSpec:
+        """The implementation of this path for ``op`` ("lce" or "torch")."""
+        return ImplSpec(op, self.policy, self.chunking)
+
+    @property
+    def device(self) -> str:
+        """Where lce runs this path: the CUDA layout table is emulated on CPU tensors."""
+        return "cuda-emulated" if self.device_kind == "cuda" else "cpu"
 
     def features(self) -> str:
         names = [name for name, on in (("bias", self.bias), ("class weight", self.class_weight),
@@ -69,7 +69,7 @@ def path_cases(quick: bool = True) -> list[PathCase]:
     chunkings = ("aspect_ratio:4", "rows:3") if quick else CHUNKINGS
     cases = []
     for i, (kind, policy, chunking, reduction) in enumerate(
-            itertools.product(kinds, POLICIES, chunkings, REDUCTIONS)):
+            itertools.product(kinds, EXPLICIT_POLICIES, chunkings, REDUCTIONS)):
         everything = chunking == "rows:3"
         cases.append(PathCase(policy, chunking, reduction, bias=everything or i % 2 == 0,
                               class_weight=everything or i % 3 == 0, ignore_index=everything or i % 2 == 1,
@@ -77,52 +77,35 @@ def path_cases(quick: bool = True) -> list[PathCase]:
     return cases
 
 
-def _arguments(case: PathCase, n: int, d: int, c: int, seed: int = 0):
+def _inputs(case: PathCase, n: int, d: int, c: int, seed: int = 0) -> Inputs:
+    """fp64 inputs and call arguments of ``case``: class weights in [0.5, 1.5), every 4th target ignored."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=g, dtype=torch.float64)
     w = torch.randn(c, d, generator=g, dtype=torch.float64) / d**0.5 * 2
     b = torch.randn(c, generator=g, dtype=torch.float64) if case.bias else None
     target = torch.randint(0, c, (n,), generator=g)
-    kwargs = dict(reduction=case.reduction, label_smoothing=case.label_smoothing)
+    inputs = Inputs(x.requires_grad_(), w.requires_grad_(), None if b is None else b.requires_grad_(), target,
+                    case.reduction, label_smoothing=case.label_smoothing)
     if case.class_weight:
-        kwargs["weight"] = torch.rand(c, generator=g, dtype=torch.float64) + 0.5
+        inputs.class_weight = torch.rand(c, generator=g, dtype=torch.float64) + 0.5
     if case.ignore_index:
         target[::4] = 1
-        kwargs["ignore_index"] = 1
-    grad_output = torch.randn(n, generator=g, dtype=torch.float64) if case.reduction == "none" else None
-    return x, w, b, target, kwargs, grad_output
-
-
-def _chunked_loss(case: PathCase, target: torch.Tensor, kwargs: dict, x: torch.Tensor, w: torch.Tensor,
-                  *bias: torch.Tensor) -> torch.Tensor:
-    """lce's loss on ``case``'s path (retain-graph on: gradcheck runs backward repeatedly)."""
-    with emulate_device_kind(case.device_kind):
-        return lce.linear_cross_entropy(x, w, target, linear_bias=bias[0] if bias else None,
-                                        options=case.options(allow_retain_graph=True), **kwargs)
+        inputs.ignore_index = 1
+    if case.reduction == "none":
+        inputs.grad_output = torch.randn(n, generator=g, dtype=torch.float64)
+    return inputs
 
 
 def gradcheck_table(cases: list[PathCase] | None = None) -> pd.DataFrame:
     """``torch.autograd.gradcheck`` (fp64 finite differences) of lce on each path; one row per path."""
     rows = []
     for case in cases if cases is not None else path_cases():
-        x, w, b, target, kwargs, _ = _arguments(case, n=7, d=3, c=5)
-        leaves = [t.requires_grad_() for t in (x, w, b) if t is not None]
-        loss = functools.partial(_chunked_loss, case, target, kwargs)
+        inputs = _inputs(case, n=7, d=3, c=5)
         start = time.perf_counter()
-        passed = torch.autograd.gradcheck(loss, tuple(leaves), eps=1e-6, atol=1e-8, rtol=1e-6,
-                                          raise_exception=False)
+        passed = gradcheck(case.spec(), inputs, device=case.device, raise_exception=False)
         rows.append({**dataclasses.asdict(case), "features": case.features(), "gradcheck": bool(passed),
                      "seconds": time.perf_counter() - start})
     return pd.DataFrame(rows)
-
-
-def _loss_and_grads(fn, case: PathCase, n: int, d: int, c: int, **extra):
-    x, w, b, target, kwargs, grad_output = _arguments(case, n, d, c)
-    leaves = [t.requires_grad_() for t in (x, w, b) if t is not None]
-    with emulate_device_kind(case.device_kind):
-        loss = fn(x, w, target, linear_bias=b, **kwargs, **extra)
-    grads = torch.autograd.grad(loss, leaves, grad_output)
-    return (loss.detach(), *grads)
 
 
 def parity_table(cases: list[PathCase] | None = None, shape: tuple[int, int, int] = (61, 16, 97)) -> pd.DataFrame:
@@ -131,23 +114,25 @@ def parity_table(cases: list[PathCase] | None = None, shape: tuple[int, int, int
     The error of an output is ``max |value - ref| / max |ref|`` (an elementwise
     maximum, normalised by the output's scale). ``torch_path`` says whether
     torch's chunked op ran or fell back to its reference path (with a warning).
+    torch's op has no CUDA-layout emulation: it runs its CPU path on every case.
     """
     n, d, c = shape
     rows = []
     for case in cases if cases is not None else path_cases():
-        reference = _loss_and_grads(lce.linear_cross_entropy, case, n, d, c)
-        ours = _loss_and_grads(lce.linear_cross_entropy, case, n, d, c, options=case.options())
+        inputs = _inputs(case, n, d, c)
+        reference = make_implementation(ImplSpec("reference")).run(inputs)
+        ours = make_implementation(case.spec(), case.device).run(inputs)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            peer_options = torch.nn.LinearCrossEntropyOptions(**{
-                f.name: getattr(case.options(), f.name) for f in dataclasses.fields(lce.LinearCrossEntropyOptions)})
-            theirs = _loss_and_grads(F.linear_cross_entropy, case, n, d, c, options=peer_options)
+            theirs = make_implementation(case.spec("torch")).run(inputs)
         row = {**dataclasses.asdict(case), "features": case.features(),
                "torch_path": "reference (fallback)" if caught else "chunked"}
-        names = [name for name in OUTPUT_NAMES if name != "grad_bias" or case.bias]
-        for name, mine, peer, exact in zip(names, ours, theirs, reference, strict=False):
+        for name in OUTPUT_NAMES:
+            exact = reference.get(name)
+            if exact is None:
+                continue
             scale = exact.abs().max().clamp_min(torch.finfo(torch.float64).tiny)
-            row[f"lce_{name}"] = ((mine - exact).abs().max() / scale).item()
-            row[f"torch_{name}"] = ((peer - exact).abs().max() / scale).item()
+            row[f"lce_{name}"] = ((ours.get(name) - exact).abs().max() / scale).item()
+            row[f"torch_{name}"] = ((theirs.get(name) - exact).abs().max() / scale).item()
         rows.append(row)
     return pd.DataFrame(rows)

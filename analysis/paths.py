@@ -1,0 +1,22 @@
+"""Where the analysis reads and writes: the repository root, the results files and the figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["ROOT", "RESULTS_DIR", "FIGURES_DIR", "display_path"]
+
+ROOT: Path = Path(__file__).resolve().parent.parent
+"""The repository root (the folder holding ``lce/`` and ``analysis/``)."""
+RESULTS_DIR: Path = ROOT / "analysis" / "results"
+"""Where sweeps and studies write their results files (committed)."""
+FIGURES_DIR: Path = ROOT / "figures"
+"""Where ``python -m analysis figures`` writes PNG/SVG and ``README.md``."""
+
+
+def display_path(path: Path) -> str:
+    """``path`` relative to :data:`ROOT` when it lies inside the repository (as README files cite it), else as is."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
