@@ -26,7 +26,7 @@ import math
 import torch
 
 from .gemm import add_mm_, mm, mm_upcast_weight, mm_upcast_weight_t
-from .plan import Plan
+from .plan import LOSS_SUM_DTYPE, Plan
 
 __all__ = ["Problem", "Gradients", "scalar_loss_and_grads", "per_row_loss", "per_row_grads"]
 
@@ -58,7 +58,7 @@ class _Call:
         self.plan, self.problem = plan, problem
         stats = plan.stats_dtype
         self.bias_for_logits = (
-            problem.bias.to(plan.gemm_result_dtype(plan.layout.logits)) if problem.bias is not None else None
+            problem.bias.to(plan.gemm_dtypes("logits").result) if problem.bias is not None else None
         )
         target = problem.target
         self.valid = target != problem.ignore_index
@@ -82,11 +82,11 @@ class _Call:
             n, d = problem.input.shape
             c = plan.num_classes
             device = problem.input.device
-            if plan.needs_input_grad:
+            if plan.needs_grad.input:
                 self.grads.input = torch.empty(n, d, dtype=plan.input_dtype, device=device)
-            if plan.needs_weight_grad:
+            if plan.needs_grad.weight:
                 self.weight_grad_sum = torch.zeros(c, d, dtype=plan.weight_grad_sum_dtype, device=device)
-            if plan.needs_bias_grad:
+            if plan.needs_grad.bias:
                 self.bias_grad_sum = torch.zeros(c, dtype=stats, device=device)
 
     # ---- one chunk -----------------------------------------------------------
@@ -94,11 +94,11 @@ class _Call:
         """The chunk's logits in the stats dtype, and its input upcast to acc (if the plan keeps one)."""
         plan, problem = self.plan, self.problem
         x = problem.input[rows]
-        x_in_acc = x.to(plan.acc_dtype) if plan.uses_input_in_acc else None
+        x_in_acc = x.to(plan.acc_dtype) if plan.input_chunk_in_acc else None
         if plan.upcasts_weight_for("logits"):
             z = mm_upcast_weight_t(x_in_acc, problem.weight)
         else:
-            z = mm(x, problem.weight.T, plan.gemm_result_dtype(plan.layout.logits))
+            z = mm(x, problem.weight.T, plan.gemm_dtypes("logits").result)
         if self.bias_for_logits is not None:
             z.add_(self.bias_for_logits)
         if z.dtype != plan.stats_dtype:
@@ -165,7 +165,7 @@ class _Call:
 
     def accumulate_grads(self, dz: torch.Tensor, x_in_acc: torch.Tensor | None, rows: slice) -> None:
         """Add the chunk's contribution to every requested gradient."""
-        plan, problem, layout = self.plan, self.problem, self.plan.layout
+        plan, problem = self.plan, self.problem
         as_dtype: dict[torch.dtype, torch.Tensor] = {dz.dtype: dz}
 
         def dz_in(dtype: torch.dtype) -> torch.Tensor:
@@ -173,10 +173,8 @@ class _Call:
                 as_dtype[dtype] = dz.to(dtype)
             return as_dtype[dtype]
 
-        if plan.needs_input_grad:
-            gemm = layout.grad_input
-            operand_dtype = plan.gemm_operand_dtype(gemm)
-            result_dtype = plan.gemm_result_dtype(gemm)
+        if plan.needs_grad.input:
+            operand_dtype, result_dtype = plan.gemm_dtypes("grad_input")
             rows_of_grad = self.grads.input[rows]
             if plan.upcasts_weight_for("grad_input"):
                 rows_of_grad.copy_(mm_upcast_weight(dz_in(operand_dtype), problem.weight, alpha=self.unscale))
@@ -184,13 +182,11 @@ class _Call:
                 mm(dz_in(operand_dtype), problem.weight, result_dtype, out=rows_of_grad, alpha=self.unscale)
             else:
                 rows_of_grad.copy_(mm(dz_in(operand_dtype), problem.weight, result_dtype, alpha=self.unscale))
-        if plan.needs_weight_grad:
-            gemm = layout.grad_weight
-            operand_dtype = plan.gemm_operand_dtype(gemm)
+        if plan.needs_grad.weight:
+            operand_dtype, product_dtype = plan.gemm_dtypes("grad_weight")
             x = problem.input[rows] if operand_dtype == plan.input_dtype else x_in_acc
-            add_mm_(self.weight_grad_sum, dz_in(operand_dtype).T, x, plan.gemm_result_dtype(gemm),
-                    alpha=self.unscale)
-        if plan.needs_bias_grad:
+            add_mm_(self.weight_grad_sum, dz_in(operand_dtype).T, x, product_dtype, alpha=self.unscale)
+        if plan.needs_grad.bias:
             self.bias_grad_sum.add_(dz.sum(0), alpha=self.unscale)
 
     def finish_grads(self) -> Gradients:
@@ -210,20 +206,20 @@ class _Call:
 
 def scalar_loss_and_grads(plan: Plan, problem: Problem) -> tuple[torch.Tensor, Gradients]:
     """Loss for "mean"/"sum" and, as the plan requests, its gradients (already scaled for the reduction)."""
-    call = _Call(plan, problem, with_grads=plan.any_grad)
+    call = _Call(plan, problem, with_grads=any(plan.needs_grad))
     total_weight = call.row_weight.sum(dtype=torch.float64)
     if plan.reduction == "mean":
         # An all-ignored batch has a 0/0 = NaN loss but must get zero gradients.
         grad_scale = torch.where(total_weight > 0, 1.0 / total_weight, 0.0).to(plan.stats_dtype)
     else:
         grad_scale = torch.ones((), dtype=plan.stats_dtype, device=problem.input.device)
-    if plan.any_grad:
+    if any(plan.needs_grad):
         call.set_grad_logits_range(grad_scale)
-    loss_sum = torch.zeros((), dtype=plan.loss_sum_dtype, device=problem.input.device)
+    loss_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=problem.input.device)
     for rows in call.chunks():
         loss_sum += _scalar_chunk(call, rows, grad_scale)
     loss = loss_sum / total_weight if plan.reduction == "mean" else loss_sum
-    return loss.to(plan.input_dtype), (call.finish_grads() if plan.any_grad else Gradients())
+    return loss.to(plan.input_dtype), (call.finish_grads() if any(plan.needs_grad) else Gradients())
 
 
 def _scalar_chunk(call: _Call, rows: slice, grad_scale: torch.Tensor) -> torch.Tensor:
@@ -233,10 +229,10 @@ def _scalar_chunk(call: _Call, rows: slice, grad_scale: torch.Tensor) -> torch.T
     """
     z, x_in_acc = call.logits(rows)
     losses, _ = call.loss_and_softmax_(z, rows)
-    if call.plan.any_grad:
+    if any(call.plan.needs_grad):
         dz = call.grad_logits_(z, grad_scale.expand(z.shape[0]), rows)
         call.accumulate_grads(dz, x_in_acc, rows)
-    return losses.sum(dtype=call.plan.loss_sum_dtype)
+    return losses.sum(dtype=LOSS_SUM_DTYPE)
 
 
 def per_row_loss(plan: Plan, problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
