@@ -172,7 +172,11 @@ class Plan:
         ]
         for b in self.buffers:
             lines.append(f"    {b.name:<24} {str(b.shape):<16} {dtype_name(b.dtype):<9} {b.stage:<8} {b.span:<5} "
-                         f"{b.nbytes / 2**20:10.2f} MiB")
+                         f"{b.nbytes / 2**20:10.2f} MiB  {' '.join(b.steps)}".rstrip())
+        stages = dict.fromkeys(b.stage for b in self.buffers)
+        chunk_peaks = ", ".join(f"{stage} {memory_model.chunk_peak_bytes(self, stage) / 2**20:.2f} MiB"
+                                for stage in stages)
+        lines.append(f"  chunk peak {chunk_peaks} (its largest step)")
         lines.append(f"  predicted peak extra memory: {self.peak_extra_bytes / 2**20:.2f} MiB")
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
