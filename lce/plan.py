@@ -134,16 +134,13 @@ class Plan:
         return self.needs_grad.weight and self.layout.grad_weight.operands == "acc"
 
     @property
-    def rounds_grad_logits_narrow(self) -> bool:
-        """Whether dz is rounded to the input dtype for a backward GEMM."""
+    def rescales_grad_logits(self) -> bool:
+        """Whether dz, rounded to an fp16 input dtype for a backward GEMM whose layout role is "input",
+        needs a power-of-two rescale to stay in fp16's normal range (see lce.chunked.grad_logits_rescale)."""
         narrow_input_grad = self.needs_grad.input and self.layout.grad_input.operands == "input"
         narrow_weight_grad = self.needs_grad.weight and self.layout.grad_weight.operands == "input"
-        return (narrow_input_grad or narrow_weight_grad) and self.input_dtype != self.stats_dtype
-
-    @property
-    def rescales_grad_logits(self) -> bool:
-        """Whether dz needs a power-of-two rescale to stay normal in the input dtype (fp16)."""
-        return self.rounds_grad_logits_narrow and torch.finfo(self.input_dtype).max < 1e6
+        rounds_to_input = (narrow_input_grad or narrow_weight_grad) and self.input_dtype != self.stats_dtype
+        return rounds_to_input and torch.finfo(self.input_dtype).max < 1e6
 
     # ---- memory (lce.memory_model) ----------------------------------------
     @functools.cached_property
