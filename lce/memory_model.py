@@ -156,6 +156,7 @@ def _chunk_buffers(plan: Plan) -> list[Buffer]:
 
 
 def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
+    """One chunk of one pass, following chunk_logits, chunk_loss_and_softmax_ and GradientSums.add_chunk."""
     d, c = plan.in_features, plan.num_classes
     rows = min(plan.batch_chunk_size, plan.num_rows)
     in_dt, acc_dt, stats_dt = plan.input_dtype, plan.acc_dtype, plan.stats_dtype
@@ -249,9 +250,10 @@ def peak_extra_bytes(plan: Plan) -> int:
 
     In each pass the peak is what that pass keeps from earlier, plus its
     call-long buffers, plus the larger of one chunk's peak
-    (:func:`chunk_peak_bytes`) and the buffers made after the loop. For the scalar reductions backward only
-    scales the kept gradients, in place, or -- with ``allow_retain_graph``
-    -- into fresh copies, which then coexist with the kept ones.
+    (:func:`chunk_peak_bytes`) and the buffers made after the loop. For the
+    scalar reductions backward only scales the kept gradients, in place, or --
+    with ``allow_retain_graph`` -- into fresh copies, which then coexist with
+    the kept ones.
     """
     buffers = plan.buffers
 
