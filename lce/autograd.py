@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunked import Problem, per_row_grads, per_row_loss, scalar_loss_and_grads
+from .chunked import HeadTensors, Targets, per_row_grads, per_row_loss, scalar_loss_and_grads
 from .plan import Plan
 
 __all__ = ["ScalarReductionLoss", "PerRowLoss"]
@@ -26,13 +26,19 @@ _SECOND_BACKWARD = (
 )
 
 
+def _targets(plan: Plan, target, class_weight, ignore_index: int, label_smoothing: float) -> Targets:
+    return Targets.build(target, class_weight=class_weight, ignore_index=ignore_index,
+                         label_smoothing=label_smoothing, num_classes=plan.num_classes,
+                         stats_dtype=plan.stats_dtype)
+
+
 class ScalarReductionLoss(torch.autograd.Function):
     """Loss with reduction "mean" or "sum"; gradients computed in forward."""
 
     @staticmethod
     def forward(ctx, input, weight, bias, target, class_weight, ignore_index, label_smoothing, plan: Plan):
-        problem = Problem(input, weight, bias, target, class_weight, ignore_index, label_smoothing)
-        loss, grads = scalar_loss_and_grads(plan, problem)
+        targets = _targets(plan, target, class_weight, ignore_index, label_smoothing)
+        loss, grads = scalar_loss_and_grads(plan, HeadTensors(input, weight, bias), targets)
         ctx.grads = (grads.input, grads.weight, grads.bias)
         ctx.allow_retain_graph = plan.allow_retain_graph
         return loss
@@ -55,8 +61,8 @@ class PerRowLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, weight, bias, target, class_weight, ignore_index, label_smoothing, plan: Plan):
-        problem = Problem(input, weight, bias, target, class_weight, ignore_index, label_smoothing)
-        losses, lse = per_row_loss(plan, problem)
+        targets = _targets(plan, target, class_weight, ignore_index, label_smoothing)
+        losses, lse = per_row_loss(plan, HeadTensors(input, weight, bias), targets)
         ctx.save_for_backward(input, weight, bias, target, class_weight, lse)
         ctx.ignore_index, ctx.label_smoothing, ctx.plan = ignore_index, label_smoothing, plan
         return losses
@@ -64,6 +70,6 @@ class PerRowLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_losses):
         input, weight, bias, target, class_weight, lse = ctx.saved_tensors
-        problem = Problem(input, weight, bias, target, class_weight, ctx.ignore_index, ctx.label_smoothing)
-        grads = per_row_grads(ctx.plan, problem, lse, grad_losses)
+        targets = _targets(ctx.plan, target, class_weight, ctx.ignore_index, ctx.label_smoothing)
+        grads = per_row_grads(ctx.plan, HeadTensors(input, weight, bias), targets, lse, grad_losses)
         return grads.input, grads.weight, grads.bias, None, None, None, None, None

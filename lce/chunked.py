@@ -14,8 +14,16 @@ incoming gradient for "none", 0 for ignored rows) its gradient is
          -  s * eps / C * w
 
 from which grad_input = dz @ W, grad_weight = sum over chunks of dz.T @ x and
-grad_bias = sum over chunks of dz.sum(0). Every dtype comes from the
-:class:`~lce.plan.Plan`; the GEMMs run through :mod:`lce.gemm`.
+grad_bias = sum over chunks of dz.sum(0).
+
+The pieces, in loop order: :class:`Targets` (``y``, ``w``, ``w_y`` and ``eps``,
+computed once per call), :func:`chunk_logits` (``z``),
+:func:`chunk_loss_and_softmax_` (``l``, ``lse``, ``p``), :func:`chunk_grad_logits_`
+(``dz``) and :meth:`GradientSums.add_chunk` (the three products, summed over
+chunks and rounded once by :meth:`GradientSums.finish`). Every dtype comes from
+the :class:`~lce.plan.Plan`; the GEMMs run through :mod:`lce.gemm`. Each pass
+runs a chunk inside a function of its own, so a chunk's buffers are freed
+before the next chunk allocates its own.
 """
 
 from __future__ import annotations
@@ -26,22 +34,58 @@ import math
 import torch
 
 from .gemm import add_mm_, mm, mm_upcast_weight, mm_upcast_weight_t
-from .plan import Plan
+from .plan import LOSS_SUM_DTYPE, Plan
 
-__all__ = ["Problem", "Gradients", "scalar_loss_and_grads", "per_row_loss", "per_row_grads"]
+__all__ = [
+    "HeadTensors", "Targets", "Gradients", "GradientSums", "bias_for_logits", "chunk_logits",
+    "chunk_loss_and_softmax_", "grad_logits_rescale", "chunk_grad_logits_", "scalar_loss_and_grads",
+    "per_row_loss", "per_row_grads",
+]
 
 
-@dataclasses.dataclass
-class Problem:
-    """The validated tensors of one call, 2-D input, in the plan's layout."""
+@dataclasses.dataclass(frozen=True)
+class HeadTensors:
+    """The linear head of one call, as validated: ``input`` (N, D), ``weight`` (C, D), ``bias`` (C,) or
+    None, all in the input dtype."""
 
-    input: torch.Tensor  # (N, D)
-    weight: torch.Tensor  # (C, D)
-    bias: torch.Tensor | None  # (C,)
-    target: torch.Tensor  # (N,) int64
-    class_weight: torch.Tensor | None  # (C,)
-    ignore_index: int
+    input: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Targets:
+    """What the loss needs to know about one call's targets, computed once by :meth:`build`.
+
+    ``valid`` (N,) bool is False for ignored rows; ``safe_target`` (N,) int64
+    is the target with ignored rows pointing at class 0, so gathers stay in
+    range; ``row_weight`` (N,) is ``w_y`` (0 for ignored rows) and
+    ``class_weight`` (C,) is ``w`` or None for all ones, both in the plan's
+    stats dtype; ``class_weight_sum`` is ``sum(w)`` (a 0-dim tensor, or the
+    float C without class weights).
+    """
+
+    valid: torch.Tensor
+    safe_target: torch.Tensor
+    row_weight: torch.Tensor
+    class_weight: torch.Tensor | None
+    class_weight_sum: torch.Tensor | float
     label_smoothing: float
+    num_classes: int
+
+    @classmethod
+    def build(cls, target: torch.Tensor, *, class_weight: torch.Tensor | None, ignore_index: int,
+              label_smoothing: float, num_classes: int, stats_dtype: torch.dtype) -> Targets:
+        """From the call's int64 ``target`` (N,) and optional per-class ``class_weight`` (C,)."""
+        valid = target != ignore_index
+        safe_target = torch.where(valid, target, 0)
+        weight = class_weight.to(stats_dtype) if class_weight is not None else None
+        if weight is None:
+            row_weight = valid.to(stats_dtype)
+        else:
+            row_weight = torch.where(valid, weight[safe_target], 0)
+        weight_sum = float(num_classes) if weight is None else weight.sum()
+        return cls(valid, safe_target, row_weight, weight, weight_sum, label_smoothing, num_classes)
 
 
 @dataclasses.dataclass
@@ -51,216 +95,226 @@ class Gradients:
     bias: torch.Tensor | None = None
 
 
-class _Call:
-    """Per-call state shared by the chunks: row weights, target masks, gradient sums."""
+# ---- one chunk ------------------------------------------------------------------------------------
 
-    def __init__(self, plan: Plan, problem: Problem, with_grads: bool):
-        self.plan, self.problem = plan, problem
-        stats = plan.stats_dtype
-        self.bias_for_logits = (
-            problem.bias.to(plan.gemm_result_dtype(plan.layout.logits)) if problem.bias is not None else None
-        )
-        target = problem.target
-        self.valid = target != problem.ignore_index
-        self.safe_target = torch.where(self.valid, target, 0)
-        class_weight = problem.class_weight
-        self.class_weight = class_weight.to(stats) if class_weight is not None else None
-        if self.class_weight is None:
-            self.row_weight = self.valid.to(stats)
+def bias_for_logits(plan: Plan, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """The bias in the logits GEMM's result dtype, converted once per call."""
+    return bias.to(plan.gemm_dtypes("logits").result) if bias is not None else None
+
+
+def chunk_logits(plan: Plan, head: HeadTensors, bias: torch.Tensor | None,
+                 rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``z = x @ W.T + b`` for the chunk's rows, in the stats dtype, and the chunk's input upcast to
+    acc_dtype (None unless the plan keeps one, for this GEMM or the weight-gradient one).
+
+    ``bias`` is ``head.bias`` as :func:`bias_for_logits` converted it.
+    """
+    x = head.input[rows]
+    x_in_acc = x.to(plan.acc_dtype) if plan.input_chunk_in_acc else None
+    if plan.upcasts_weight_for("logits"):
+        z = mm_upcast_weight_t(x_in_acc, head.weight)
+    else:
+        z = mm(x, head.weight.T, plan.gemm_dtypes("logits").result)
+    if bias is not None:
+        z.add_(bias)
+    if z.dtype != plan.stats_dtype:
+        z = z.to(plan.stats_dtype)
+    return z, x_in_acc
+
+
+def chunk_loss_and_softmax_(z: torch.Tensor, targets: Targets, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk's per-row losses ``l`` (0 for ignored rows) and ``lse``; leaves the softmax ``p`` in ``z``."""
+    eps = targets.label_smoothing
+    target_logit = z.gather(1, targets.safe_target[rows, None]).squeeze(1)
+    weighted_logit_sum = None
+    if eps:
+        weighted_logit_sum = z.sum(1) if targets.class_weight is None else z @ targets.class_weight
+    row_max = z.amax(1)
+    sum_exp = z.sub_(row_max[:, None]).exp_().sum(1)
+    z.div_(sum_exp[:, None])
+    lse = row_max + sum_exp.log()
+    loss = (1.0 - eps) * targets.row_weight[rows] * (lse - target_logit)
+    if weighted_logit_sum is not None:
+        loss = loss + eps / targets.num_classes * (targets.class_weight_sum * lse - weighted_logit_sum)
+    # where(), not a product: an ignored row with non-finite logits must not leak NaN.
+    return torch.where(targets.valid[rows], loss, 0), lse
+
+
+def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tensor | float) -> float:
+    """The power of two dz is divided by before it is rounded for a backward GEMM; 1.0 if none is needed.
+
+    fp16's smallest normal number is 6.1e-5, while softmax entries are about
+    1/C (4e-6 for C = 256k) and "mean" shrinks them by another 1/N, so
+    rounding dz to fp16 would flush most of it to subnormals. Every entry of
+    dz is bounded by 2 * max_row_scale * max(class weight); scaling that bound
+    to just under 2**14 keeps every product finite and leaves 28 binades of
+    normal numbers below it. Only plans whose narrow operands are fp16 need
+    this (bf16 has fp32's exponent range). The backward GEMMs multiply their
+    results by the same power of two, which undoes it exactly.
+    """
+    if not plan.rescales_grad_logits:
+        return 1.0
+    max_weight = 1.0 if targets.class_weight is None else float(targets.class_weight.abs().max())
+    bound = 2.0 * float(max_row_scale) * max_weight
+    if bound > 0 and math.isfinite(bound):
+        return 2.0 ** (math.ceil(math.log2(bound)) - 14)
+    return 1.0
+
+
+def chunk_grad_logits_(probs: torch.Tensor, row_scale: torch.Tensor, targets: Targets, rows: slice,
+                       rescale: float) -> torch.Tensor:
+    """Turn the chunk's softmax ``probs`` into ``dz / rescale``, in place (the formula in the module docstring).
+
+    ``row_scale`` (rows,) is ``s`` before ignored rows are zeroed; ``rescale``
+    comes from :func:`grad_logits_rescale`.
+    """
+    eps, c = targets.label_smoothing, targets.num_classes
+    scale = torch.where(targets.valid[rows], row_scale / rescale, 0)
+    target_coef = scale * (1.0 - eps) * targets.row_weight[rows]
+    prob_coef = target_coef
+    if eps:
+        prob_coef = prob_coef + scale * (eps / c) * targets.class_weight_sum
+    dz = probs.mul_(prob_coef[:, None])
+    dz.scatter_add_(1, targets.safe_target[rows, None], -target_coef[:, None])
+    if eps:
+        if targets.class_weight is None:
+            dz.sub_((eps / c) * scale[:, None])
         else:
-            self.row_weight = torch.where(self.valid, self.class_weight[self.safe_target], 0)
-        self.class_weight_sum = (
-            float(plan.num_classes) if self.class_weight is None else self.class_weight.sum()
-        )
-        # dz is multiplied by 1 / unscale (a power of two) before it is rounded to a
-        # narrow dtype, and GEMM results by unscale; see set_grad_logits_range().
-        self.unscale = 1.0
-        self.grads = Gradients()
-        self.weight_grad_sum: torch.Tensor | None = None
-        self.bias_grad_sum: torch.Tensor | None = None
-        if with_grads:
-            n, d = problem.input.shape
-            c = plan.num_classes
-            device = problem.input.device
-            if plan.needs_input_grad:
-                self.grads.input = torch.empty(n, d, dtype=plan.input_dtype, device=device)
-            if plan.needs_weight_grad:
-                self.weight_grad_sum = torch.zeros(c, d, dtype=plan.weight_grad_sum_dtype, device=device)
-            if plan.needs_bias_grad:
-                self.bias_grad_sum = torch.zeros(c, dtype=stats, device=device)
+            dz.addr_(scale, targets.class_weight, alpha=-eps / c)
+    return dz
 
-    # ---- one chunk -----------------------------------------------------------
-    def logits(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The chunk's logits in the stats dtype, and its input upcast to acc (if the plan keeps one)."""
-        plan, problem = self.plan, self.problem
-        x = problem.input[rows]
-        x_in_acc = x.to(plan.acc_dtype) if plan.uses_input_in_acc else None
-        if plan.upcasts_weight_for("logits"):
-            z = mm_upcast_weight_t(x_in_acc, problem.weight)
-        else:
-            z = mm(x, problem.weight.T, plan.gemm_result_dtype(plan.layout.logits))
-        if self.bias_for_logits is not None:
-            z.add_(self.bias_for_logits)
-        if z.dtype != plan.stats_dtype:
-            z = z.to(plan.stats_dtype)
-        return z, x_in_acc
 
-    def row_losses(self, lse: torch.Tensor, target_logit: torch.Tensor,
-                   weighted_logit_sum: torch.Tensor | None, rows: slice) -> torch.Tensor:
-        """Unscaled per-row loss of a chunk (0 for ignored rows)."""
-        eps = self.problem.label_smoothing
-        loss = (1.0 - eps) * self.row_weight[rows] * (lse - target_logit)
-        if weighted_logit_sum is not None:
-            loss = loss + eps / self.plan.num_classes * (self.class_weight_sum * lse - weighted_logit_sum)
-        # where(), not a product: an ignored row with non-finite logits must not leak NaN.
-        return torch.where(self.valid[rows], loss, 0)
+# ---- gradients summed over chunks ---------------------------------------------------------------
 
-    def loss_and_softmax_(self, z: torch.Tensor, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-row losses and log-sum-exp of a chunk; leaves the softmax in ``z``."""
-        target_logit = z.gather(1, self.safe_target[rows, None]).squeeze(1)
-        weighted_logit_sum = None
-        if self.problem.label_smoothing:
-            weighted_logit_sum = z.sum(1) if self.class_weight is None else z @ self.class_weight
-        row_max = z.amax(1)
-        sum_exp = z.sub_(row_max[:, None]).exp_().sum(1)
-        z.div_(sum_exp[:, None])
-        lse = row_max + sum_exp.log()
-        return self.row_losses(lse, target_logit, weighted_logit_sum, rows), lse
+class GradientSums:
+    """The requested gradients of one call while the chunks add to them, and their rounding at the end.
 
-    def set_grad_logits_range(self, max_row_scale: torch.Tensor | float) -> None:
-        """Pick a power-of-two scale that keeps dz inside the narrow dtype's normal range.
+    ``input`` (N, D) in the input dtype receives each chunk's rows; ``weight``
+    (C, D) and ``bias`` (C,) are sums over chunks in the plan's
+    ``weight_grad_sum_dtype`` and stats dtype. Each is None when not requested.
+    """
 
-        fp16's smallest normal number is 6.1e-5, while softmax entries are about
-        1/C (4e-6 for C = 256k) and "mean" shrinks them by another 1/N, so
-        rounding dz to fp16 would flush most of it to subnormals. Every entry of
-        dz is bounded by 2 * row_scale * max(class weight); scaling that bound
-        to 2**14 keeps all of dz normal and every product finite. Only plans
-        whose narrow operands are fp16 need this (bf16 has fp32's exponent range).
+    def __init__(self, plan: Plan, head: HeadTensors):
+        self.plan = plan
+        n, d = head.input.shape
+        c, device = plan.num_classes, head.input.device
+        wanted = plan.needs_grad
+        self.input = torch.empty(n, d, dtype=plan.input_dtype, device=device) if wanted.input else None
+        self.weight = torch.zeros(c, d, dtype=plan.weight_grad_sum_dtype, device=device) if wanted.weight else None
+        self.bias = torch.zeros(c, dtype=plan.stats_dtype, device=device) if wanted.bias else None
+
+    def add_chunk(self, head: HeadTensors, rows: slice, dz: torch.Tensor, x_in_acc: torch.Tensor | None,
+                  rescale: float) -> None:
+        """Add the chunk's products: ``grad_input[rows] = dz @ W``, ``grad_weight += dz.T @ x``,
+        ``grad_bias += dz.sum(0)``, each GEMM in the plan's precision.
+
+        ``dz`` is the chunk's ``dz / rescale`` (stats dtype); every product is
+        multiplied by ``rescale`` before it is rounded or added. ``x_in_acc``
+        is the chunk's input in acc_dtype from :func:`chunk_logits`.
         """
-        if not self.plan.rescales_grad_logits:
-            return
-        max_weight = 1.0 if self.class_weight is None else float(self.class_weight.abs().max())
-        bound = 2.0 * float(max_row_scale) * max_weight
-        if bound > 0 and math.isfinite(bound):
-            self.unscale = 2.0 ** (math.ceil(math.log2(bound)) - 14)
+        plan, weight = self.plan, head.weight
+        rounded: dict[torch.dtype, torch.Tensor] = {dz.dtype: dz}
 
-    def grad_logits_(self, probs: torch.Tensor, scale: torch.Tensor, rows: slice) -> torch.Tensor:
-        """Turn the softmax ``probs`` of a chunk into dz, in place (see the module docstring)."""
-        eps = self.problem.label_smoothing
-        c = self.plan.num_classes
-        valid = self.valid[rows]
-        scale = torch.where(valid, scale / self.unscale, 0)
-        target_coef = scale * (1.0 - eps) * self.row_weight[rows]
-        prob_coef = target_coef
-        if eps:
-            prob_coef = prob_coef + scale * (eps / c) * self.class_weight_sum
-        dz = probs.mul_(prob_coef[:, None])
-        dz.scatter_add_(1, self.safe_target[rows, None], -target_coef[:, None])
-        if eps:
-            if self.class_weight is None:
-                dz.sub_((eps / c) * scale[:, None])
-            else:
-                dz.addr_(scale, self.class_weight, alpha=-eps / c)
-        return dz
+        def dz_as(dtype: torch.dtype) -> torch.Tensor:
+            """dz rounded to a GEMM's operand dtype, at most once per dtype and chunk."""
+            if dtype not in rounded:
+                rounded[dtype] = dz.to(dtype)
+            return rounded[dtype]
 
-    def accumulate_grads(self, dz: torch.Tensor, x_in_acc: torch.Tensor | None, rows: slice) -> None:
-        """Add the chunk's contribution to every requested gradient."""
-        plan, problem, layout = self.plan, self.problem, self.plan.layout
-        as_dtype: dict[torch.dtype, torch.Tensor] = {dz.dtype: dz}
-
-        def dz_in(dtype: torch.dtype) -> torch.Tensor:
-            if dtype not in as_dtype:
-                as_dtype[dtype] = dz.to(dtype)
-            return as_dtype[dtype]
-
-        if plan.needs_input_grad:
-            gemm = layout.grad_input
-            operand_dtype = plan.gemm_operand_dtype(gemm)
-            result_dtype = plan.gemm_result_dtype(gemm)
-            rows_of_grad = self.grads.input[rows]
+        if self.input is not None:
+            operands, result = plan.gemm_dtypes("grad_input")
+            out = self.input[rows]
             if plan.upcasts_weight_for("grad_input"):
-                rows_of_grad.copy_(mm_upcast_weight(dz_in(operand_dtype), problem.weight, alpha=self.unscale))
-            elif result_dtype == plan.input_dtype:
-                mm(dz_in(operand_dtype), problem.weight, result_dtype, out=rows_of_grad, alpha=self.unscale)
+                out.copy_(mm_upcast_weight(dz_as(operands), weight, alpha=rescale))
+            elif result == plan.input_dtype:
+                mm(dz_as(operands), weight, result, out=out, alpha=rescale)
             else:
-                rows_of_grad.copy_(mm(dz_in(operand_dtype), problem.weight, result_dtype, alpha=self.unscale))
-        if plan.needs_weight_grad:
-            gemm = layout.grad_weight
-            operand_dtype = plan.gemm_operand_dtype(gemm)
-            x = problem.input[rows] if operand_dtype == plan.input_dtype else x_in_acc
-            add_mm_(self.weight_grad_sum, dz_in(operand_dtype).T, x, plan.gemm_result_dtype(gemm),
-                    alpha=self.unscale)
-        if plan.needs_bias_grad:
-            self.bias_grad_sum.add_(dz.sum(0), alpha=self.unscale)
+                out.copy_(mm(dz_as(operands), weight, result, alpha=rescale))
+        if self.weight is not None:
+            operands, product = plan.gemm_dtypes("grad_weight")
+            x = head.input[rows] if operands == plan.input_dtype else x_in_acc
+            add_mm_(self.weight, dz_as(operands).T, x, product, alpha=rescale)
+        if self.bias is not None:
+            self.bias.add_(dz.sum(0), alpha=rescale)
 
-    def finish_grads(self) -> Gradients:
-        """Round the sums to the input dtype once and hand out the gradients."""
+    def finish(self) -> Gradients:
+        """Round the sums to the input dtype, once, and hand out the gradients (the sum itself where
+        it already has that dtype)."""
         dtype = self.plan.input_dtype
-        if self.weight_grad_sum is not None:
-            self.grads.weight = self.weight_grad_sum.to(dtype)  # the sum itself when it has the dtype
-            self.weight_grad_sum = None
-        if self.bias_grad_sum is not None:
-            self.grads.bias = self.bias_grad_sum.to(dtype)
-        return self.grads
-
-    def chunks(self):
-        n, size = self.problem.input.shape[0], self.plan.batch_chunk_size
-        return (slice(start, min(start + size, n)) for start in range(0, n, size))
+        grads = Gradients(input=self.input)
+        if self.weight is not None:
+            grads.weight = self.weight.to(dtype)
+            self.weight = None  # a separate accumulator is freed now, not when the sums object goes
+        if self.bias is not None:
+            grads.bias = self.bias.to(dtype)
+        return grads
 
 
-def scalar_loss_and_grads(plan: Plan, problem: Problem) -> tuple[torch.Tensor, Gradients]:
+# ---- the passes ---------------------------------------------------------------------------------
+
+def scalar_loss_and_grads(plan: Plan, head: HeadTensors, targets: Targets) -> tuple[torch.Tensor, Gradients]:
     """Loss for "mean"/"sum" and, as the plan requests, its gradients (already scaled for the reduction)."""
-    call = _Call(plan, problem, with_grads=plan.any_grad)
-    total_weight = call.row_weight.sum(dtype=torch.float64)
+    device = head.input.device
+    sums = GradientSums(plan, head) if any(plan.needs_grad) else None
+    total_weight = targets.row_weight.sum(dtype=torch.float64)
     if plan.reduction == "mean":
         # An all-ignored batch has a 0/0 = NaN loss but must get zero gradients.
         grad_scale = torch.where(total_weight > 0, 1.0 / total_weight, 0.0).to(plan.stats_dtype)
     else:
-        grad_scale = torch.ones((), dtype=plan.stats_dtype, device=problem.input.device)
-    if plan.any_grad:
-        call.set_grad_logits_range(grad_scale)
-    loss_sum = torch.zeros((), dtype=plan.loss_sum_dtype, device=problem.input.device)
-    for rows in call.chunks():
-        loss_sum += _scalar_chunk(call, rows, grad_scale)
+        grad_scale = torch.ones((), dtype=plan.stats_dtype, device=device)
+    rescale = grad_logits_rescale(plan, targets, grad_scale) if sums is not None else 1.0
+    bias = bias_for_logits(plan, head.bias)
+    loss_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
+    for rows in plan.row_chunks():
+        loss_sum += _scalar_chunk(plan, head, bias, targets, sums, rows, grad_scale, rescale)
     loss = loss_sum / total_weight if plan.reduction == "mean" else loss_sum
-    return loss.to(plan.input_dtype), (call.finish_grads() if plan.any_grad else Gradients())
+    return loss.to(plan.input_dtype), (sums.finish() if sums is not None else Gradients())
 
 
-def _scalar_chunk(call: _Call, rows: slice, grad_scale: torch.Tensor) -> torch.Tensor:
-    """One chunk of the scalar reductions: its loss sum (fp64), gradients accumulated into ``call``.
-
-    A function of its own so that the chunk's buffers are freed when it returns.
-    """
-    z, x_in_acc = call.logits(rows)
-    losses, _ = call.loss_and_softmax_(z, rows)
-    if call.plan.any_grad:
-        dz = call.grad_logits_(z, grad_scale.expand(z.shape[0]), rows)
-        call.accumulate_grads(dz, x_in_acc, rows)
-    return losses.sum(dtype=call.plan.loss_sum_dtype)
+def _scalar_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
+                  sums: GradientSums | None, rows: slice, grad_scale: torch.Tensor, rescale: float) -> torch.Tensor:
+    """One chunk of the scalar reductions: its loss sum (fp64); its gradients go into ``sums``."""
+    z, x_in_acc = chunk_logits(plan, head, bias, rows)
+    losses, _ = chunk_loss_and_softmax_(z, targets, rows)
+    if sums is not None:
+        dz = chunk_grad_logits_(z, grad_scale.expand(z.shape[0]), targets, rows, rescale)
+        sums.add_chunk(head, rows, dz, x_in_acc, rescale)
+    return losses.sum(dtype=LOSS_SUM_DTYPE)
 
 
-def per_row_loss(plan: Plan, problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+def per_row_loss(plan: Plan, head: HeadTensors, targets: Targets) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row losses for reduction="none" (input dtype) and the log-sum-exp rows backward reuses."""
-    call = _Call(plan, problem, with_grads=False)
-    n = problem.input.shape[0]
-    losses = torch.empty(n, dtype=plan.input_dtype, device=problem.input.device)
-    lse = torch.empty(n, dtype=plan.stats_dtype, device=problem.input.device)
-    for rows in call.chunks():
-        losses[rows], lse[rows] = call.loss_and_softmax_(call.logits(rows)[0], rows)
+    n, device = head.input.shape[0], head.input.device
+    losses = torch.empty(n, dtype=plan.input_dtype, device=device)
+    lse = torch.empty(n, dtype=plan.stats_dtype, device=device)
+    bias = bias_for_logits(plan, head.bias)
+    for rows in plan.row_chunks():
+        losses[rows], lse[rows] = _per_row_loss_chunk(plan, head, bias, targets, rows)
     return losses, lse
 
 
-def per_row_grads(plan: Plan, problem: Problem, lse: torch.Tensor, grad_losses: torch.Tensor) -> Gradients:
+def _per_row_loss_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
+                        rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    z = chunk_logits(plan, head, bias, rows)[0]  # the input chunk in acc_dtype is not needed past the GEMM
+    return chunk_loss_and_softmax_(z, targets, rows)
+
+
+def per_row_grads(plan: Plan, head: HeadTensors, targets: Targets, lse: torch.Tensor,
+                  grad_losses: torch.Tensor) -> Gradients:
     """Gradients of sum(grad_losses * losses) for reduction="none", recomputing logits chunk by chunk."""
-    call = _Call(plan, problem, with_grads=True)
-    scale = grad_losses.to(plan.stats_dtype)
-    call.set_grad_logits_range(scale.abs().max() if scale.numel() else 0.0)
-    for rows in call.chunks():
-        _per_row_grad_chunk(call, rows, lse, scale)
-    return call.finish_grads()
+    sums = GradientSums(plan, head)
+    row_scale = grad_losses.to(plan.stats_dtype)
+    rescale = grad_logits_rescale(plan, targets, row_scale.abs().max() if row_scale.numel() else 0.0)
+    bias = bias_for_logits(plan, head.bias)
+    for rows in plan.row_chunks():
+        _per_row_grad_chunk(plan, head, bias, targets, sums, rows, lse, row_scale, rescale)
+    return sums.finish()
 
 
-def _per_row_grad_chunk(call: _Call, rows: slice, lse: torch.Tensor, scale: torch.Tensor) -> None:
-    z, x_in_acc = call.logits(rows)
+def _per_row_grad_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
+                        sums: GradientSums, rows: slice, lse: torch.Tensor, row_scale: torch.Tensor,
+                        rescale: float) -> None:
+    z, x_in_acc = chunk_logits(plan, head, bias, rows)
     probs = z.sub_(lse[rows, None]).exp_()
-    call.accumulate_grads(call.grad_logits_(probs, scale[rows], rows), x_in_acc, rows)
+    dz = chunk_grad_logits_(probs, row_scale[rows], targets, rows, rescale)
+    sums.add_chunk(head, rows, dz, x_in_acc, rescale)

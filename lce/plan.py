@@ -1,28 +1,50 @@
 """Resolve options against one call into a :class:`Plan`: what will actually run.
 
-The plan fixes the chunk size and count, ``acc_dtype``, the precision layout
-(from :mod:`lce.policies`), the dtype and shape of every buffer the chunk loop
-allocates, and from those the predicted peak of extra memory. The chunk loop
-(:mod:`lce.chunked`) takes every dtype decision from here.
+The plan fixes the chunk size and count, ``acc_dtype`` and the precision
+layout (from :mod:`lce.policies`), and answers every dtype question the chunk
+loop (:mod:`lce.chunked`) asks: each GEMM's operand and result dtype, the dtype
+of the softmax statistics and of the gradient sums, which operands are upcast.
+What those choices allocate, and the predicted peak, is the memory model's
+(:mod:`lce.memory_model`); ``plan.buffers`` and ``plan.peak_extra_bytes`` ask it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Literal
+from collections.abc import Iterator
+from typing import Literal, NamedTuple
 
 import torch
 
+from . import memory_model
 from .device import device_kind_of, has_mixed_precision_mm
-from .gemm import rows_per_block
+from .memory_model import Buffer
 from .options import LinearCrossEntropyOptions, dtype_name, parse_chunking_method
 from .policies import COMPACT_ON_CPU_NOTE, LAYOUTS, Gemm, Layout, Role, auto_pick
 
-__all__ = ["Plan", "Buffer", "make_plan"]
+__all__ = ["Plan", "GradsNeeded", "GemmDtypes", "LOSS_SUM_DTYPE", "make_plan"]
 
-Stage = Literal["forward", "backward"]
-Span = Literal["call", "chunk", "final", "kept"]
+GemmName = Literal["logits", "grad_input", "grad_weight"]
+
+LOSS_SUM_DTYPE = torch.float64
+"""The cross-chunk loss total: fp64, so the loss never drifts with the chunk count."""
+
+
+class GradsNeeded(NamedTuple):
+    """Which gradients a call must produce (those of the tensors that require grad, under grad mode)."""
+
+    input: bool
+    weight: bool
+    bias: bool
+
+
+class GemmDtypes(NamedTuple):
+    """The concrete precision of one GEMM in a plan."""
+
+    operands: torch.dtype
+    result: torch.dtype
+
 
 def aspect_ratio_chunk_size(num_rows: int, in_features: int, num_classes: int, divisor: int) -> int:
     """Rows per chunk for ``"aspect_ratio:divisor"``.
@@ -37,32 +59,6 @@ def aspect_ratio_chunk_size(num_rows: int, in_features: int, num_classes: int, d
     target = -(-num_rows // ratio)
     power_of_two = 1 << max(target - 1, 0).bit_length()
     return max(1, min(power_of_two // divisor, num_rows))
-
-
-@dataclasses.dataclass(frozen=True)
-class Buffer:
-    """One allocation the op makes: its purpose, shape, dtype and when it is alive.
-
-    ``stage`` is the pass that allocates it. ``span`` is "call" (made before
-    the chunk loop, freed when the pass returns), "chunk" (remade per chunk,
-    one generation alive at a time), "final" (made after the loop, when the
-    chunk buffers are gone: a gradient rounded from its accumulator) or "kept"
-    (outlives the pass: returned gradients and what forward saves for backward).
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    stage: Stage
-    span: Span
-    purpose: str
-
-    @property
-    def nbytes(self) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count * self.dtype.itemsize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,192 +80,80 @@ class Plan:
     num_classes: int
     reduction: str
     layout: Layout
-    needs_grad: tuple[bool, bool, bool]
+    needs_grad: GradsNeeded
     allow_retain_graph: bool
     notes: tuple[str, ...] = ()
 
-    # ---- derived precision -------------------------------------------------
+    # ---- what the chunk loop asks ------------------------------------------
     def dtype(self, role: Role) -> torch.dtype:
         """The dtype a layout role ("input" or "acc") stands for in this plan."""
         return self.input_dtype if role == "input" else self.acc_dtype
 
-    @property
-    def stats_dtype(self) -> torch.dtype:
-        """Softmax statistics, per-row losses and dz: at least fp32 and at least the logits'."""
-        return torch.promote_types(self.dtype(self.layout.logits.result), torch.float32)
+    def gemm_dtypes(self, name: GemmName) -> GemmDtypes:
+        """Operand and result dtype of the named GEMM ("logits", "grad_input" or "grad_weight")."""
+        gemm: Gemm = getattr(self.layout, name)
+        return GemmDtypes(self.dtype(gemm.operands), self.dtype(gemm.result))
 
     @property
-    def loss_sum_dtype(self) -> torch.dtype:
-        """The cross-chunk loss total: fp64, so the loss never drifts with the chunk count."""
-        return torch.float64
+    def stats_dtype(self) -> torch.dtype:
+        """Softmax statistics, per-row losses, dz and the bias-gradient sum: at least fp32 and at least
+        the logits' dtype."""
+        return torch.promote_types(self.gemm_dtypes("logits").result, torch.float32)
 
     @property
     def weight_grad_sum_dtype(self) -> torch.dtype:
+        """Where the weight gradient is summed over chunks (the gradient itself when it is the input dtype)."""
         return self.dtype(self.layout.weight_grad_sum)
 
     @property
     def num_chunks(self) -> int:
         return -(-self.num_rows // self.batch_chunk_size)
 
-    @property
-    def needs_input_grad(self) -> bool:
-        return self.needs_grad[0]
+    def row_chunks(self) -> Iterator[slice]:
+        """The rows of each chunk, in loop order; every chunk but the last has ``batch_chunk_size`` rows."""
+        size = self.batch_chunk_size
+        return (slice(start, min(start + size, self.num_rows)) for start in range(0, self.num_rows, size))
 
-    @property
-    def needs_weight_grad(self) -> bool:
-        return self.needs_grad[1]
-
-    @property
-    def needs_bias_grad(self) -> bool:
-        return self.needs_grad[2]
-
-    @property
-    def any_grad(self) -> bool:
-        return any(self.needs_grad)
-
-    def gemm_operand_dtype(self, gemm: Gemm) -> torch.dtype:
-        return self.dtype(gemm.operands)
-
-    def gemm_result_dtype(self, gemm: Gemm) -> torch.dtype:
-        return self.dtype(gemm.result)
-
-    @property
-    def rounds_grad_logits_narrow(self) -> bool:
-        """Whether dz is rounded to the input dtype for a backward GEMM."""
-        narrow_input_grad = self.needs_input_grad and self.layout.grad_input.operands == "input"
-        narrow_weight_grad = self.needs_weight_grad and self.layout.grad_weight.operands == "input"
-        return (narrow_input_grad or narrow_weight_grad) and self.input_dtype != self.stats_dtype
-
-    @property
-    def rescales_grad_logits(self) -> bool:
-        """Whether dz needs a power-of-two rescale to stay normal in the input dtype (fp16)."""
-        return self.rounds_grad_logits_narrow and torch.finfo(self.input_dtype).max < 1e6
-
-    @property
-    def upcasts_fp16_gemms(self) -> bool:
-        """Whether fp16 GEMMs on CPU upcast their operands per call (only when acc_dtype is fp16 too)."""
-        return self.device_kind == "cpu" and self.input_dtype == torch.float16 and self.acc_dtype == torch.float16
-
-    def upcasts_weight_for(self, gemm_name: str) -> bool:
-        """Whether the named GEMM ("logits" or "grad_input") reads the weight upcast to acc_dtype.
+    def upcasts_weight_for(self, gemm_name: Literal["logits", "grad_input"]) -> bool:
+        """Whether the named GEMM reads the weight upcast to acc_dtype.
 
         The upcast happens a block of rows at a time (:func:`lce.gemm.rows_per_block`),
         so no ``(C, D)`` acc_dtype copy of the weight ever exists.
         """
-        if self.acc_dtype == self.input_dtype:
+        if gemm_name == "grad_input" and not self.needs_grad.input:
             return False
-        if gemm_name == "grad_input" and not self.needs_input_grad:
-            return False
-        return getattr(self.layout, gemm_name).operands == "acc"
+        return self.gemm_dtypes(gemm_name).operands != self.input_dtype
 
     @property
-    def uses_input_in_acc(self) -> bool:
-        """Whether each chunk of the input is upcast to acc_dtype."""
+    def input_chunk_in_acc(self) -> bool:
+        """Whether each chunk of the input is upcast to acc_dtype (for the logits or the weight-gradient GEMM)."""
         if self.acc_dtype == self.input_dtype:
             return False
         if self.layout.logits.operands == "acc":
             return True
-        return self.needs_weight_grad and self.layout.grad_weight.operands == "acc"
+        return self.needs_grad.weight and self.layout.grad_weight.operands == "acc"
 
     @property
-    def uses_weight_grad_accumulator(self) -> bool:
-        """Whether a separate ``(C, D)`` buffer sums the weight gradient over chunks."""
-        return self.needs_weight_grad and self.weight_grad_sum_dtype != self.input_dtype
+    def rescales_grad_logits(self) -> bool:
+        """Whether dz, rounded to an fp16 input dtype for a backward GEMM whose layout role is "input",
+        needs a power-of-two rescale to stay in fp16's normal range (see lce.chunked.grad_logits_rescale)."""
+        narrow_input_grad = self.needs_grad.input and self.layout.grad_input.operands == "input"
+        narrow_weight_grad = self.needs_grad.weight and self.layout.grad_weight.operands == "input"
+        rounds_to_input = (narrow_input_grad or narrow_weight_grad) and self.input_dtype != self.stats_dtype
+        return rounds_to_input and torch.finfo(self.input_dtype).max < 1e6
 
-    # ---- memory model ------------------------------------------------------
+    # ---- memory (lce.memory_model) ----------------------------------------
     @functools.cached_property
     def buffers(self) -> tuple[Buffer, ...]:
         """Every allocation of one forward + backward, in the order the loop makes them."""
-        n, d, c, rows = self.num_rows, self.in_features, self.num_classes, self.batch_chunk_size
-        rows = min(rows, n)
-        in_dt, acc_dt, stats_dt = self.input_dtype, self.acc_dtype, self.stats_dtype
-        scalar = self.reduction != "none"
-        out: list[Buffer] = []
-
-        grad_stage: Stage = "forward" if scalar else "backward"
-        kept_grad: Span = "kept" if scalar else "call"
-
-        def add(name: str, shape: tuple[int, ...], dtype: torch.dtype, stage: Stage, span: Span,
-                purpose: str) -> None:
-            out.append(Buffer(name, shape, dtype, stage, span, purpose))
-
-        if not scalar:
-            add("loss_per_row", (n,), in_dt, "forward", "kept", "the (N,) output of reduction='none'")
-            add("row_logsumexp", (n,), stats_dt, "forward", "kept", "log-sum-exp per row, saved for backward")
-        stages: tuple[Stage, ...] = ("forward",) if scalar else ("forward", "backward")
-        for stage in stages:
-            if stage == "backward" or self.any_grad or not scalar:
-                add("row_weights", (n,), stats_dt, stage, "call", "class weight of each row's target, 0 if ignored")
-        if self.needs_input_grad:
-            add("grad_input", (n, d), in_dt, grad_stage, kept_grad, "gradient w.r.t. input (returned)")
-        if self.needs_weight_grad:
-            if self.uses_weight_grad_accumulator:
-                add("weight_grad_accumulator", (c, d), self.weight_grad_sum_dtype, grad_stage, "call",
-                    "sum of the weight gradient over all chunks, rounded once at the end")
-                add("grad_weight", (c, d), in_dt, grad_stage, "final",
-                    "gradient w.r.t. the weight, rounded from the accumulator (returned)")
-            else:
-                add("grad_weight", (c, d), in_dt, grad_stage, kept_grad,
-                    "gradient w.r.t. the weight, accumulated in place (returned)")
-        if self.needs_bias_grad:
-            add("bias_grad_accumulator", (c,), stats_dt, grad_stage, "call", "bias gradient summed over chunks")
-            add("grad_bias", (c,), in_dt, grad_stage, "final",
-                "gradient w.r.t. the bias (returned)")
-
-                # Per chunk: the logits in every pass that computes them, the gradient chunk where gradients are made.
-        logits_dt = self.gemm_result_dtype(self.layout.logits)
-        for stage in stages:
-            if self.uses_input_in_acc:
-                add("input_chunk_in_acc", (rows, d), acc_dt, stage, "chunk", "chunk of the input upcast to acc_dtype")
-            add("logits_chunk", (rows, c), logits_dt, stage, "chunk", "logits of one chunk, then softmax in place")
-            if self.upcasts_weight_for("logits") or (stage == grad_stage and self.upcasts_weight_for("grad_input")):
-                block = min(rows_per_block(d), c)
-                add("weight_block_in_acc", (block, d), acc_dt, stage, "chunk",
-                    "a block of weight rows upcast to acc_dtype (no full-size copy)")
-                add("logits_block", (rows, block), acc_dt, stage, "chunk",
-                    "one block's GEMM result before it is placed")
-            if logits_dt != stats_dt:
-                add("probs_chunk", (rows, c), stats_dt, stage, "chunk", "softmax of the chunk in fp32")
-            if self.upcasts_fp16_gemms:
-                add("fp16_gemm_upcast", (c, d), torch.float32, stage, "chunk",
-                    "fp32 copy of the fp16 weight for one GEMM (CPU has no fast fp16 GEMM)")
-        if self.any_grad:
-            if self.rounds_grad_logits_narrow:
-                add("grad_logits_narrow", (rows, c), in_dt, grad_stage, "chunk",
-                    "dz rounded for the low-precision GEMMs")
-            gi_dt = self.gemm_result_dtype(self.layout.grad_input)
-            if self.needs_input_grad and gi_dt != in_dt:
-                add("grad_input_chunk", (rows, d), gi_dt, grad_stage, "chunk",
-                    "grad_input of one chunk before rounding")
-            wg_operands = self.gemm_operand_dtype(self.layout.grad_weight)
-            wg_product = self.gemm_result_dtype(self.layout.grad_weight)
-            if self.needs_weight_grad and not (wg_operands == wg_product == self.weight_grad_sum_dtype):
-                add("weight_grad_chunk", (c, d), wg_product, grad_stage, "chunk",
-                    "one chunk's weight-gradient product")
-        return tuple(out)
+        return memory_model.plan_buffers(self)
 
     @property
     def peak_extra_bytes(self) -> int:
-        """Predicted peak of bytes allocated by one forward + backward, beyond the inputs.
-
-        In each pass the peak is what that pass keeps from earlier, plus its
-        call-long buffers, plus the larger of one chunk's buffers and the
-        buffers made after the loop. For the scalar reductions backward only
-        scales the kept gradients, in place, or -- with ``allow_retain_graph``
-        -- into fresh copies, which then coexist with the kept ones.
-        """
-        def total(stage: Stage, span: Span) -> int:
-            return sum(b.nbytes for b in self.buffers if b.stage == stage and b.span == span)
-
-        forward = total("forward", "call") + max(total("forward", "chunk"), total("forward", "final"))
-        kept = total("forward", "kept") + total("forward", "final")
-        backward = kept + total("backward", "call") + max(total("backward", "chunk"), total("backward", "final"))
-        if self.reduction != "none" and self.allow_retain_graph:
-            backward = 2 * kept
-        return max(forward + total("forward", "kept"), backward)
+        """Predicted peak of bytes allocated by one forward + backward, beyond the inputs."""
+        return memory_model.peak_extra_bytes(self)
 
     def __str__(self) -> str:
-        layout = self.layout
         lines = [
             f"lce plan on {self.device_kind}: input {dtype_name(self.input_dtype)}, acc {dtype_name(self.acc_dtype)}, "
             f"policy {self.acc_policy}",
@@ -277,22 +161,25 @@ class Plan:
             f"reduction={self.reduction!r}",
             f"  chunking   {self.chunking_method or 'explicit'}: {self.num_chunks} chunk(s) of "
             f"{self.batch_chunk_size} rows",
-            f"  GEMMs      logits {self._gemm_text(layout.logits)}, grad_input "
-            f"{self._gemm_text(layout.grad_input)}, grad_weight {self._gemm_text(layout.grad_weight)}",
-            f"  sums       softmax/loss {dtype_name(self.stats_dtype)}, loss total {dtype_name(self.loss_sum_dtype)}, "
+            f"  GEMMs      logits {self._gemm_text('logits')}, grad_input {self._gemm_text('grad_input')}, "
+            f"grad_weight {self._gemm_text('grad_weight')}",
+            f"  sums       softmax/loss {dtype_name(self.stats_dtype)}, loss total {dtype_name(LOSS_SUM_DTYPE)}, "
             f"weight grad {dtype_name(self.weight_grad_sum_dtype)}",
             "  buffers",
         ]
         for b in self.buffers:
             lines.append(f"    {b.name:<24} {str(b.shape):<16} {dtype_name(b.dtype):<9} {b.stage:<8} {b.span:<5} "
-                         f"{b.nbytes / 2**20:10.2f} MiB")
+                         f"{b.nbytes / 2**20:10.2f} MiB  {' '.join(b.steps)}".rstrip())
+        stages = dict.fromkeys(b.stage for b in self.buffers)
+        chunk_peaks = ", ".join(f"{stage} {memory_model.chunk_peak_bytes(self, stage) / 2**20:.2f} MiB"
+                                for stage in stages)
+        lines.append(f"  chunk peak {chunk_peaks} (its largest step)")
         lines.append(f"  predicted peak extra memory: {self.peak_extra_bytes / 2**20:.2f} MiB")
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
 
-    def _gemm_text(self, gemm: Gemm) -> str:
-        operands = dtype_name(self.gemm_operand_dtype(gemm))
-        result = dtype_name(self.gemm_result_dtype(gemm))
+    def _gemm_text(self, name: GemmName) -> str:
+        operands, result = (dtype_name(dtype) for dtype in self.gemm_dtypes(name))
         return operands if operands == result else f"{operands}->{result}"
 
 
@@ -367,7 +254,7 @@ def make_plan(
         num_classes=num_classes,
         reduction=reduction,
         layout=layout,
-        needs_grad=needs_grad,
+        needs_grad=GradsNeeded(*needs_grad),
         allow_retain_graph=options.allow_retain_graph,
         notes=tuple(notes),
     )

@@ -75,8 +75,9 @@ class Case:
 
 
 @dataclasses.dataclass
-class Problem:
-    """Leaf tensors of one call plus the keyword arguments that go with them."""
+class CallArgs:
+    """The arguments of one linear_cross_entropy call: leaf tensors, keyword arguments, and the
+    incoming gradient for reduction="none"."""
 
     input: torch.Tensor
     linear_weight: torch.Tensor
@@ -97,7 +98,7 @@ class Problem:
             label_smoothing=self.label_smoothing,
         )
 
-    def replace(self, **changes: Any) -> Problem:
+    def replace(self, **changes: Any) -> CallArgs:
         return dataclasses.replace(self, **changes)
 
 
@@ -113,8 +114,8 @@ def make_targets(
     return torch.where(ignore_mask, torch.full_like(target, ignore_value), target)
 
 
-def make_problem(case: Case, *, seed: int = 0, dtype: torch.dtype = F64, logit_scale: float = 2.0) -> Problem:
-    """Deterministic random problem for ``case``, built in fp64 then cast to ``dtype``.
+def make_problem(case: Case, *, seed: int = 0, dtype: torch.dtype = F64, logit_scale: float = 2.0) -> CallArgs:
+    """Deterministic random :class:`CallArgs` for ``case``, built in fp64 then cast to ``dtype``.
 
     Row 0 is never ignored (so the 1-D variant always has a live target).
     """
@@ -139,7 +140,7 @@ def make_problem(case: Case, *, seed: int = 0, dtype: torch.dtype = F64, logit_s
     def cast(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(dtype)
 
-    return Problem(
+    return CallArgs(
         input=cast(x),
         linear_weight=cast(W),
         target=target,
@@ -179,7 +180,7 @@ def reference_loss(input, linear_weight, target, *, linear_bias=None, weight=Non
 
 def run(
     fn: Callable[..., torch.Tensor],
-    problem: Problem,
+    problem: CallArgs,
     *,
     options: Any = None,
     requires_grad: Iterable[str] = GRAD_NAMES,
@@ -212,11 +213,11 @@ def run(
     return loss.detach(), grads
 
 
-def lce_run(problem: Problem, options: Any, **kw):
+def lce_run(problem: CallArgs, options: Any, **kw):
     return run(lce.linear_cross_entropy, problem, options=options, **kw)
 
 
-def ref_run(problem: Problem, **kw):
+def ref_run(problem: CallArgs, **kw):
     return run(reference_loss, problem, **kw)
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import lce
-from helpers import F64, Problem, assert_parity, ref_run, reference_loss, run
+from helpers import F64, CallArgs, assert_parity, ref_run, reference_loss, run
 
 KDIM_REASON = r"k-dim|out_features|multi-?dim"
 PROBS_REASON = r"probabilit"  # matched case-insensitively
@@ -29,7 +29,7 @@ def _kdim_problem(out_features, reduction, bias, g_seed=0):
     target = torch.randint(0, C, (N, *out_features), generator=g)
     target[0] = -100
     loss_shape = (N, *out_features) if reduction == "none" else ()
-    return Problem(
+    return CallArgs(
         input=torch.randn(N, D, generator=g, dtype=F64), linear_weight=W, target=target, linear_bias=b,
         weight=torch.rand(C, generator=g, dtype=F64) + 0.5, reduction=reduction, ignore_index=None,
         label_smoothing=0.0, grad_output=torch.randn(loss_shape, generator=g, dtype=F64),
@@ -43,7 +43,7 @@ def _probs_problem(one_d, reduction, bias, label_smoothing, out_features=(), g_s
     b = torch.randn(C, *out_features, generator=g, dtype=F64) if bias else None
     target = torch.softmax(torch.randn(*batch, C, *out_features, generator=g, dtype=F64), dim=len(batch))
     loss_shape = (*batch, *out_features) if reduction == "none" else ()
-    return Problem(
+    return CallArgs(
         input=torch.randn(*batch, D, generator=g, dtype=F64), linear_weight=W, target=target, linear_bias=b,
         weight=torch.rand(C, generator=g, dtype=F64) + 0.5, reduction=reduction, ignore_index=None,
         label_smoothing=label_smoothing, grad_output=torch.randn(loss_shape, generator=g, dtype=F64),
@@ -117,7 +117,7 @@ def test_supported_configs_do_not_warn(changes):
     changes = dict(changes)
     one_d = changes.pop("one_d", False)
     g = torch.Generator().manual_seed(2)
-    problem = Problem(
+    problem = CallArgs(
         input=torch.randn(N, D, generator=g, dtype=F64), linear_weight=torch.randn(C, D, generator=g, dtype=F64),
         target=torch.randint(0, C, (N,), generator=g), linear_bias=torch.randn(C, generator=g, dtype=F64),
         weight=torch.rand(C, generator=g, dtype=F64) + 0.5, reduction="mean", ignore_index=None,

@@ -83,7 +83,7 @@ def test_plan_prints_every_buffer_and_the_peak():
     for buffer in plan.buffers:
         assert buffer.name in text
     assert f"{plan.num_chunks} chunk(s) of {plan.batch_chunk_size} rows" in text
-    assert "predicted peak extra memory" in text
+    assert "chunk peak forward" in text and "predicted peak extra memory" in text
 
 
 def test_retain_graph_peak_counts_the_returned_copies():

@@ -1,0 +1,268 @@
+"""The memory model: every buffer one forward + backward allocates, and the predicted peak.
+
+:func:`plan_buffers` follows the chunk loop of :mod:`lce.chunked` and the GEMMs
+of :mod:`lce.gemm` and lists what they allocate, with the shapes and dtypes the
+:class:`~lce.plan.Plan` gives them: the buffers made once per pass, those remade
+per chunk, and the gradients rounded after the loop. A chunk buffer also says
+through which steps of the chunk it lives (the logits GEMM, the conversion to
+the stats dtype, the backward GEMMs, ...), so :func:`chunk_peak_bytes` is what a
+chunk really holds at once, not the sum of everything it ever makes.
+:func:`peak_extra_bytes` builds the predicted peak from those.
+
+Nothing here reads the loop's code, so two tests tie them together:
+``tests/test_memory_model.py`` runs the op for every policy x device kind x
+reduction x dtype x acc_dtype, records every tensor it creates, and requires
+each listed buffer to be made with its shape and dtype, nothing as large as a
+chunk of logits to be made unlisted, and each pass's chunk peak to equal the
+recorded one; ``tests/test_analysis_memory.py`` compares the predicted peak with
+one measured by the allocator (which also sees the kernels' own workspaces).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from .gemm import rows_per_block
+
+if TYPE_CHECKING:
+    from .plan import GemmName, Plan
+
+__all__ = ["Buffer", "Stage", "Span", "Step", "plan_buffers", "chunk_peak_bytes", "peak_extra_bytes"]
+
+Stage = Literal["forward", "backward"]
+Span = Literal["call", "chunk", "final", "kept"]
+Step = Literal["logits", "round_logits", "to_stats", "grad_input", "grad_weight", "grad_bias"]
+"""The steps of one chunk: the logits GEMM, the rounding of its fp32 result (only where lce.gemm
+emulates an fp16 GEMM), the logits' conversion to the stats dtype (when it differs), the two
+backward GEMMs and the bias-gradient sum."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+    """One allocation the op makes: its purpose, shape, dtype and when it is alive.
+
+    ``stage`` is the pass that allocates it. ``span`` is "call" (made before
+    the chunk loop, freed when the pass returns), "chunk" (remade per chunk,
+    one generation alive at a time), "final" (made after the loop, when the
+    chunk buffers are gone: a gradient rounded from its accumulator) or "kept"
+    (outlives the pass: returned gradients and what forward saves for backward).
+    A "chunk" buffer lives through the chunk ``steps`` listed; the others have none.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    stage: Stage
+    span: Span
+    purpose: str
+    steps: tuple[Step, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count * self.dtype.itemsize
+
+
+def plan_buffers(plan: Plan) -> tuple[Buffer, ...]:
+    """Every allocation of one forward + backward under ``plan``, in the order the loop makes them."""
+    return (*_call_buffers(plan), *_chunk_buffers(plan))
+
+
+def _grad_stage(plan: Plan) -> Stage:
+    """The pass that computes the gradients: forward for "mean"/"sum", backward for "none"."""
+    return "forward" if plan.reduction != "none" else "backward"
+
+
+def _stages(plan: Plan) -> tuple[Stage, ...]:
+    """The passes that run: "none" has a backward pass only when gradients are due."""
+    return ("forward", "backward") if plan.reduction == "none" and any(plan.needs_grad) else ("forward",)
+
+
+def _emulates_fp16(plan: Plan, gemm: GemmName) -> bool:
+    """Whether :func:`lce.gemm.mm` or :func:`lce.gemm.add_mm_` runs this GEMM on fp32 copies of its
+    fp16 operands (only on CPU).
+
+    Not a GEMM that reads a block-wise upcast weight (it multiplies blocks natively); for the weight
+    gradient, only when it adds straight into an fp16 sum (a product for a wider sum is formed first
+    and listed as ``weight_grad_chunk``).
+    """
+    if plan.device_kind != "cpu" or plan.gemm_dtypes(gemm).operands != torch.float16:
+        return False
+    if gemm == "grad_weight":
+        return plan.gemm_dtypes(gemm).result == plan.weight_grad_sum_dtype == torch.float16
+    return not plan.upcasts_weight_for(gemm)
+
+
+def _call_buffers(plan: Plan) -> list[Buffer]:
+    """What each pass makes before its chunk loop, and the gradients it rounds after it."""
+    n, d, c = plan.num_rows, plan.in_features, plan.num_classes
+    in_dt, stats_dt = plan.input_dtype, plan.stats_dtype
+    scalar = plan.reduction != "none"
+    grad_stage = _grad_stage(plan)
+    kept_grad: Span = "kept" if scalar else "call"
+    out: list[Buffer] = []
+    if not scalar:
+        out.append(Buffer("loss_per_row", (n,), in_dt, "forward", "kept", "the (N,) output of reduction='none'"))
+        out.append(Buffer("row_logsumexp", (n,), stats_dt, "forward", "kept",
+                          "log-sum-exp per row, saved for backward"))
+    for stage in _stages(plan):
+        out.append(Buffer("row_weights", (n,), stats_dt, stage, "call",
+                          "class weight of each row's target, 0 if ignored"))
+    if plan.needs_grad.input:
+        out.append(Buffer("grad_input", (n, d), in_dt, grad_stage, kept_grad, "gradient w.r.t. input (returned)"))
+    if plan.needs_grad.weight:
+        if plan.weight_grad_sum_dtype != in_dt:
+            out.append(Buffer("weight_grad_accumulator", (c, d), plan.weight_grad_sum_dtype, grad_stage, "call",
+                              "sum of the weight gradient over all chunks, rounded once at the end"))
+            out.append(Buffer("grad_weight", (c, d), in_dt, grad_stage, "final",
+                              "gradient w.r.t. the weight, rounded from the accumulator (returned)"))
+        else:
+            out.append(Buffer("grad_weight", (c, d), in_dt, grad_stage, kept_grad,
+                              "gradient w.r.t. the weight, accumulated in place (returned)"))
+    if plan.needs_grad.bias:
+        if stats_dt != in_dt:
+            out.append(Buffer("bias_grad_accumulator", (c,), stats_dt, grad_stage, "call",
+                              "bias gradient summed over chunks"))
+            out.append(Buffer("grad_bias", (c,), in_dt, grad_stage, "final",
+                              "gradient w.r.t. the bias, rounded from the accumulator (returned)"))
+        else:
+            out.append(Buffer("grad_bias", (c,), in_dt, grad_stage, kept_grad,
+                              "gradient w.r.t. the bias, accumulated in place (returned)"))
+    return out
+
+
+def _steps(plan: Plan, stage: Stage) -> tuple[Step, ...]:
+    """The steps of one chunk in a pass, in loop order."""
+    steps: list[Step] = ["logits"]
+    if _emulates_fp16(plan, "logits"):
+        steps.append("round_logits")
+    if plan.gemm_dtypes("logits").result != plan.stats_dtype:
+        steps.append("to_stats")
+    if stage == _grad_stage(plan):
+        steps += [step for step, wanted in zip(("grad_input", "grad_weight", "grad_bias"), plan.needs_grad,
+                                               strict=True) if wanted]
+    return tuple(steps)
+
+
+def _chunk_buffers(plan: Plan) -> list[Buffer]:
+    """What one chunk makes: its logits in every pass, dz and the gradient products where gradients are made."""
+    return [buffer for stage in _stages(plan) for buffer in _chunk_buffers_of(plan, stage)]
+
+
+def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
+    """One chunk of one pass, following chunk_logits, chunk_loss_and_softmax_ and GradientSums.add_chunk."""
+    d, c = plan.in_features, plan.num_classes
+    rows = min(plan.batch_chunk_size, plan.num_rows)
+    in_dt, acc_dt, stats_dt = plan.input_dtype, plan.acc_dtype, plan.stats_dtype
+    logits_dt = plan.gemm_dtypes("logits").result
+    steps = _steps(plan, stage)
+    out: list[Buffer] = []
+
+    def add(name: str, shape: tuple[int, ...], dtype: torch.dtype, alive: Iterable[Step], purpose: str) -> None:
+        out.append(Buffer(name, shape, dtype, stage, "chunk", purpose, tuple(s for s in steps if s in alive)))
+
+    if plan.input_chunk_in_acc:
+        # reduction="none" drops it after the logits when no gradient is made in the pass
+        keeps_input = plan.reduction != "none" or stage == "backward"
+        add("input_chunk_in_acc", (rows, d), acc_dt, steps if keeps_input else ("logits", "round_logits", "to_stats"),
+            "chunk of the input upcast to acc_dtype")
+    # The logits exist from the GEMM (or its rounding) on, until they are converted to the stats dtype.
+    made = steps.index("round_logits") if "round_logits" in steps else 0
+    last = steps.index("to_stats") + 1 if "to_stats" in steps else len(steps)
+    add("logits_chunk", (rows, c), logits_dt, steps[made:last],
+        "logits of one chunk (then its softmax and dz, in place, when it has the stats dtype)")
+    upcast_for = [gemm for gemm in ("logits", "grad_input") if gemm in steps and plan.upcasts_weight_for(gemm)]
+    if upcast_for:
+        block = min(rows_per_block(d), c)
+        add("weight_block_in_acc", (block, d), acc_dt, upcast_for,
+            "a block of weight rows upcast to acc_dtype (no full-size copy)")
+        if "logits" in upcast_for:
+            add("logits_block", (rows, block), acc_dt, ("logits",), "one block's logits before they are placed")
+    if "to_stats" in steps:
+        add("probs_chunk", (rows, c), stats_dt, steps[steps.index("to_stats"):],
+            "the chunk's logits in fp32, then softmax and dz")
+    backward_steps = [step for step in steps if step.startswith("grad_")]
+    rounded: list[torch.dtype] = []
+    for gemm in ("grad_input", "grad_weight"):
+        dtype = plan.gemm_dtypes(gemm).operands
+        if gemm in steps and dtype != stats_dt and dtype not in rounded:
+            rounded.append(dtype)
+            add("grad_logits_narrow" if dtype == in_dt else "grad_logits_in_acc", (rows, c), dtype,
+                backward_steps[backward_steps.index(gemm):], "dz rounded to a backward GEMM's operand dtype")
+    grad_input_dt = plan.gemm_dtypes("grad_input").result
+    if "grad_input" in steps and grad_input_dt != in_dt:
+        add("grad_input_chunk", (rows, d), grad_input_dt, ("grad_input",),
+            "grad_input of one chunk before rounding")
+    weight_gemm = plan.gemm_dtypes("grad_weight")
+    if "grad_weight" in steps and not weight_gemm.operands == weight_gemm.result == plan.weight_grad_sum_dtype:
+        add("weight_grad_chunk", (c, d), weight_gemm.result, ("grad_weight",),
+            "one chunk's weight-gradient product")
+        common = torch.promote_types(weight_gemm.result, plan.weight_grad_sum_dtype)
+        if common != weight_gemm.result:
+            add("weight_grad_block_in_sum", (min(rows_per_block(d), c), d), common, ("grad_weight",),
+                "a block of the product converted to the sum's dtype before it is added")
+    if "grad_bias" in steps:
+        add("bias_grad_chunk", (c,), stats_dt, ("grad_bias",), "dz summed over a chunk's rows")
+    out += _fp16_emulation_buffers(plan, stage, steps, rows)
+    return out
+
+
+def _fp16_emulation_buffers(plan: Plan, stage: Stage, steps: tuple[Step, ...], rows: int) -> list[Buffer]:
+    """The fp32 temporaries of the GEMMs :mod:`lce.gemm` runs on fp32 copies of fp16 operands (on CPU)."""
+    d, c = plan.in_features, plan.num_classes
+    emulated = {gemm for gemm in ("logits", "grad_input", "grad_weight") if _emulates_fp16(plan, gemm)}
+    out: list[Buffer] = []
+
+    def add(name: str, shape: tuple[int, ...], alive: Iterable[Step], purpose: str) -> None:
+        alive = tuple(step for step in steps if step in alive)
+        if alive:
+            out.append(Buffer(name, shape, torch.float32, stage, "chunk", purpose + " (CPU has no fast fp16 GEMM)",
+                              alive))
+
+    add("fp16_gemm_upcast", (c, d), emulated & {"logits", "grad_input"}, "fp32 copy of the fp16 weight for one GEMM")
+    add("input_chunk_fp32", (rows, d), emulated & {"logits", "grad_weight"}, "fp32 copy of the input chunk")
+    if "logits" in emulated:
+        add("logits_chunk_fp32", (rows, c), ("logits", "round_logits"), "the logits GEMM's fp32 result")
+    if "grad_input" in emulated:
+        add("grad_logits_fp32", (rows, c), ("grad_input",), "fp32 copy of the rounded dz for the grad_input GEMM")
+        add("grad_input_chunk_fp32", (rows, d), ("grad_input",), "the grad_input GEMM's fp32 result")
+    if "grad_weight" in emulated:
+        block = min(rows_per_block(d), c)
+        add("weight_grad_block_fp32", (block, d), ("grad_weight",), "a block of the weight gradient in fp32")
+        add("grad_logits_block_fp32", (rows, block), ("grad_weight",), "the matching columns of dz in fp32")
+    return out
+
+
+def chunk_peak_bytes(plan: Plan, stage: Stage) -> int:
+    """The most bytes one chunk of a pass holds at once: the largest total over its steps."""
+    chunk = [b for b in plan.buffers if b.stage == stage and b.span == "chunk"]
+    return max((sum(b.nbytes for b in chunk if step in b.steps) for step in _steps(plan, stage)), default=0)
+
+
+def peak_extra_bytes(plan: Plan) -> int:
+    """Predicted peak of bytes allocated by one forward + backward, beyond the inputs.
+
+    In each pass the peak is what that pass keeps from earlier, plus its
+    call-long buffers, plus the larger of one chunk's peak
+    (:func:`chunk_peak_bytes`) and the buffers made after the loop. For the
+    scalar reductions backward only scales the kept gradients, in place, or --
+    with ``allow_retain_graph`` -- into fresh copies, which then coexist with
+    the kept ones.
+    """
+    buffers = plan.buffers
+
+    def total(stage: Stage, span: Span) -> int:
+        return sum(b.nbytes for b in buffers if b.stage == stage and b.span == span)
+
+    forward = total("forward", "call") + max(chunk_peak_bytes(plan, "forward"), total("forward", "final"))
+    kept = total("forward", "kept") + total("forward", "final")
+    backward = kept + total("backward", "call") + max(chunk_peak_bytes(plan, "backward"), total("backward", "final"))
+    if plan.reduction != "none" and plan.allow_retain_graph:
+        backward = 2 * kept
+    return max(forward + total("forward", "kept"), backward)
