@@ -101,10 +101,10 @@ def _bench_command(args: argparse.Namespace) -> None:
 
     dtypes = tuple(args.dtypes)
     if args.chunk_sweep:
-        table = bench.chunk_sweep(args.shape, dtypes, repeats=args.repeats)
+        table = bench.chunk_sweep(args.shape, dtypes, repeats=args.repeats, policies=bench.CHUNK_SWEEP_POLICIES)
         path = args.results / "bench_chunks.csv"
         append_rows(path, CHUNK_SWEEP.rows(table))
-        print(table[["dtype", "chunk_size", "num_chunks", "value", "modeled_peak_bytes"]].to_string(index=False))
+        print(table[["dtype", "impl", "chunk_size", "num_chunks", "value", "spread_s"]].to_string(index=False))
     else:
         measure = bench.run_scaling if args.scaling else bench.run_bench
         table = measure(args.shape, dtypes, repeats=args.repeats)
@@ -191,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up round")
     mode = bench.add_mutually_exclusive_group()
     mode.add_argument("--chunk-sweep", action="store_true",
-                      help="instead: time lce's default policy per chunk size (bench_chunks.csv)")
+                      help="instead: time lce per policy (default options, balanced and compact on low "
+                           "precision) and chunk size (bench_chunks.csv)")
     mode.add_argument("--scaling", action="store_true",
                       help="instead: lce, torch and unfused with N and C divided by 1, 2 and 4 (bench.csv)")
     results_folder(bench)

@@ -41,7 +41,8 @@ from ..memory import measure_peak
 from ..paths import ROOT
 from ..provenance import provenance
 
-__all__ = ["BENCH_IMPLS", "SCALING_IMPLS", "gemm_floor_s", "run_bench", "run_scaling", "chunk_sweep", "ratios"]
+__all__ = ["BENCH_IMPLS", "SCALING_IMPLS", "CHUNK_SWEEP_POLICIES", "gemm_floor_s", "run_bench", "run_scaling",
+           "chunk_sweep", "ratios"]
 
 BENCH_IMPLS: dict[str, ImplSpec] = {
     "lce": ImplSpec("lce", "auto", "auto"),
@@ -156,6 +157,10 @@ CHUNK_SWEEP_SPECS: dict[str, ImplSpec] = {
 policy as a user would spell it for low-precision input (mixed-precision layouts with acc_dtype=float32;
 compact with the input dtype, its accumulator-free layout). On fp32 input they all resolve to the same
 arithmetic."""
+
+
+CHUNK_SWEEP_POLICIES: tuple[str, ...] = ("auto", "balanced", "compact")
+"""What ``python -m analysis bench --chunk-sweep`` times: on CPU, "auto" is "accurate" for fp16/bf16."""
 
 
 def chunk_sweep(shape: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
