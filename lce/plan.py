@@ -135,12 +135,15 @@ class Plan:
 
     @property
     def rescales_grad_logits(self) -> bool:
-        """Whether dz, rounded to an fp16 input dtype for a backward GEMM whose layout role is "input",
-        needs a power-of-two rescale to stay in fp16's normal range (see lce.chunked.grad_logits_rescale)."""
-        narrow_input_grad = self.needs_grad.input and self.layout.grad_input.operands == "input"
-        narrow_weight_grad = self.needs_grad.weight and self.layout.grad_weight.operands == "input"
-        rounds_to_input = (narrow_input_grad or narrow_weight_grad) and self.input_dtype != self.stats_dtype
-        return rounds_to_input and torch.finfo(self.input_dtype).max < 1e6
+        """Whether dz is rounded to fp16 for a backward GEMM, and so needs a power-of-two rescale to stay in
+        fp16's normal range (see lce.chunked.grad_logits_rescale).
+
+        Decided by the dtype dz is rounded to, whichever layout role ("input" or "acc") names it: fp16
+        input under an explicit policy without ``acc_dtype`` rounds dz to an fp16 "acc" operand too.
+        """
+        wanted = ((self.layout.grad_input, self.needs_grad.input), (self.layout.grad_weight, self.needs_grad.weight))
+        operand_dtypes = {self.dtype(gemm.operands) for gemm, needed in wanted if needed}
+        return any(torch.finfo(dtype).max < 1e6 for dtype in operand_dtypes - {self.stats_dtype})
 
     # ---- memory (lce.memory_model) ----------------------------------------
     @functools.cached_property
