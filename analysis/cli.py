@@ -8,6 +8,7 @@ studies are imported inside the handlers that need them.
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -57,12 +58,15 @@ def _record_memory_study(results: Path, shape: Shape, dtype: str) -> None:
         print(f"{display_path(path)} (an earlier one, if any, is now {path.name}.previous)")
 
 
-def _run_sweep(grid_name: str, shard: tuple[int, int], results: Path, progress: bool) -> None:
-    from .sweep import run_grid
+def _run_sweep(grid_name: str, shard: tuple[int, int], results: Path, progress: bool, workers: int | None):
+    from .sweep import default_workers, run_grid
 
-    summary = run_grid(get_grid(grid_name), shard=shard, folder=results, progress=progress)
-    print(f"{display_path(summary.path)}: {summary.ran} run(s) in {summary.seconds:.0f} s, "
-          f"{summary.skipped_done} already done, {summary.errors} error(s)")
+    grid = get_grid(grid_name)
+    workers = default_workers(grid) if workers is None else workers
+    summary = run_grid(grid, shard=shard, folder=results, progress=progress, workers=workers)
+    print(f"{display_path(summary.path)}: {summary.ran} run(s) in {summary.seconds:.0f} s with {workers} "
+          f"worker(s), {summary.skipped_done} already done, {summary.errors} error(s)")
+    return summary, workers
 
 
 def _grids_command(args: argparse.Namespace) -> None:
@@ -71,7 +75,7 @@ def _grids_command(args: argparse.Namespace) -> None:
 
 
 def _sweep_command(args: argparse.Namespace) -> None:
-    _run_sweep(args.grid, args.shard, args.results, not args.no_progress)
+    _run_sweep(args.grid, args.shard, args.results, not args.no_progress, args.workers)
 
 
 def _figures_command(args: argparse.Namespace) -> None:
@@ -79,16 +83,28 @@ def _figures_command(args: argparse.Namespace) -> None:
 
 
 def _reproduce_command(args: argparse.Namespace) -> None:
+    from .provenance import provenance
+    from .results_io import REPRODUCE, append_row
     from .studies.memory_study import BREAKDOWN_FILE, STUDY_DTYPE, STUDY_SHAPE, TRACE_FILE
 
+    started = time.perf_counter()
     grid = args.grid or "quick"
     if not args.resume:
         _set_aside(args.results / f"{grid}.csv")
-    _run_sweep(grid, (1, 1), args.results, not args.no_progress)
+    summary, workers = _run_sweep(grid, (1, 1), args.results, not args.no_progress, args.workers)
+    swept = time.perf_counter()
     if not args.resume or not all((args.results / name).exists() for name in (BREAKDOWN_FILE, TRACE_FILE)):
         _record_memory_study(args.results, STUDY_SHAPE, STUDY_DTYPE)
+    studied = time.perf_counter()
     command = "python -m analysis reproduce " + ("--quick" if grid == "quick" else f"--grid {grid}")
     _draw_figures(args.results, args.out, command)
+    finished = time.perf_counter()
+    if not args.resume and summary.errors == 0:  # a whole, clean reproduction: its time is worth quoting
+        append_row(args.results / "reproduce.csv", REPRODUCE.row(
+            grid=grid, runs=summary.ran, workers=workers, sweep_s=swept - started, memory_study_s=studied - swept,
+            figures_s=finished - studied, total_s=finished - started, **provenance("cpu")))
+    print(f"reproduce: {finished - started:.0f} s in all (sweep {swept - started:.0f} s, memory study "
+          f"{studied - swept:.0f} s, figures {finished - studied:.0f} s)")
 
 
 def _memory_study_command(args: argparse.Namespace) -> None:
@@ -113,6 +129,15 @@ def _bench_command(args: argparse.Namespace) -> None:
         if not args.scaling:
             print(bench.ratios(table).to_string(index=False, float_format="%.3f"))
     print(display_path(path))
+
+
+def _docs_command(args: argparse.Namespace) -> int:
+    from .docs import update
+
+    changed = update(results=args.results, check=args.check)
+    for path in changed:
+        print(f"{display_path(path)}: {'out of date' if args.check else 'rewritten'}")
+    return 1 if args.check and changed else 0
 
 
 def _demo_command(args: argparse.Namespace) -> None:
@@ -151,6 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(handler=handler)
         return command
 
+    def workers_option(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--workers", type=int, default=None, metavar="N",
+                             help="worker processes, one intra-op thread each (default: one per available core; "
+                                  "1 for a GPU grid)")
+
     def results_folder(command: argparse.ArgumentParser, what: str = "results folder") -> None:
         command.add_argument("--results", type=Path, default=RESULTS_DIR,
                              help=f"{what} (default: {display_path(RESULTS_DIR)})")
@@ -163,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run only shard K of N (1-based); each shard writes <grid>.shard-K-of-N.csv")
     results_folder(sweep)
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    workers_option(sweep)
 
     figures = add("figures", _figures_command, "draw every figure from the committed results files (seconds)",
                   "Writes PNG and SVG per figure and figures/README.md (captions, data files, command, verdicts); "
@@ -171,13 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
     figures.add_argument("--out", type=Path, default=FIGURES_DIR, help="figures folder (default: figures)")
 
     reproduce = add("reproduce", _reproduce_command, "sweep a grid, record the memory study, draw every figure",
-                    "The README's main command: `reproduce --quick` re-measures the quick grid (~7.5 min on 2 "
-                    "cores) and the memory study, then redraws every figure.")
+                    "The README's main command: `reproduce --quick` re-measures the quick grid and the memory "
+                    "study, redraws every figure, and records its own time in analysis/results/reproduce.csv "
+                    "(the README quotes it).")
     reproduce.add_argument("--quick", action="store_true", help="use the quick grid (the default grid anyway)")
     reproduce.add_argument("--grid", default=None, choices=sorted(GRIDS), help="grid to sweep (default: quick)")
     results_folder(reproduce)
     reproduce.add_argument("--out", type=Path, default=FIGURES_DIR, help="figures folder (default: figures)")
     reproduce.add_argument("--no-progress", action="store_true", help="no progress bar")
+    workers_option(reproduce)
     reproduce.add_argument("--resume", action="store_true",
                            help="keep the grid's existing rows and run only the missing ones (default: start "
                                 "fresh, moving the old CSV to <grid>.csv.previous)")
@@ -196,6 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--scaling", action="store_true",
                       help="instead: lce, torch and unfused with N and C divided by 1, 2 and 4 (bench.csv)")
     results_folder(bench)
+
+    docs = add("docs", _docs_command, "rewrite the generated passages of the READMEs from the results files",
+               "Every number a README quotes from data sits between <!-- BEGIN generated:NAME --> and "
+               "<!-- END generated:NAME --> comments; this rewrites them (analysis/docs.py). --check only "
+               "reports the files that are out of date and exits with 1 if any is.")
+    docs.add_argument("--check", action="store_true", help="change nothing; exit 1 if a README is out of date")
+    results_folder(docs, "folder of results files")
 
     demo = add("demo", _demo_command, "a one-minute tour: lce's plan, then lce's and torch's errors vs fp64",
                "Prints the resolved plan of lce's default options, then every output's error against fp64 "
@@ -231,5 +271,5 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the process exit status (argparse exits with 2 on a usage error)."""
     args = build_parser().parse_args(argv)
-    args.handler(args)
-    return 0
+    status = args.handler(args)
+    return status or 0

@@ -75,17 +75,22 @@ class RunConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Measurement:
-    """How each run is measured: untimed warm-up calls, timed repeats (median kept), CPU threads.
+    """How each run is measured: untimed warm-up calls, timed repeats (median kept), CPU threads, workers.
 
     ``threads=1`` on shared CPU machines: with 2 intra-op threads on 2 busy
     cores every parallel region waits for a time slice, and a 1 ms op took
     7 ms (measured while another process held one core). ``0`` keeps torch's
-    default.
+    default. ``parallel``: the sweep may run in one worker process per
+    available core, each with ``threads`` intra-op threads (every run then
+    shares the machine with as many others as there are cores, the same for
+    all runs of a problem); False for a GPU grid, whose timings need the
+    device alone.
     """
 
     warmup: int = 1
     repeats: int = 3
     threads: int = 1
+    parallel: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +185,7 @@ GRIDS: dict[str, Grid] = {
         "cuda", "one lent GPU (H200): CUDA-sized shapes, every chunked config, reference, compile, Liger, CCE",
         _with_unchunked(chunked_configs(_CUDA_SHAPES, _DTYPES, device="cuda", bias=False),
                         ("reference", "compiled", "liger", "cce")),
-        Measurement(warmup=2, repeats=5, threads=0),
+        Measurement(warmup=2, repeats=5, threads=0, parallel=False),
     ),
 }
 

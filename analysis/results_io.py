@@ -4,14 +4,17 @@ Every results file (``analysis/results/*.csv``) starts with a ``kind`` column
 naming what it holds, one of :data:`KINDS`: ``sweep`` rows (one run of a grid
 each), the ``bench`` and ``chunk_sweep`` measurements of
 :mod:`analysis.studies.bench`, the ``memory_breakdown`` and ``memory_trace``
-of :mod:`analysis.studies.memory_study`. Readers choose files by kind
+of :mod:`analysis.studies.memory_study`, and ``reproduce`` (the wall time of a
+whole reproduction). Readers choose files by kind
 (:func:`paths_of_kind`), never by file name. Every kind ends with the
 provenance columns.
 
 :func:`append_rows` is the only writer. It opens the file in append mode,
 writes the header only when the file is new, writes the rows as one block (one
 line per row; line breaks inside a value become spaces), then flushes and
-fsyncs. Appending costs O(rows written), however long the file already is. A
+fsyncs, holding an exclusive lock on the file meanwhile (the sweep's worker
+processes append to one file). Appending costs O(rows written), however long
+the file already is. A
 row whose columns are not the file's header, in order, is refused with a
 ``ValueError``. A crash mid-write leaves at most one unfinished last line (no
 newline): readers ignore it, and the next append cuts it off before writing.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import fcntl
 import io
 import os
 from collections.abc import Iterable, Mapping
@@ -32,7 +36,8 @@ from .grids import RunConfig
 from .inputs import OUTPUT_NAMES
 from .provenance import PROVENANCE_COLUMNS
 
-__all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "COLUMNS",
+__all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "REPRODUCE",
+           "COLUMNS",
            "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
            "load_kind", "done_keys", "load_results"]
 
@@ -91,7 +96,12 @@ MEMORY_TRACE = Kind("memory_trace", tuple(["kind", *_STUDY_PROBLEM, "event", "li
                     "live extra memory after each allocator event of one forward+backward, per configuration "
                     "(python -m analysis memory-study)")
 
-KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE)}
+REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s", "memory_study_s", "figures_s",
+                                     "total_s", *PROVENANCE_COLUMNS]),
+                 "the wall time of one whole `python -m analysis reproduce` (the READMEs quote it)")
+
+KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
+                                                       REPRODUCE)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns
@@ -165,6 +175,7 @@ def append_rows(path: Path, rows: Iterable[Mapping[str, object]]) -> int:
     columns, text = _lines(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # parallel sweep workers append to one file; released on close
         if _cut_unfinished_line(handle, handle.seek(0, os.SEEK_END)):
             header, kind = _read_head(handle)
             if columns != header:

@@ -11,6 +11,9 @@ every key the CSV already holds (see :mod:`analysis.results_io`).
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
+import os
+import queue
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,7 +34,7 @@ from .reference import reference_outputs
 from .results_io import SWEEP, append_row, done_keys
 from .timing import time_call
 
-__all__ = ["results_path", "parse_shard", "measure_run", "run_grid", "SweepSummary"]
+__all__ = ["results_path", "parse_shard", "measure_run", "run_grid", "default_workers", "SweepSummary"]
 
 
 def results_path(grid: str, shard: tuple[int, int] = (1, 1), folder: Path = RESULTS_DIR) -> Path:
@@ -114,8 +117,16 @@ class SweepSummary:
 RunMeasurer = Callable[..., dict[str, object]]
 
 
+def default_workers(grid: Grid) -> int:
+    """One worker per core this process may use (1 for grids that must not run in parallel)."""
+    if not grid.measurement.parallel:
+        return 1
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
 def run_grid(grid: Grid, *, shard: tuple[int, int] = (1, 1), folder: Path = RESULTS_DIR, progress: bool = True,
-             configs: Sequence[RunConfig] | None = None, measure: RunMeasurer = measure_run) -> SweepSummary:
+             configs: Sequence[RunConfig] | None = None, measure: RunMeasurer = measure_run,
+             workers: int = 1) -> SweepSummary:
     """Run every not-yet-recorded config of ``grid`` (or of its shard) into its CSV.
 
     ``configs`` overrides the grid's list (tests); ``measure`` is the per-run
@@ -124,47 +135,130 @@ def run_grid(grid: Grid, *, shard: tuple[int, int] = (1, 1), folder: Path = RESU
     else (``KeyboardInterrupt``, a killed process) stops the sweep, and the
     next call resumes from the first missing key. Error rows count as done;
     delete them from the CSV to retry them.
+
+    ``workers > 1`` runs the pending configs in that many worker processes
+    (see :func:`default_workers`), which take whole groups of runs sharing
+    inputs from one queue, largest first, and append to the same CSV; the
+    progress bar and its ETA count the runs of all of them. Only
+    :func:`measure_run` can be sent to a worker.
     """
-    threads_before = torch.get_num_threads()
-    if grid.measurement.threads:
-        torch.set_num_threads(grid.measurement.threads)
-    try:
-        return _run(grid, shard, folder, progress, configs, measure)
-    finally:
-        torch.set_num_threads(threads_before)
-
-
-def _run(grid: Grid, shard: tuple[int, int], folder: Path, progress: bool, configs: Sequence[RunConfig] | None,
-         measure: RunMeasurer) -> SweepSummary:
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if workers > 1 and measure is not measure_run:
+        raise ValueError("a custom measure runs in this process only: pass workers=1")
     path = results_path(grid.name, shard, folder)
     selected = tuple(configs) if configs is not None else grid.shard(*shard)
     finished = done_keys(path)
     pending = [c for c in selected if c.key not in finished]
     started = time.perf_counter()
-    cache = _InputsCache()
-    errors = 0
-    bar = tqdm(pending, desc=f"sweep {grid.name}", unit="run", disable=not progress, dynamic_ncols=True)
-    for config in bar:
-        bar.set_postfix_str(f"{config.op} {config.policy} {config.chunking} {config.dtype} "
-                            f"{config.N}x{config.D}x{config.C}", refresh=False)
-        row: dict[str, object] = {"key": config.key, "grid": grid.name, **dataclasses.asdict(config)}
-        reason = unavailable_reason(config.op, config.device)
-        if reason is not None:
-            row.update(status="skipped", note=reason)
+    bar = tqdm(total=len(pending), desc=f"sweep {grid.name}", unit="run", disable=not progress, dynamic_ncols=True)
+    try:
+        if workers > 1 and len(pending) > 1:
+            errors = _run_in_workers(grid, path, pending, workers, bar)
         else:
-            try:
-                inputs, reference = cache.get(config)
-                row.update(measure(config, inputs, reference, warmup=grid.measurement.warmup,
-                                   repeats=grid.measurement.repeats))
-                row["status"] = "ok"
-            except Exception as error:  # recorded, not fatal: one bad config must not stop a grid
-                errors += 1
-                row.update(status="error", note=f"{type(error).__name__}: {error}"[:500])
-        row.update(provenance(config.device))
-        append_row(path, SWEEP.row(row))
-    bar.close()
+            errors = _run_here(grid, path, pending, measure, bar)
+    finally:
+        bar.close()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return SweepSummary(path, len(selected), len(selected) - len(pending), len(pending), errors,
                         time.perf_counter() - started)
 
+
+def _record(grid: Grid, config: RunConfig, cache: _InputsCache, measure: RunMeasurer, path: Path) -> str:
+    """Measure one config and append its row; return its status ("ok", "skipped" or "error")."""
+    row: dict[str, object] = {"key": config.key, "grid": grid.name, **dataclasses.asdict(config)}
+    reason = unavailable_reason(config.op, config.device)
+    if reason is not None:
+        row.update(status="skipped", note=reason)
+    else:
+        try:
+            inputs, reference = cache.get(config)
+            row.update(measure(config, inputs, reference, warmup=grid.measurement.warmup,
+                               repeats=grid.measurement.repeats))
+            row["status"] = "ok"
+        except Exception as error:  # recorded, not fatal: one bad config must not stop a grid
+            row.update(status="error", note=f"{type(error).__name__}: {error}"[:500])
+    row.update(provenance(config.device))
+    append_row(path, SWEEP.row(row))
+    return str(row["status"])
+
+
+def _describe(config: RunConfig) -> str:
+    return f"{config.op} {config.policy} {config.chunking} {config.dtype} {config.N}x{config.D}x{config.C}"
+
+
+def _run_here(grid: Grid, path: Path, pending: Sequence[RunConfig], measure: RunMeasurer, bar: tqdm) -> int:
+    threads_before = torch.get_num_threads()
+    if grid.measurement.threads:
+        torch.set_num_threads(grid.measurement.threads)
+    try:
+        cache, errors = _InputsCache(), 0
+        for config in pending:
+            bar.set_postfix_str(_describe(config), refresh=False)
+            errors += _record(grid, config, cache, measure, path) == "error"
+            bar.update()
+        return errors
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _groups_largest_first(pending: Sequence[RunConfig]) -> list[list[RunConfig]]:
+    """The pending runs grouped by shared inputs, in grid order within a group, costliest group first.
+
+    Cost is estimated as runs x N x C (the logits each run computes); the queue
+    hands out groups dynamically, so the estimate only orders them.
+    """
+    groups: dict[tuple, list[RunConfig]] = {}
+    for config in pending:
+        groups.setdefault(config.inputs_key(), []).append(config)
+    return sorted(groups.values(), key=lambda group: len(group) * group[0].N * group[0].C, reverse=True)
+
+
+def _worker(grid: Grid, path: Path, tasks, done) -> None:
+    """Worker process: take groups from ``tasks`` until None, report each finished run on ``done``."""
+    if grid.measurement.threads:
+        torch.set_num_threads(grid.measurement.threads)
+    cache = _InputsCache()
+    while (group := tasks.get()) is not None:
+        for config in group:
+            done.put((_describe(config), _record(grid, config, cache, measure_run, path)))
+    done.put(None)
+
+
+def _run_in_workers(grid: Grid, path: Path, pending: Sequence[RunConfig], workers: int, bar: tqdm) -> int:
+    context = multiprocessing.get_context("spawn")  # a clean interpreter: no forked torch thread pools
+    tasks, done = context.Queue(), context.Queue()
+    for group in _groups_largest_first(pending):
+        tasks.put(group)
+    processes = [context.Process(target=_worker, args=(grid, path, tasks, done), daemon=True)
+                 for _ in range(workers)]
+    for _ in processes:
+        tasks.put(None)
+    for process in processes:
+        process.start()
+    errors, running = 0, len(processes)
+    try:
+        while running:
+            try:
+                message = done.get(timeout=5)
+            except queue.Empty:
+                dead = [p.exitcode for p in processes if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"a sweep worker died (exit codes {dead}); the rows written so far are "
+                                       "kept: rerun with --resume to finish the grid") from None
+                continue
+            if message is None:
+                running -= 1
+                continue
+            description, status = message
+            errors += status == "error"
+            bar.set_postfix_str(description, refresh=False)
+            bar.update()
+        for process in processes:
+            process.join()
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+    return errors

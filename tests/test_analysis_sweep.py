@@ -123,7 +123,11 @@ def test_tiny_reproduce_end_to_end(tmp_path, capsys):
                  "--no-progress"]) == 0
     assert len(pd.read_csv(results / "tiny.csv")) == len(get_grid("tiny").configs)
     index = (figures / "README.md").read_text()
-    assert {path.name for path in results.iterdir()} == {"tiny.csv", "memory_breakdown.csv", "memory_trace.csv"}
+    assert {path.name for path in results.iterdir()} == {"tiny.csv", "memory_breakdown.csv", "memory_trace.csv",
+                                                         "reproduce.csv"}
+    timed = pd.read_csv(results / "reproduce.csv")
+    assert list(timed["grid"]) == ["tiny"] and list(timed["runs"]) == [len(get_grid("tiny").configs)]
+    assert (timed["total_s"] >= timed["sweep_s"] + timed["figures_s"]).all()
     for stem in ("error_vs_memory_cpu", "error_vs_chunks_cpu", "memory_measured_vs_modeled", "time_vs_shape",
                  "error_vs_memory_cuda-emulated", "memory_breakdown", "memory_trace"):
         assert (figures / f"{stem}.png").stat().st_size > 0 and (figures / f"{stem}.svg").exists()
@@ -134,3 +138,22 @@ def test_tiny_reproduce_end_to_end(tmp_path, capsys):
     assert main(["reproduce", "--grid", "tiny", "--resume", "--results", str(results), "--out", str(figures),
                  "--no-progress"]) == 0
     assert "0 run(s)" in capsys.readouterr().out
+
+
+def test_workers_write_the_same_rows_as_one_process(tmp_path):
+    """Two worker processes (spawned) fill one file: every run once, the same errors as a serial sweep."""
+    grid = get_grid("tiny")
+    serial = run_grid(grid, folder=tmp_path / "serial", progress=False, workers=1)
+    parallel = run_grid(grid, folder=tmp_path / "parallel", progress=False, workers=2)
+    assert serial.ran == parallel.ran == len(grid.configs) and parallel.errors == 0
+    one, two = (pd.read_csv(summary.path).set_index("key").sort_index() for summary in (serial, parallel))
+    assert sorted(two.index) == sorted(c.key for c in grid.configs)
+    error_columns = [c for c in one.columns if c.endswith("_fro_in_floors")]
+    pd.testing.assert_frame_equal(one[error_columns], two[error_columns])
+    again = run_grid(grid, folder=tmp_path / "parallel", progress=False, workers=2)
+    assert again.ran == 0 and again.skipped_done == len(grid.configs)
+
+
+def test_a_custom_measure_cannot_be_sent_to_workers(tmp_path):
+    with pytest.raises(ValueError, match="workers=1"):
+        run_grid(get_grid("tiny"), folder=tmp_path, progress=False, workers=2, measure=lambda *a, **k: {})
