@@ -315,6 +315,10 @@ def plot_bench_scaling(bench: pd.DataFrame) -> CaptionedFigure | None:
     if bench.empty or not {"N", "C", "metric"} <= set(bench.columns):
         return None
     _style()
+    # One CPU's data: the CPU measured at the most shapes (timings of different CPUs never share a line).
+    shapes_per_cpu = bench.groupby("cpu_model")[["N", "C"]].apply(lambda rows: len(rows.drop_duplicates()))
+    cpu = shapes_per_cpu.idxmax()
+    bench = bench[bench["cpu_model"] == cpu]
     base_n, base_c = bench["N"].max(), bench["C"].max()
     data = bench[bench["impl"].isin(["lce", "torch", "unfused", "3-GEMM floor"])].copy()
     data = data.sort_values("date").drop_duplicates(["impl", "dtype", "N", "D", "C", "metric"], keep="last")
@@ -338,10 +342,50 @@ def plot_bench_scaling(bench: pd.DataFrame) -> CaptionedFigure | None:
     _legend_below(fig, axes)
     return CaptionedFigure(fig, "bench_scaling",
                            "Time (median of repeats) and peak extra memory (measured, fresh process) of one "
-                           "forward+backward vs N and vs C, CPU, for lce with default options, torch's native "
+                           f"forward+backward vs N and vs C on {cpu}, for lce with default options, torch's native "
                            "op with default options, the unfused reference and the 3-GEMM floor "
                            "(6*N*D*C at the measured GEMM rate); solid fp32, dashed bf16. Data: "
                            "analysis/results/bench.csv (python -m analysis bench --scaling).")
+
+
+def plot_chunk_sweep(chunks: pd.DataFrame) -> CaptionedFigure | None:
+    """lce's time per chunk size, per policy, one panel per (dtype, CPU model), auto's row floor marked."""
+    if chunks.empty:
+        return None
+    from lce.policies import CPU_MIN_ROWS
+
+    from .inputs import DTYPES
+
+    _style()
+    data = chunks[chunks["metric"] == "time_s"].sort_values("date")
+    data = data.drop_duplicates(["cpu_model", "impl", "dtype", "N", "D", "C", "chunk_size"], keep="last")
+    panels = data[["dtype", "cpu_model"]].drop_duplicates().sort_values(["dtype", "cpu_model"])
+    fig, axes = _grid(len(panels), columns=2)
+    series = sorted(data["impl"].unique())
+    colours = dict(zip(series, sns.color_palette("colorblind", len(series)), strict=True))
+    for ax, panel in zip(axes.flat, panels.itertuples(index=False), strict=False):
+        group = data[(data["dtype"] == panel.dtype) & (data["cpu_model"] == panel.cpu_model)]
+        for impl, points in group.groupby("impl", sort=True):
+            points = points.sort_values("chunk_size")
+            label = "lce default options" if impl == "lce" else f"{impl} (explicit)"
+            ax.plot(points["chunk_size"], points["value"], marker="o", ms=4, lw=1.2, color=colours[impl],
+                    label=label)
+        floor = CPU_MIN_ROWS.get(DTYPES[panel.dtype])
+        if floor is not None:
+            ax.axvline(floor, color="k", ls="--", lw=0.8, label="auto's row floor (CPU_MIN_ROWS)")
+        _log_axes(ax, y=False, x_base=2)
+        ax.set_ylim(bottom=0)
+        first = group.iloc[0]
+        ax.set_title(f"{panel.dtype}, {panel.cpu_model}\nN={first.N} D={first.D} C={first.C}", fontsize=9)
+        ax.set_xlabel("rows per chunk")
+    fig.supylabel("time of forward+backward (s)", fontsize=9)
+    _legend_below(fig, axes)
+    return CaptionedFigure(fig, "chunk_sweep",
+                           "Time of one forward+backward against the rows per chunk, per policy and CPU (median of "
+                           "interleaved repeats, 2 threads; the spreads are in the data). The dashed "
+                           "line is the floor lce's CPU \"auto\" chunking keeps (CPU_MIN_ROWS); torch's aspect-ratio "
+                           "rule gives 32-64 rows at this shape. Data: the chunk_sweep results "
+                           "(python -m analysis bench --chunk-sweep).")
 
 
 SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], CaptionedFigure | None], ...] = (
@@ -358,11 +402,12 @@ SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], CaptionedFigure | None], ...] = (
 
 
 def draw_all(table: pd.DataFrame, *, memory_breakdown: pd.DataFrame | None = None,
-             memory_trace: pd.DataFrame | None = None, bench: pd.DataFrame | None = None) -> list[CaptionedFigure]:
+             memory_trace: pd.DataFrame | None = None, bench: pd.DataFrame | None = None,
+             chunk_sweep: pd.DataFrame | None = None) -> list[CaptionedFigure]:
     """Every figure the given results tables have data for, in README order: sweep, memory study, bench.
 
     ``table`` is the prepared sweep table; the others are the tables of the
-    ``memory_breakdown``, ``memory_trace`` and ``bench`` results files (None or
+    ``memory_breakdown``, ``memory_trace``, ``bench`` and ``chunk_sweep`` results files (None or
     empty: their figures are skipped).
     """
     empty = pd.DataFrame()
@@ -371,4 +416,5 @@ def draw_all(table: pd.DataFrame, *, memory_breakdown: pd.DataFrame | None = Non
     drawn += [plot_buffer_breakdown(breakdown), plot_memory_trace(empty if memory_trace is None else memory_trace,
                                                                   breakdown)]
     drawn.append(plot_bench_scaling(empty if bench is None else bench))
+    drawn.append(plot_chunk_sweep(empty if chunk_sweep is None else chunk_sweep))
     return [figure for figure in drawn if figure is not None]

@@ -93,57 +93,66 @@ COMPACT_ON_CPU_NOTE = (
 
 @dataclasses.dataclass(frozen=True)
 class AutoPick:
-    """One entry of the "auto" table and why it was chosen.
+    """One entry of the "auto" table, why it was chosen, and the figures that carry the evidence.
 
     ``min_rows`` is a floor on the rows per chunk that "auto" chunking resolves
     to (never above N): below it the GEMMs of a chunk stop being efficient.
+    ``evidence`` names figures ``python -m analysis figures`` draws (``figures/<stem>.png``);
+    the numbers live there and in the README passages generated from the same
+    data, not in this table, so they cannot drift.
     """
 
     acc_policy: str
     chunking_method: str
     reason: str
+    evidence: tuple[str, ...]
     min_rows: int = 1
 
 
 CPU_MIN_ROWS = {torch.float32: 512, torch.bfloat16: 256, torch.float16: 256}
-"""Floor on "auto" chunk rows on CPU, per input dtype, from analysis/results/bench_chunks.csv
-(lce default policy, 4096x512x32768, 2 cores, one forward+backward): fp32 took 7.39 / 4.87 /
-3.54 / 2.94 / 3.14 s with 32 / 64 / 256 / 512 / 1024-row chunks, bf16 3.96 / 3.62 / 3.37 /
-3.38 / 3.24 s with 64 / 128 / 256 / 512 / 1024. aspect_ratio gives 64 rows there and
-aspect_ratio:2 gives 32: narrow chunks make every GEMM weight-bandwidth bound. bf16 stops at
-256 rows because its fp32 logits chunk would otherwise dominate the peak (149 vs 112 MB at 512)."""
+"""Floor on "auto" chunk rows on CPU, per input dtype. At LLM-like aspect ratios torch's
+aspect-ratio rule gives 32-64 rows per chunk on CPU, which makes every GEMM weight-bandwidth
+bound; from about 256 rows on, time is flat within the noise on both CPU kinds measured (an AMD
+EPYC with AVX512-BF16 and an Intel Xeon with AMX): ``figures/chunk_sweep.png`` and the
+README's generated "cpu-chunking" table, from ``python -m analysis bench --chunk-sweep``. bf16
+stops at 256 rows because its fp32 logits chunk would otherwise dominate the peak memory."""
 
 
 # The "auto" picks keyed by (device kind, input dtype). Policies agree with
 # torch 2.13's defaults; on CPU lce's auto chunking keeps at least CPU_MIN_ROWS
-# rows per chunk (torch's aspect-ratio sizes are 4-8x slower there, see
-# CPU_MIN_ROWS), and CPU fp32, which torch's table lacks, has an entry of its
-# own. The analysis package measures every entry and marks it on its front.
+# rows per chunk, and CPU fp32, which torch's table lacks, has an entry of its
+# own. The analysis measures every entry and marks it on its fronts.
 AUTO_TABLE: dict[tuple[str, torch.dtype], AutoPick] = {
     ("cuda", torch.bfloat16): AutoPick(
         "compact", "aspect_ratio:2",
-        "saves the 4*C*D-byte fp32 accumulator; claim under test: per-chunk rounding of a "
-        "bf16 weight grad costs little at 2x-split chunks",
+        "saves the 4*C*D-byte fp32 accumulator; claim under test: rounding a bf16 weight grad once per "
+        "chunk costs little at 2x-split chunks",
+        evidence=("error_vs_chunks_cuda-emulated", "error_vs_memory_cuda-emulated"),
     ),
     ("cuda", torch.float16): AutoPick(
         "compact", "aspect_ratio:2",
         "as for bf16; fp16's 3 extra mantissa bits make per-chunk rounding cheaper still",
+        evidence=("error_vs_chunks_cuda-emulated", "error_vs_memory_cuda-emulated"),
     ),
     ("cpu", torch.bfloat16): AutoPick(
         "accurate", "aspect_ratio",
-        "every GEMM in fp32: the lowest gradient error (1.0 floors), paid for with fp32 GEMMs (2.5-4x "
-        "slower than bf16 ones on an AVX512-BF16 CPU); chunks of at least CPU_MIN_ROWS rows",
+        "every GEMM in fp32: the lowest gradient error, paid for with fp32 GEMMs, slower than the bf16 "
+        "ones of balanced on both CPU kinds measured; chunks of at least CPU_MIN_ROWS rows",
+        evidence=("error_vs_memory_cpu", "chunk_sweep"),
         min_rows=CPU_MIN_ROWS[torch.bfloat16],
     ),
     ("cpu", torch.float16): AutoPick(
         "accurate", "aspect_ratio",
-        "CPU fp16 GEMMs are emulated (4-100x slower than fp32 here), so fp32 GEMMs are also the fast ones",
+        "CPU fp16 GEMMs are emulated (far slower than fp32), so fp32 GEMMs are also the fast ones; "
+        "chunks of at least CPU_MIN_ROWS rows",
+        evidence=("error_vs_memory_cpu", "time_vs_shape"),
         min_rows=CPU_MIN_ROWS[torch.float16],
     ),
     ("cpu", torch.float32): AutoPick(
         "compact", "aspect_ratio",
         "not in torch's table: with acc_dtype == fp32 all policies compute the same numbers and compact "
-        "allocates least; at least CPU_MIN_ROWS rows per chunk: 2.5x faster than aspect_ratio:2 at 4096x512x32768",
+        "allocates least; chunks of at least CPU_MIN_ROWS rows",
+        evidence=("error_vs_memory_cpu", "chunk_sweep"),
         min_rows=CPU_MIN_ROWS[torch.float32],
     ),
 }
@@ -152,6 +161,7 @@ AUTO_FALLBACK = AutoPick(
     "compact", "aspect_ratio:2",
     "unlisted (device, dtype): with acc_dtype == input dtype all policies compute the same "
     "numbers, and compact allocates least",
+    evidence=("error_vs_memory_cpu",),
 )
 
 

@@ -3,12 +3,22 @@ and the CUDA layouts run on CPU tensors through the exact mixed-precision stand-
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 import lce
 from helpers import Case, assert_parity, lce_run, make_problem, ref_run, rel_err
-from lce.policies import AUTO_TABLE, CPU_LAYOUTS, CUDA_LAYOUTS, LAYOUTS, format_layout_table
+from lce.policies import (
+    AUTO_FALLBACK,
+    AUTO_TABLE,
+    CPU_LAYOUTS,
+    CPU_MIN_ROWS,
+    CUDA_LAYOUTS,
+    LAYOUTS,
+    format_layout_table,
+)
 from lce.testing import emulate_device_kind
 
 DOCUMENTED_POLICIES = ("accurate", "balanced", "compact")
@@ -29,10 +39,16 @@ def test_every_documented_policy_has_a_layout_on_every_device():
             assert policy in text
 
 
-def test_auto_table_names_only_real_policies_and_gives_reasons():
-    for (kind, dtype), pick in AUTO_TABLE.items():
-        assert kind in LAYOUTS and pick.acc_policy in DOCUMENTED_POLICIES, (kind, dtype)
-        assert len(pick.reason) > 20
+def test_auto_table_names_only_real_policies_and_cites_figures_that_exist():
+    figures = (Path(__file__).resolve().parents[1] / "figures" / "README.md").read_text()
+    for (kind, dtype), pick in [*AUTO_TABLE.items(), (("other", None), AUTO_FALLBACK)]:
+        assert kind in (*LAYOUTS, "other") and pick.acc_policy in DOCUMENTED_POLICIES, (kind, dtype)
+        missing = [stem for stem in pick.evidence if f"## {stem}\n" not in figures]
+        assert pick.evidence and not missing, f"{kind} {dtype}: evidence {missing} is not a drawn figure"
+        # a row floor is part of the pick only if the reason says so
+        assert ("CPU_MIN_ROWS" in pick.reason) == (pick.min_rows > 1), (kind, dtype)
+        if pick.min_rows > 1:
+            assert pick.min_rows == CPU_MIN_ROWS[dtype]
 
 
 def test_cpu_bf16_auto_runs_every_gemm_in_fp32_with_an_accumulator():
