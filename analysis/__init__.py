@@ -15,6 +15,8 @@ Modules, in data-flow order (see ``README.md`` here and ``../README.md``, "How t
 * :mod:`analysis.studies` -- one-off studies (demo, bench, fp64 checks, growth, defects, memory);
 * :mod:`analysis.pareto`, :mod:`analysis.plots`, :mod:`analysis.figures` -- fronts and verdicts,
   figures drawn from results files, the figures folder;
+* :mod:`analysis.tables`, :mod:`analysis.conclusions` -- how the notebooks show tables, and the
+  conclusion each notebook section ends with, written from its data;
 * :mod:`analysis.notebooks`, :mod:`analysis.cli` -- the notebooks; ``python -m analysis``.
 
 ``python -m analysis --help`` lists the commands. ``lce`` never imports this package.

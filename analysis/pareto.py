@@ -25,7 +25,8 @@ from lce.options import dtype_name
 from lce.policies import AUTO_FALLBACK, AUTO_TABLE, auto_pick
 
 __all__ = ["ERROR", "MEMORY", "TIME", "GROUP", "load_table", "prepare", "front_mask", "auto_entries", "verdicts",
-           "recommend", "label", "verdict_lines"]
+           "verdict_summary", "recommend", "same_numbers", "recommend_choices", "choices_summary", "TIE_RULE", "label",
+           "verdict_lines"]
 
 ERROR = "worst_grad_in_floors"
 MEMORY = "peak_mib"
@@ -215,6 +216,104 @@ def recommend(table: pd.DataFrame, device: str, dtype: str, *, cost: str = MEMOR
                                          **{ERROR: (ERROR, "median"), cost: (cost, "median")})
     ranked = ranked[ranked["runs"] == shapes].drop(columns="runs")
     return ranked.sort_values("score").reset_index()
+
+
+def verdict_summary(verdicts_table: pd.DataFrame) -> pd.DataFrame:
+    """:func:`verdicts` as a reader's table: one readable column per question, the rival named where there is one.
+
+    Columns: ``device``, ``dtype``, ``shape``, ``auto pick`` (``(fallback)`` when unlisted), ``error (floors)``,
+    ``peak MiB``, ``memory front``, ``time ms`` and ``time front``. A front column reads ✓, or ✗ and the rival
+    with its numbers; ``cuda-emulated`` picks have no time (NaN) and a time front "not judged".
+    """
+    rows = []
+    for v in verdicts_table.itertuples():
+        emulated = v.device == "cuda-emulated"
+        memory = "✓" if v.on_memory_front else (f"✗ {v.memory_dominator}: {v.memory_dominator_error:.2f} floors, "
+                                                 f"{v.memory_dominator_peak_mib:.2f} MiB")
+        if emulated:
+            time = "not judged (CPU stand-in)"
+        else:
+            time = "✓" if v.on_time_front else (f"✗ {v.time_dominator}: {v.time_dominator_error:.2f} floors, "
+                                                f"{v.time_dominator_ms:.1f} ms")
+        rows.append({"device": v.device, "dtype": v.dtype, "shape": v.shape,
+                     "auto pick": v.pick + ("" if v.listed else " (fallback)"), "error (floors)": v.error,
+                     "peak MiB": v.peak_mib, "memory front": memory,
+                     "time ms": math.nan if emulated else v.time_ms, "time front": time})
+    return pd.DataFrame(rows)
+
+
+TIE_RULE = ("configurations that compute the same numbers (bit-identical errors on every shape) are one choice, "
+            "named by its spelling with the fewest explicit options (\"auto\" policy and chunking, default "
+            "acc_dtype), then compact (it allocates least when the policies coincide), then by name")
+"""How :func:`recommend_choices` merges ties and names the merged choice (the notebooks quote it)."""
+
+
+def same_numbers(table: pd.DataFrame, device: str, dtype: str) -> dict[str, str]:
+    """lce config label -> the label naming its class of configs that compute the same numbers (:data:`TIE_RULE`).
+
+    Two configs compute the same numbers when, on every shape, they resolve to the same chunk size and
+    every error column (relative Frobenius and max, every output) is equal to the last bit.
+    """
+    subset = table[(table["device"] == device) & (table["dtype"] == dtype) & (table["op"] == "lce")]
+    errors = [c for c in subset.columns if c.endswith(("_rel_fro", "_max_rel"))]
+    classes: dict[tuple, list[str]] = {}
+    for name, rows in subset.groupby("label", sort=True):
+        rows = rows.sort_values(["N", "D", "C"])
+        signature = tuple(rows[["N", "D", "C", "chunk_size", *errors]].astype(str).itertuples(index=False, name=None))
+        classes.setdefault(signature, []).append(name)
+    options = subset.drop_duplicates("label").set_index("label")
+
+    def order(name: str) -> tuple:
+        row = options.loc[name]
+        explicit = int(row["policy"] != "auto") + int(row["chunking"] != "auto") + int(row["acc_dtype"] != "default")
+        return explicit, row["policy"] != "compact", name
+
+    return {name: min(members, key=order) for members in classes.values() for name in members}
+
+
+def recommend_choices(table: pd.DataFrame, device: str, dtype: str, *, cost: str = MEMORY) -> pd.DataFrame:
+    """:func:`recommend` with the configs that compute the same numbers merged into one choice each.
+
+    Columns: ``choice`` (named by :data:`TIE_RULE`), ``members`` (every label of the class, the choice first),
+    ``score`` (mean of the members' scores: they differ only by timing noise), ``score_low`` and
+    ``score_high`` (the members' range), :data:`ERROR` and ``cost`` (medians); best first.
+    """
+    ranked = recommend(table, device, dtype, cost=cost)
+    columns = ["choice", "members", "score", "score_low", "score_high", ERROR, cost]
+    if ranked.empty:
+        return pd.DataFrame(columns=columns)
+    names = same_numbers(table, device, dtype)
+    ranked["choice"] = ranked["label"].map(names)
+    rows = []
+    for choice, group in ranked.groupby("choice", sort=False):
+        members = [choice] + sorted(label for label in group["label"] if label != choice)
+        rows.append({"choice": choice, "members": members, "score": group["score"].mean(),
+                     "score_low": group["score"].min(), "score_high": group["score"].max(),
+                     ERROR: group[ERROR].median(), cost: group[cost].median()})
+    return pd.DataFrame(rows, columns=columns).sort_values("score", kind="stable").reset_index(drop=True)
+
+
+def choices_summary(table: pd.DataFrame, dtype: str, *, top: int = 4) -> pd.DataFrame:
+    """The ``top`` :func:`recommend_choices` per device and cost for ``dtype``, as a reader's table.
+
+    Costs: memory on every device, time except on ``cuda-emulated`` (its times are the CPU stand-in's).
+    Columns: ``device``, ``ranked by``, ``rank``, ``choice``, ``same numbers as`` (the other members of
+    its class, comma-separated), ``score``, ``worst gradient (floors)``, ``median cost`` (with its unit).
+    """
+    rows = []
+    for device in sorted(set(table["device"])):
+        costs = [(MEMORY, "memory", "{:.2f} MiB")]
+        if device != "cuda-emulated":
+            costs.append((TIME, "time", "{:.1f} ms"))
+        for cost, word, unit in costs:
+            choices = recommend_choices(table, device, dtype, cost=cost).head(top)
+            for rank, choice in enumerate(choices.itertuples(index=False), start=1):
+                rows.append({"device": device, "ranked by": f"{word} × error", "rank": rank, "choice": choice.choice,
+                             "same numbers as": ", ".join(choice.members[1:]), "score": choice.score,
+                             "worst gradient (floors)": getattr(choice, ERROR),
+                             "median cost": unit.format(getattr(choice, cost))})
+    return pd.DataFrame(rows, columns=["device", "ranked by", "rank", "choice", "same numbers as", "score",
+                                       "worst gradient (floors)", "median cost"])
 
 
 def verdict_lines(table: pd.DataFrame) -> list[str]:

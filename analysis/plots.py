@@ -5,8 +5,13 @@ Each ``plot_*`` function takes the tables it draws (the sweep table of
 :class:`CaptionedFigure` (file stem, caption, the ``matplotlib`` figure), or
 None when the tables hold no data for it. :func:`draw_all` draws every figure;
 :mod:`analysis.figures` saves them and writes ``figures/README.md``; a notebook
-displays them inline. Style: seaborn's "whitegrid" with one palette keyed by
-policy, log axes where the data spans decades, units in every axis label.
+displays them inline (``display(figure.figure)``, the caption as
+:attr:`CaptionedFigure.markdown`). Figures are made without pyplot, so a
+notebook shows only the figures it displays and drawing many never piles up
+open figures. Style: seaborn's "whitegrid" with one palette keyed by policy,
+log axes where the data spans decades, units in every axis label; every log
+axis spans at least a fixed factor around its data, and error axes reach down
+to the rounding floor (1), so a flat result looks flat.
 """
 
 from __future__ import annotations
@@ -14,12 +19,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # noqa: F401 -- in a kernel, importing pyplot sets up inline display of figures
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib import ticker
+from matplotlib import rcParams, ticker
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 from lce.options import ACC_POLICIES
 
@@ -43,21 +51,35 @@ class CaptionedFigure:
     stem: str
     caption: str
 
+    @property
+    def markdown(self) -> str:
+        """The caption as one italic Markdown paragraph, for display under the figure in a notebook."""
+        from .tables import markdown_escape
+
+        return f"*{markdown_escape(self.caption)}*"
+
 
 def _style() -> None:
     sns.set_theme(style="whitegrid", context="paper", font_scale=1.0)
-    plt.rcParams["svg.hashsalt"] = "lce-lab"  # stable element ids: unchanged data gives unchanged SVGs
+    rcParams["svg.hashsalt"] = "lce-lab"  # stable element ids: unchanged data gives unchanged SVGs
 
 
 def _shape_text(row) -> str:
     return f"N={row.N} D={row.D} C={row.C}"
 
 
+def _figure(width: float, height: float) -> Figure:
+    """A constrained-layout figure with an Agg canvas, outside pyplot (nothing to close, nothing shown unasked)."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def _grid(panels: int, width: float = 4.2, height: float = 3.4, columns: int = 3) -> tuple[Figure, np.ndarray]:
     columns = max(1, min(columns, panels))
     rows = max(1, -(-panels // columns))
-    fig, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows + 0.8), squeeze=False,
-                             layout="constrained")
+    fig = _figure(width * columns, height * rows + 0.8)
+    axes = fig.subplots(rows, columns, squeeze=False)
     for ax in axes.flat[panels:]:
         ax.set_visible(False)
     return fig, axes
@@ -75,7 +97,7 @@ def _legend_below(fig: Figure, axes: np.ndarray) -> None:
                    frameon=False, fontsize=8)
 
 
-def _log_axes(ax: plt.Axes, x: bool = True, y: bool = True, x_base: float = 10) -> None:
+def _log_axes(ax: Axes, x: bool = True, y: bool = True, x_base: float = 10) -> None:
     """Log scales with plain numbers as labels (no 3x10^-1 clutter on axes spanning < 1 decade)."""
     plain = ticker.FuncFormatter(lambda value, _: f"{value:g}")
     if x:
@@ -89,6 +111,36 @@ def _log_axes(ax: plt.Axes, x: bool = True, y: bool = True, x_base: float = 10) 
         ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(plain)
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+ERROR_SPAN = 10.0
+"""An error axis (in rounding floors) reaches down to the floor, 1, and spans at least this factor."""
+COST_SPAN = 4.0
+"""A memory or time axis spans at least this factor around its data (a 1% difference stays a 1% sliver)."""
+
+
+def _honest_limits(ax: Axes, axis: str, values, *, span: float, floor: float | None = None,
+                   pad: float = 1.15) -> None:
+    """Limits of a log ``axis`` ("x" or "y") that show ``values`` at their true scale.
+
+    The axis covers the data (padded by ``pad`` each side) and at least a factor
+    ``span``: with a ``floor`` it starts at or below the floor and grows upwards,
+    otherwise it grows evenly around the data's geometric centre. Without that,
+    matplotlib zooms onto the data, and three points at 67.38-67.44 fill a panel
+    as if they differed by a factor of ten.
+    """
+    data = np.asarray(values, dtype=float)
+    data = data[np.isfinite(data) & (data > 0)]
+    if not len(data):
+        return
+    low, high = data.min() / pad, data.max() * pad
+    if floor is not None:
+        low = min(low, floor / pad)
+        high = max(high, low * span)
+    elif high / low < span:
+        centre, half = np.sqrt(low * high), np.sqrt(span)
+        low, high = centre / half, centre * half
+    (ax.set_ylim if axis == "y" else ax.set_xlim)(low, high)
 
 
 def plot_error_vs_memory(table: pd.DataFrame, device: str = "cpu") -> CaptionedFigure | None:
@@ -115,6 +167,8 @@ def plot_error_vs_memory(table: pd.DataFrame, device: str = "cpu") -> CaptionedF
                 ax.scatter([pick.peak_mib], [pick.error], marker="*", s=220, facecolor="none", edgecolor="red",
                            linewidth=1.5, label="auto pick", zorder=5)
         _log_axes(ax)
+        _honest_limits(ax, "x", group[MEMORY], span=COST_SPAN)
+        _honest_limits(ax, "y", group[ERROR], span=ERROR_SPAN, floor=1.0)
         ax.set_title(f"{problem.dtype}, {_shape_text(problem)}", fontsize=9)
         ax.set_xlabel("peak extra memory (MiB)")
     fig.supylabel(ERROR_LABEL, fontsize=9)
@@ -123,7 +177,9 @@ def plot_error_vs_memory(table: pd.DataFrame, device: str = "cpu") -> CaptionedF
     memory_source = "lce's model (CPU stand-in measured otherwise)" if device == "cuda-emulated" else "measured"
     return CaptionedFigure(fig, stem,
                            f"Gradient error (in rounding floors) vs peak extra memory ({memory_source}) on {device}, "
-                           "one panel per dtype and shape; black steps: Pareto front; red star: the \"auto\" pick.")
+                           "one panel per dtype and shape; black steps: Pareto front; red star: the \"auto\" pick. "
+                           "Error axes reach down to the rounding floor (1) and span at least a factor "
+                           f"{ERROR_SPAN:g}; memory axes at least a factor {COST_SPAN:g}.")
 
 
 def plot_error_vs_chunks(table: pd.DataFrame, device: str = "cpu") -> CaptionedFigure | None:
@@ -146,6 +202,7 @@ def plot_error_vs_chunks(table: pd.DataFrame, device: str = "cpu") -> CaptionedF
                     ls="-" if wide else ":", lw=1.5 if op == "lce" else 1.0, ms=5 if op == "lce" else 6,
                     color=PALETTE.get(policy, "k"), alpha=0.9 if op == "lce" else 0.55, label=f"{op} {series}")
         _log_axes(ax, x_base=2)
+        _honest_limits(ax, "y", group["grad_weight_fro_in_floors"], span=ERROR_SPAN, floor=1.0)
         ax.set_title(f"{problem.dtype}, {_shape_text(problem)}", fontsize=9)
         ax.set_xlabel("number of chunks")
     fig.supylabel("grad_weight error (multiples of the rounding floor)", fontsize=9)
@@ -156,7 +213,8 @@ def plot_error_vs_chunks(table: pd.DataFrame, device: str = "cpu") -> CaptionedF
                            "circles lce, crosses torch's native op; solid lines where the resolved acc_dtype is wider "
                            "than the input, dotted where it equals it (all policies then compute the same numbers "
                            "and their lines coincide). A policy that rounds the weight gradient per chunk grows "
-                           "with the chunk count; one that keeps a wide accumulator stays flat.")
+                           "with the chunk count; one that keeps a wide accumulator stays flat. Error axes reach "
+                           f"down to the rounding floor (1) and span at least a factor {ERROR_SPAN:g}.")
 
 
 def plot_memory_model(table: pd.DataFrame) -> CaptionedFigure | None:
@@ -166,7 +224,8 @@ def plot_memory_model(table: pd.DataFrame) -> CaptionedFigure | None:
     if data.empty:
         return None
     _style()
-    fig, ax = plt.subplots(figsize=(5, 4.4), layout="constrained")
+    fig = _figure(5, 4.4)
+    ax = fig.subplots()
     modeled = data["peak_bytes_modeled"].astype(float) / 2**20
     measured = data["peak_bytes_measured"].astype(float) / 2**20
     # Colour by what decides the buffers: input dtype and the resolved acc_dtype.
@@ -222,6 +281,7 @@ def plot_time_vs_shape(table: pd.DataFrame) -> CaptionedFigure | None:
             ax.plot(points["work"], points[TIME], marker=MARKERS.get(op, "o"), ms=4, lw=1,
                     ls="-" if op == "lce" else "--", color=PALETTE.get(policy, "k"), label=series)
         _log_axes(ax)
+        _honest_limits(ax, "y", summary[TIME], span=COST_SPAN)
         ax.set_title(f"{panel.device}, {panel.dtype}", fontsize=9)
         ax.set_xlabel("problem size N*D*C (multiply-adds per GEMM)")
     fig.supylabel("median time of forward+backward (ms)", fontsize=9)
@@ -253,28 +313,55 @@ def plot_buffer_breakdown(breakdown: pd.DataFrame) -> CaptionedFigure | None:
     _style()
     breakdown = breakdown.assign(MiB=breakdown["nbytes"] / 2**20)
     configs = list(dict.fromkeys(breakdown["config"]))
-    fig, ax = plt.subplots(figsize=(8, 0.9 * len(configs) + 1.6), layout="constrained")
+    fig = _figure(8, 0.9 * len(configs) + 1.6)
+    ax = fig.subplots()
+    labels = []
     for row, config in enumerate(configs):
         left = 0.0
         for buffer in breakdown[breakdown["config"] == config].itertuples():
-            ax.barh(row, buffer.MiB, left=left, color=SPAN_COLOURS[buffer.span], edgecolor="white", height=0.6)
-            if buffer.MiB > 0.06 * breakdown.groupby("config")["MiB"].sum().max():
-                ax.text(left + buffer.MiB / 2, row, f"{buffer.buffer}\n{buffer.buffer_dtype}", ha="center",
-                        va="center", fontsize=6.5)
+            bar = ax.barh(row, buffer.MiB, left=left, color=SPAN_COLOURS[buffer.span], edgecolor="white",
+                          height=0.6)[0]
+            texts = (f"{buffer.buffer}\n{buffer.buffer_dtype}, {buffer.MiB:.1f} MiB",
+                     f"{buffer.buffer}\n{buffer.buffer_dtype}", buffer.buffer)
+            label = ax.text(left + buffer.MiB / 2, row, texts[0], ha="center", va="center", fontsize=6.5)
+            label.set_in_layout(False)  # labels that do not fit are dropped after layout; they must not move it
+            labels.append((label, bar, texts))
             left += buffer.MiB
         peak = breakdown[breakdown["config"] == config]["predicted_peak_bytes"].iloc[0] / 2**20
         ax.plot([peak, peak], [row - 0.38, row + 0.38], color="k", lw=2)
     ax.set_yticks(range(len(configs)), configs)
     ax.invert_yaxis()
     ax.set_xlabel("planned bytes per buffer (MiB); black tick: predicted peak extra memory")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in SPAN_COLOURS.values()]
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in SPAN_COLOURS.values()]
     ax.legend(handles, [f"{span}" for span in SPAN_COLOURS], title="lives", fontsize=7, title_fontsize=7,
               frameon=False, loc="lower right")
+    _fit_labels(fig, labels)
     return CaptionedFigure(fig, "memory_breakdown",
                            f"Every buffer lce's plan allocates for one forward+backward ({_study_problem(breakdown)}), "
                            "per configuration, coloured by lifetime (kept: returned gradients; call: the whole pass; "
                            "chunk: one chunk at a time; final: made after the loop); black tick: the plan's predicted "
-                           "peak. From lce.plan, no measurement (python -m analysis memory-study).")
+                           "peak. Each segment is labelled with the longest of name, dtype and size that fits inside "
+                           "it; narrower ones are left blank (memory_breakdown.csv lists every buffer). From "
+                           "lce.plan, no measurement (python -m analysis memory-study).")
+
+
+def _fit_labels(fig: Figure, labels: list) -> None:
+    """Give each label the first of its texts that fits inside its bar segment; remove it if none does.
+
+    ``labels`` holds ``(text artist, bar patch, candidate texts longest first)``. Sizes are measured
+    on the laid-out figure, so the result holds at the figure's own size and dpi.
+    """
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for label, bar, texts in labels:
+        box = bar.get_window_extent(renderer)
+        for text in texts:
+            label.set_text(text)
+            extent = label.get_window_extent(renderer)
+            if extent.width <= box.width - 4 and extent.height <= box.height - 2:
+                break
+        else:
+            label.remove()
 
 
 def plot_memory_trace(trace: pd.DataFrame, breakdown: pd.DataFrame) -> CaptionedFigure | None:
@@ -285,7 +372,8 @@ def plot_memory_trace(trace: pd.DataFrame, breakdown: pd.DataFrame) -> Captioned
     if trace.empty:
         return None
     _style()
-    fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
+    fig = _figure(7, 4.2)
+    ax = fig.subplots()
     configs = list(dict.fromkeys(trace["config"]))
     colours = dict(zip(configs, sns.color_palette("colorblind", len(configs)), strict=True))
     for config, events in trace.groupby("config", sort=False):
@@ -322,7 +410,8 @@ def plot_bench_scaling(bench: pd.DataFrame) -> CaptionedFigure | None:
     base_n, base_c = bench["N"].max(), bench["C"].max()
     data = bench[bench["impl"].isin(["lce", "torch", "unfused", "3-GEMM floor"])].copy()
     data = data.sort_values("date").drop_duplicates(["impl", "dtype", "N", "D", "C", "metric"], keep="last")
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7.5), layout="constrained", squeeze=False)
+    fig = _figure(10, 7.5)
+    axes = fig.subplots(2, 2, squeeze=False)
     colours = dict(zip(["lce", "torch", "unfused", "3-GEMM floor"], sns.color_palette("colorblind", 4), strict=True))
     styles = {"float32": "-", "bfloat16": "--"}
     for column, (axis, fixed, fixed_value) in enumerate((("N", "C", base_c), ("C", "N", base_n))):
@@ -337,6 +426,7 @@ def plot_bench_scaling(bench: pd.DataFrame) -> CaptionedFigure | None:
                 ax.plot(points[axis], points["value"] * scale, marker="o", ms=4, lw=1.2, color=colours[impl],
                         ls=styles.get(dtype, ":"), label=f"{impl} {dtype}")
             _log_axes(ax, x_base=2)
+            _honest_limits(ax, "y", subset["value"] * scale, span=COST_SPAN)
             ax.set_xlabel(f"{axis} ({fixed}={fixed_value}, D={int(data['D'].iloc[0])})")
             ax.set_ylabel(unit)
     _legend_below(fig, axes)

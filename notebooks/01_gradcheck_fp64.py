@@ -13,40 +13,52 @@
 # %%
 import os
 
-import pandas as pd
+from IPython.display import Markdown
 
+from analysis import conclusions
+from analysis.provenance import cpu_model
 from analysis.studies import fp64_checks
+from analysis.tables import check, details, show
 
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # quick: CPU layouts and two chunkings; else both layout tables
-pd.set_option("display.width", 200)
 cases = fp64_checks.path_cases(quick=QUICK)
-print(f"{len(cases)} chunked paths")
+CPU = cpu_model()
+print(f"{len(cases)} chunked paths on {CPU}")
 
 # %% [markdown]
 # ## gradcheck on every path
-# Shape 7 × 3 against 5 classes with 3-row chunks, so every path runs several chunks,
-# one of them short.
+# Shape 7 × 3 against 5 classes: tiny, so finite differences over every input entry stay fast.
 
 # %%
 gradchecks = fp64_checks.gradcheck_table(cases)
-print(f"gradcheck passed on {gradchecks.gradcheck.sum()} of {len(gradchecks)} paths")
-gradchecks[["device_kind", "policy", "chunking", "reduction", "features", "gradcheck"]]
+show(gradchecks[["device_kind", "policy", "chunking", "reduction", "features", "gradcheck"]]
+     .rename(columns={"device_kind": "layouts"}), {"gradcheck": check}, name="gradcheck")
+
+# %%
+Markdown(conclusions.gradcheck(gradchecks, cpu=CPU))
 
 # %% [markdown]
 # ## Largest error against the reference path, lce and torch
-# Each entry is `max |value − ref| / max |ref|` for that output. `torch_path` says whether
-# torch's op chunked or fell back to its reference path (it does not chunk label smoothing).
+# Each entry is `max |value − ref| / max |ref|` for that output, the worst over every path;
+# torch's is over the paths where its chunked op ran (it does not chunk label smoothing and
+# falls back to its reference path). The per-path table is folded below the summary.
 
 # %%
 parity = fp64_checks.parity_table(cases)
-error_columns = [c for c in parity.columns if c.startswith(("lce_", "torch_")) and c != "torch_path"]
-summary = parity[["policy", "chunking", "reduction", "features", "torch_path"] + error_columns]
-summary.style.format("{:.1e}", subset=error_columns, na_rep="-")
+bound = f"within {fp64_checks.PARITY_TOLERANCE:.0e}"
+summary = fp64_checks.parity_summary(parity).rename(columns={
+    "lce_worst": "worst lce error", "torch_worst": "worst torch error (chunked paths)",
+    "lce_ok": f"lce {bound}", "torch_ok": f"torch {bound}"})
+show(summary, {"worst lce error": "{:.1e}", "worst torch error (chunked paths)": "{:.1e}",
+               f"lce {bound}": check, f"torch {bound}": check}, name="parity-summary")
 
 # %%
-worst = parity[[c for c in error_columns if c.startswith("lce_")]].max().max()
-chunked_torch = parity[parity.torch_path == "chunked"]
-worst_torch = chunked_torch[[c for c in error_columns if c.startswith("torch_")]].max().max()
-print(f"worst lce error over all paths and outputs: {worst:.1e}")
-print(f"worst torch error where its chunked op ran ({len(chunked_torch)} paths): {worst_torch:.1e}")
-assert worst < 1e-13, "an fp64 path disagrees with the reference beyond rounding"
+by_path = fp64_checks.parity_by_path(parity).rename(columns={
+    "device_kind": "layouts", "torch_path": "torch ran", "lce_worst": "worst lce error",
+    "torch_worst": "worst torch error"})
+details(f"Every path ({len(by_path)}): the worst error over its outputs",
+        show(by_path, {"worst lce error": "{:.1e}", "worst torch error": "{:.1e}"}, name="parity-by-path"))
+
+# %%
+assert (summary[f"lce {bound}"]).all(), "an fp64 path disagrees with the reference beyond rounding"
+Markdown(conclusions.parity(parity, cpu=CPU))

@@ -14,28 +14,35 @@
 import os
 
 import pandas as pd
+from IPython.display import Markdown, display
 
-from analysis import pareto, plots
+from analysis import conclusions, pareto, plots
 from analysis.inputs import Shape
+from analysis.provenance import cpu_model
 from analysis.studies import defects, growth
+from analysis.tables import show
 
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"
-pd.set_option("display.width", 200)
+CPU = cpu_model()  # the studies below measure on this machine; the grid's rows carry their own provenance
 paths, table = pareto.load_table()
-print("data:", [p.name for p in paths], f"{len(table)} runs;",
-      "provenance:", table[["torch_version", "git_revision", "date"]].iloc[0].to_dict())
+print("data:", ", ".join(p.name for p in paths), f"({len(table)} runs)")
 
 # %% [markdown]
 # ## Errors per dtype and policy (committed quick grid, CPU, default chunking)
-# Median over shapes of each output's error in floors. `acc=default` follows the options
-# contract: fp32 accumulation only under `acc_policy="auto"`; an explicit policy without
-# `acc_dtype` accumulates in the input dtype.
+# Median over shapes of the loss error and of the worst gradient error, in floors.
+# `acc_dtype=default` follows the options contract: fp32 accumulation only under
+# `acc_policy="auto"`; an explicit policy without `acc_dtype` accumulates in the input dtype.
 
 # %%
-chunked = table[(table.device == "cpu") & table.op.isin(["lce", "torch"]) & (table.chunking == "aspect_ratio")]
-columns = ["loss_fro_in_floors", "grad_input_fro_in_floors", "grad_weight_fro_in_floors", "grad_bias_fro_in_floors"]
-summary = chunked.groupby(["dtype", "op", "policy", "acc_dtype"])[columns].median().unstack("op")
-summary.style.format("{:.2f}")
+runs = table[(table.device == "cpu") & table.op.isin(["lce", "torch"]) & (table.chunking == "auto")]
+medians = runs.groupby(["dtype", "policy", "acc_dtype", "op"])[["loss_fro_in_floors", pareto.ERROR]].median()
+medians = medians.unstack("op").sort_index(axis="columns", level="op")
+medians.columns = [f"{op}: {'loss' if column == 'loss_fro_in_floors' else 'worst gradient'}"
+                   for column, op in medians.columns]
+show(medians.reset_index(), {column: "{:.2f}" for column in medians.columns}, name="errors-per-policy")
+
+# %%
+Markdown(conclusions.policy_errors(table))
 
 # %% [markdown]
 # ## Growth with the number of chunks, and a fitted law
@@ -43,39 +50,43 @@ summary.style.format("{:.2f}")
 # accurate policy sums the weight gradient in fp32 and rounds once; compact runs the
 # balanced layout there (the options contract), so the growth of a per-chunk-rounding policy
 # is shown on the CUDA layouts (run on CPU tensors with an exact stand-in for the
-# mixed-precision GEMM).
+# mixed-precision GEMM). The fit is `error ≈ prefactor × chunks^exponent`.
 
 # %%
 shape = Shape(512, 64, 2048) if QUICK else Shape(2048, 256, 8192)
 counts = (1, 2, 4, 8, 16, 32, 64) if QUICK else (1, 2, 4, 8, 16, 32, 64, 128, 256)
-cpu = growth.chunk_growth(shape, "bfloat16", chunk_counts=counts)
-cuda = growth.chunk_growth(shape, "bfloat16", chunk_counts=counts, device="cuda-emulated")
-fits = pd.concat([growth.fit_power_law(cpu).assign(layouts="cpu"),
-                  growth.fit_power_law(cuda).assign(layouts="cuda (emulated)")])
-fits.style.format({"exponent": "{:.2f}", "prefactor": "{:.2f}", "at_max_chunks": "{:.2f}"})
-
-# %%
-growing = fits[fits.exponent > 0.2]
-print("error ∝ chunks^p with p > 0.2 (per-chunk rounding):",
-      ", ".join(f"{r.impl} {r.policy} ({r.layouts}) p={r.exponent:.2f}" for r in growing.itertuples()))
-flat = fits[(fits.impl == "lce") & (fits.policy == "accurate")]
-print("lce accurate stays at", ", ".join(f"{v:.2f}" for v in flat.at_max_chunks), "floors at", counts[-1], "chunks")
+growth_runs = pd.concat([growth.chunk_growth(shape, "bfloat16", chunk_counts=counts, device=device)
+                         for device in ("cpu", "cuda-emulated")], ignore_index=True)
+layouts = {"cpu": "CPU", "cuda-emulated": "emulated CUDA"}
+fits = pd.concat([growth.fit_power_law(rows).assign(layouts=layouts[device])
+                  for device, rows in growth_runs.groupby("device", sort=True)], ignore_index=True)
+show(fits[["layouts", "impl", "policy", "exponent", "prefactor", "at_max_chunks"]]
+     .rename(columns={"at_max_chunks": f"floors at {counts[-1]} chunks"}),
+     {"exponent": "{:.2f}", "prefactor": "{:.2f}", f"floors at {counts[-1]} chunks": "{:.2f}"}, name="growth-fits")
 
 # %%
 figure = plots.plot_error_vs_chunks(table, "cpu")  # the function `python -m analysis figures` calls
-print(figure.caption)
+display(figure.figure, Markdown(figure.markdown))
+
+# %%
+Markdown(conclusions.chunk_growth(growth_runs, fits, cpu=CPU))
 
 # %% [markdown]
 # ## Defect 1 — the loss drifts with the chunk count (bf16, default options)
-# Distance of the returned loss from the exact one, in bf16 ulps at the exact loss; lce sums
-# the loss in fp64 across chunks and rounds once.
+# Distance of the returned loss from the exact one, in bf16 ulps at the exact loss, the worst
+# over three seeds; lce sums the loss in fp64 across chunks and rounds once.
 
 # %%
 drift_shape = Shape(1024, 128, 4096) if QUICK else Shape(2048, 256, 8192)
 drift_counts = (1, 4, 16, 64) if QUICK else (1, 4, 16, 64, 256)
-drift = pd.concat([defects.loss_drift(drift_shape, "bfloat16", drift_counts, seed=seed).assign(seed=seed)
-                   for seed in range(3)])
-drift.pivot_table(index="chunks", columns="impl", values="ulps_from_exact", aggfunc="max").style.format("{:.2f}")
+drift = pd.concat([defects.loss_drift(drift_shape, "bfloat16", drift_counts, seed=seed) for seed in range(3)],
+                  ignore_index=True)
+worst_drift = drift.pivot_table(index="chunks", columns="impl", values="ulps_from_exact", aggfunc="max")
+show(worst_drift.reset_index().rename(columns={"lce": "lce (ulps)", "torch": "torch (ulps)"}),
+     {"lce (ulps)": "{:.2f}", "torch (ulps)": "{:.2f}"}, name="loss-drift")
+
+# %%
+Markdown(conclusions.loss_drift(drift, cpu=CPU))
 
 # %% [markdown]
 # ## Defect 2 — an all-ignored batch
@@ -83,4 +94,13 @@ drift.pivot_table(index="chunks", columns="impl", values="ulps_from_exact", aggf
 # gradients; a NaN gradient would poison the optimizer step.
 
 # %%
-defects.all_ignored_gradients()
+ignored = defects.all_ignored_gradients()
+shown = ignored.assign(loss=ignored.loss.map(lambda value: f"{value:.3g}".replace("nan", "NaN (0/0)")))
+show(shown[["impl", "loss", "grad_input_nan_entries", "grad_weight_nan_entries", "grad_bias_nan_entries",
+            "max_abs_finite_grad"]]
+     .rename(columns={"grad_input_nan_entries": "NaN in grad_input", "grad_weight_nan_entries": "NaN in grad_weight",
+                      "grad_bias_nan_entries": "NaN in grad_bias", "max_abs_finite_grad": "largest finite |grad|"}),
+     {"largest finite |grad|": "{:.3g}"}, name="all-ignored")
+
+# %%
+Markdown(conclusions.all_ignored(ignored, cpu=CPU))

@@ -6,53 +6,75 @@
 # tensor allocation and free, in order). This notebook checks the model against the
 # measurement over the committed quick grid, breaks each configuration's plan down buffer by
 # buffer, and traces live memory through one forward+backward for lce, torch 2.13's native op
-# and the unfused reference. CUDA memory snapshots need a GPU; no GPU data is committed yet,
-# so everything here is CPU.
+# and the unfused reference. It measures nothing itself: the breakdown and the trace are the
+# committed results of `python -m analysis memory-study`. CUDA memory snapshots need a GPU;
+# no GPU data is committed yet, so everything here is CPU.
 
 # %%
 import os
 
-import pandas as pd
+from IPython.display import Markdown, display
 
-from analysis import pareto, plots
+from analysis import conclusions, pareto, plots
+from analysis.paths import RESULTS_DIR
+from analysis.results_io import MEMORY_BREAKDOWN, MEMORY_TRACE, load_kind
 from analysis.studies import memory_study
+from analysis.tables import show
 
-QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # both settings are quick here: the study problem is fixed
-pd.set_option("display.width", 200)
+QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # reads committed results only; nothing to shorten
 paths, table = pareto.load_table()
+breakdown_paths, breakdown = load_kind(RESULTS_DIR, MEMORY_BREAKDOWN.name)
+trace_paths, traces = load_kind(RESULTS_DIR, MEMORY_TRACE.name)
+print("data:", ", ".join(path.name for path in [*paths, *breakdown_paths, *trace_paths]))
 
 # %% [markdown]
 # ## Measured vs modeled, every lce run of the quick grid
+# Measured over modeled peak, per dtype and policy (1.00: the model is exact).
 
 # %%
-lce_runs = table[(table.op == "lce") & (table.device == "cpu")].copy()
-lce_runs["measured/modeled"] = lce_runs.peak_bytes_measured / lce_runs.peak_bytes_modeled
-ratios = lce_runs.groupby(["dtype", "policy", "acc_dtype"])["measured/modeled"]
-ratios.agg(["min", "median", "max"]).style.format("{:.2f}")
+lce_runs = table[(table.op == "lce") & (table.device == "cpu")]
+ratios = (lce_runs.assign(ratio=lce_runs.peak_bytes_measured / lce_runs.peak_bytes_modeled)
+          .groupby(["dtype", "policy", "acc_dtype"])["ratio"].agg(["min", "median", "max"]).reset_index())
+show(ratios, {"min": "{:.2f}", "median": "{:.2f}", "max": "{:.2f}"}, name="model-ratios")
 
 # %%
-print(plots.plot_memory_model(table).caption)
+figure = plots.plot_memory_model(table)
+display(figure.figure, Markdown(figure.markdown))
+
+# %%
+Markdown(conclusions.memory_model(table))
 
 # %% [markdown]
-# ## Where the bytes go: lce's plan, buffer by buffer (bf16, N=2048 D=256 C=16384)
+# ## Where the bytes go: lce's plan, buffer by buffer
+# MiB per planned buffer and configuration (— where a configuration has no such buffer), and
+# the plan's predicted peak.
 
 # %%
-breakdown = memory_study.buffer_breakdown()
-(breakdown.assign(MiB=breakdown.nbytes / 2**20)
- .pivot_table(index="buffer", columns="config", values="MiB", aggfunc="sum").fillna(0).style.format("{:.2f}"))
+mib = breakdown.assign(MiB=breakdown.nbytes / 2**20).pivot_table(
+    index="buffer", columns="config", values="MiB", aggfunc="sum", sort=False)
+mib.loc["predicted peak"] = breakdown.groupby("config", sort=False).predicted_peak_bytes.first() / 2**20
+show(mib.reset_index(), {config: "{:.2f}" for config in mib.columns}, name="buffers")
 
 # %%
-print(plots.plot_buffer_breakdown(breakdown).caption)
+figure = plots.plot_buffer_breakdown(breakdown)
+display(figure.figure, Markdown(figure.markdown))
+
+# %%
+Markdown(conclusions.buffer_breakdown(breakdown))
 
 # %% [markdown]
 # ## Memory over one forward+backward, measured
 
 # %%
-traces = memory_study.memory_traces()
-peaks = (traces.groupby("config", sort=False).live_bytes.max() / 2**20).rename("measured peak (MiB)").to_frame()
-peaks["predicted (MiB)"] = breakdown.groupby("config").predicted_peak_bytes.first() / 2**20
-peaks["vs reference"] = peaks["measured peak (MiB)"] / peaks.loc["reference", "measured peak (MiB)"]
-peaks.style.format("{:.2f}")
+peaks = memory_study.peaks(traces, breakdown)
+show(peaks.rename(columns={"measured_mib": "measured peak (MiB)", "predicted_mib": "predicted (MiB)",
+                           "measured_over_predicted": "measured / predicted", "over_reference": "vs reference"}),
+     {"measured peak (MiB)": "{:.1f}", "predicted (MiB)": "{:.1f}", "measured / predicted": "{:.2f}",
+      "vs reference": "{:.2f}x"}, name="peaks")
 
 # %%
-print(plots.plot_memory_trace(traces, breakdown).caption)
+figure = plots.plot_memory_trace(traces, breakdown)
+display(figure.figure, Markdown(figure.markdown))
+
+# %%
+Markdown(conclusions.memory_trace(peaks, traces))

@@ -8,64 +8,94 @@
 # the pick is on each front and, if not, which configuration dominates it. CPU panels are
 # measured on this machine; CUDA panels use lce's CUDA layouts run on CPU tensors (their
 # errors are the CUDA path's, their memory is lce's model, their times are not GPU times).
-# No data from a real GPU is committed yet, and the notebook says so below when it is missing.
+# No data from a real GPU is committed yet; the conclusions say so while it is missing.
 
 # %%
+import html
 import os
 
 import pandas as pd
+from IPython.display import Markdown, display
 
-from analysis import pareto, plots
+from analysis import conclusions, pareto, plots
+from analysis.paths import RESULTS_DIR
+from analysis.results_io import BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE, load_kind
+from analysis.tables import show
+from lce.options import dtype_name
 from lce.policies import AUTO_FALLBACK, AUTO_TABLE
 
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # reads committed data only; nothing to shorten
-pd.set_option("display.width", 200)
 paths, table = pareto.load_table()
-print("data:", [p.name for p in paths], "| devices:", sorted(table.device.unique()))
-if "cuda" not in set(table.device):
-    print("No real-GPU results are committed: the CUDA rows below are the emulated CUDA layouts.")
+studies = {kind.name: load_kind(RESULTS_DIR, kind.name)[1] for kind in (MEMORY_BREAKDOWN, MEMORY_TRACE, BENCH,
+                                                                         CHUNK_SWEEP)}
+figures = {figure.stem: figure for figure in plots.draw_all(table, **studies)}  # draws, measures nothing
+print("data:", ", ".join(p.name for p in paths), "| devices:", ", ".join(sorted(table.device.unique())))
 
 # %% [markdown]
-# ## The "auto" table and the reason recorded for each entry
+# ## The "auto" table, the reason recorded for each entry, and its evidence
+# Evidence names the figures `python -m analysis figures` draws into `figures/` (links open
+# them); "no data" marks one the committed results cannot draw yet.
 
 # %%
-pd.DataFrame([{"device": kind, "dtype": str(dtype).removeprefix("torch."), "policy": pick.acc_policy,
-               "chunking": pick.chunking_method, "reason": pick.reason}
-              for (kind, dtype), pick in AUTO_TABLE.items()]
-             + [{"device": "other", "dtype": "any", "policy": AUTO_FALLBACK.acc_policy,
-                 "chunking": AUTO_FALLBACK.chunking_method, "reason": AUTO_FALLBACK.reason}])
+entries = pd.DataFrame(
+    [{"device": kind, "dtype": dtype_name(dtype), "pick": pick} for (kind, dtype), pick in AUTO_TABLE.items()]
+    + [{"device": "other", "dtype": "any", "pick": AUTO_FALLBACK}])
+entries = entries.assign(
+    policy=entries.pick.map(lambda pick: pick.acc_policy),
+    chunking=entries.pick.map(lambda pick: pick.chunking_method
+                              + (f", ≥ {pick.min_rows} rows" if pick.min_rows > 1 else "")),
+    reason=entries.pick.map(lambda pick: pick.reason),
+    evidence=entries.pick.map(lambda pick: pick.evidence))
+links = entries.evidence.map(lambda stems: "<br>".join(
+    f'<a href="../figures/{html.escape(stem)}.png">{html.escape(stem)}</a>'
+    + ("" if stem in figures else " (no data)") for stem in stems))
+show(entries[["device", "dtype", "policy", "chunking", "reason"]].assign(evidence=links),
+     wrap=["reason"], raw_html=["evidence"], name="auto-table")
+
+# %%
+verdicts = pareto.verdicts(table)
+Markdown(conclusions.auto_table(entries, verdicts, figures))
 
 # %% [markdown]
 # ## Verdicts
 # `error` is the worst gradient error in floors; a rival must be no worse on both axes and
-# more than 5% better on one to knock the pick off a front.
+# more than 5% better on one to knock the pick off a front (✗ names the strongest rival).
 
 # %%
-verdicts = pareto.verdicts(table)
-verdicts[["device", "dtype", "shape", "pick", "listed", "error", "peak_mib", "time_ms", "on_memory_front",
-          "memory_dominator", "on_time_front", "time_dominator"]].style.format(
-    {"error": "{:.2f}", "peak_mib": "{:.2f}", "time_ms": "{:.1f}"})
+show(pareto.verdict_summary(verdicts), {"error (floors)": "{:.2f}", "peak MiB": "{:.2f}", "time ms": "{:.1f}"},
+     wrap=["memory front", "time front"], wrap_width="32ch", name="verdicts")
 
 # %%
-for line in pareto.verdict_lines(table):
-    print("-", line)
+Markdown(conclusions.verdicts(verdicts, table))
 
 # %% [markdown]
 # ## Fronts on this CPU (error vs measured peak memory)
 
 # %%
-print(plots.plot_error_vs_memory(table, "cpu").caption)
+figure = figures["error_vs_memory_cpu"]
+display(figure.figure, Markdown(figure.markdown))
+
+# %%
+Markdown(conclusions.fronts(table, "cpu"))
 
 # %% [markdown]
 # ## CUDA layouts (emulated on CPU tensors; memory from lce's model)
 
 # %%
-print(plots.plot_error_vs_memory(table, "cuda-emulated").caption)
-
-# %% [markdown]
-# ## Picks for the entries torch's table lacks (fp32), ranked from the data
-# Score: mean over shapes of log(cost / best cost) + log(error / best error); lower is better.
+figure = figures["error_vs_memory_cuda-emulated"]
+display(figure.figure, Markdown(figure.markdown))
 
 # %%
-pd.concat([pareto.recommend(table, device, "float32", cost=cost).head(3).assign(device=device, cost=cost)
-           for device in ("cpu", "cuda-emulated") for cost in (pareto.MEMORY, pareto.TIME)])
+Markdown(conclusions.fronts(table, "cuda-emulated"))
+
+# %% [markdown]
+# ## What should fp32 use? (the entries torch's table lacks, ranked from the data)
+# Score: mean over shapes of log(cost / best cost) + log(error / best error); lower is better.
+# Configurations that compute the same numbers are one choice (listed under "same numbers as").
+
+# %%
+show(pareto.choices_summary(table, "float32"), {"score": "{:.2f}", "worst gradient (floors)": "{:.2f}"},
+     wrap=["same numbers as"], wrap_width="36ch", name="fp32-choices")
+
+# %%
+Markdown(conclusions.fp32_choice(table))

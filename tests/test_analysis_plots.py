@@ -76,3 +76,52 @@ def test_importing_the_plots_leaves_the_backend_alone(module):
                             env={**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "svg"})
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().lower() == "svg"
+
+
+def test_figures_are_made_outside_pyplot_so_notebooks_show_only_what_they_display():
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    table = prepare(load_results([FIXTURE]))
+    assert draw_all(table) and plt.get_fignums() == before
+
+
+def test_a_flat_result_looks_flat():
+    """Errors all near 67 floors: the error axis reaches down to the floor (1) and the memory axis spans 4x."""
+    from analysis.plots import COST_SPAN, ERROR_SPAN, plot_error_vs_memory
+
+    table = prepare(load_results([FIXTURE]))
+    flat = table[(table["device"] == "cpu") & (table["dtype"] == table["dtype"].iloc[0])].copy()
+    flat = flat[(flat["N"] == flat["N"].iloc[0]) & (flat["C"] == flat["C"].iloc[0])]
+    flat["grad_input_fro_in_floors"] = 67.4 + 0.01 * (flat.index % 5)
+    flat["grad_weight_fro_in_floors"] = flat["grad_input_fro_in_floors"]
+    flat["grad_bias_fro_in_floors"] = flat["grad_input_fro_in_floors"]
+    flat["peak_bytes_measured"] = 2.13 * 2**20 + 1000 * (flat.index % 3)
+    ax = plot_error_vs_memory(prepare(flat), "cpu").figure.axes[0]
+    low, high = ax.get_ylim()
+    assert low <= 1.0 and high / low >= ERROR_SPAN and high >= 67.5
+    left, right = ax.get_xlim()
+    assert right / left >= COST_SPAN * 0.999 and left < 2.13 < right
+
+
+def test_breakdown_labels_fit_inside_their_segments():
+    _, breakdown = load_kind(TESTDATA, MEMORY_BREAKDOWN.name)
+    figure = plot_buffer_breakdown(breakdown).figure
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    ax = figure.axes[0]
+    bars = [patch.get_window_extent(renderer) for patch in ax.patches]
+    labels = [text for text in ax.texts if text.get_text()]
+    assert labels, "the widest segments carry their buffer's name"
+    for text in labels:
+        box = text.get_window_extent(renderer)
+        centre = ((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2)
+        holder = next(bar for bar in bars if bar.contains(*centre))
+        assert box.width <= holder.width and box.height <= holder.height, text.get_text()
+
+
+def test_captions_read_as_markdown():
+    from analysis.plots import CaptionedFigure
+
+    figure = CaptionedFigure(None, "x", "time vs N*D*C for lce_auto")
+    assert figure.markdown == r"*time vs N\*D\*C for lce\_auto*"

@@ -10,6 +10,7 @@ import jupytext
 import nbformat
 import pytest
 
+from analysis.conclusions import MARKER
 from analysis.notebooks import KERNEL, execute, save_as_jupyterlab, sources
 
 SOURCES = sources()
@@ -44,6 +45,61 @@ def test_committed_notebook_matches_its_source_and_has_outputs(source):
     title = first.source.splitlines()[0]
     assert title.startswith(f"# {source.stem[:2]} "), f"{source.name} opens with its numbered title, got {title!r}"
     assert "?" in first.source, f"{source.name}'s opening cell states the question it answers"
+
+
+def _sections(notebook: nbformat.NotebookNode) -> list[tuple[str, list]]:
+    """Each "## " section of a notebook: its heading and the cells up to the next section."""
+    sections: list[tuple[str, list]] = []
+    for cell in notebook.cells:
+        heading = next((line for line in cell.source.splitlines() if line.startswith("## ")), None)
+        if cell.cell_type == "markdown" and heading is not None:
+            sections.append((heading, []))
+        elif sections:
+            sections[-1][1].append(cell)
+    return sections
+
+
+def _is_conclusion(output: dict) -> bool:
+    text = output.get("data", {}).get("text/markdown", "")
+    return "".join(text).startswith(MARKER)
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda s: s.stem)
+def test_every_section_of_the_committed_notebook_ends_with_a_conclusion(source):
+    """A reader finds each section's result stated in words, generated from its data (analysis.conclusions)."""
+    notebook = nbformat.read(source.with_suffix(".ipynb"), as_version=4)
+    sections = _sections(notebook)
+    assert sections, f"{source.name} has no '## ' sections"
+    for heading, cells in sections:
+        code = [cell for cell in cells if cell.cell_type == "code"]
+        assert code, f"{source.name}, {heading!r}: no code cell"
+        last = code[-1].get("outputs", [])
+        assert any(_is_conclusion(output) for output in last), (
+            f"{source.name}, {heading!r}: its last code cell must display a Markdown conclusion starting with "
+            f"{MARKER!r} (analysis.conclusions)")
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda s: s.stem)
+def test_committed_outputs_are_stable_and_show_no_nan(source):
+    """No memory address in a text/plain repr (it would change on every run) and no NaN cell in a table."""
+    notebook = nbformat.read(source.with_suffix(".ipynb"), as_version=4)
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            data = output.get("data", {})
+            plain, markup = "".join(data.get("text/plain", "")), "".join(data.get("text/html", ""))
+            assert not re.search(r" at 0x[0-9a-f]+", plain), f"{source.name}: {plain[:80]!r} changes on every run"
+            assert not re.search(r">\s*(nan|NaN|None)\s*<", markup), f"{source.name}: a table shows a missing value"
+
+
+def test_the_section_check_catches_a_section_without_a_conclusion():
+    cell = nbformat.v4.new_code_cell
+    conclusion = nbformat.v4.new_output("execute_result", data={"text/markdown": f"{MARKER} yes"})
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# 00 · t?"), nbformat.v4.new_markdown_cell("## A"),
+        cell("x", outputs=[conclusion]), nbformat.v4.new_markdown_cell("## B"), cell("y", outputs=[])])
+    verdicts = {heading: any(_is_conclusion(o) for o in [c for c in cells if c.cell_type == "code"][-1].outputs)
+                for heading, cells in _sections(notebook)}
+    assert verdicts == {"## A": True, "## B": False}
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda s: s.stem)

@@ -49,7 +49,8 @@ def loss_drift(shape: Shape, dtype: str, chunk_counts: tuple[int, ...] = (1, 4, 
                 raise ValueError(f"chunk_counts must divide N={shape.N}, got {count}")
             for op in CHUNKED_OPS:
                 value = make_implementation(ImplSpec(op, "auto", f"rows:{shape.N // count}")).loss(inputs).item()
-                rows.append({"impl": op, "chunks": count, "dtype": dtype, "loss": value, "exact_loss": exact,
+                rows.append({"impl": op, "chunks": count, "dtype": dtype, "N": shape.N, "D": shape.D, "C": shape.C,
+                             "seed": seed, "loss": value, "exact_loss": exact,
                              "ulps_from_exact": abs(value - exact) / spacing})
     return pd.DataFrame(rows)
 
@@ -63,12 +64,16 @@ def all_ignored_gradients(shape: Shape | None = None, dtype: str = "float32",
     shape = shape or Shape(64, 16, 100)
     inputs = make_inputs(shape, DTYPES[dtype], reduction=reduction)
     inputs = dataclasses.replace(inputs, target=torch.full_like(inputs.target, inputs.ignore_index))
-    specs = {"reference": ImplSpec("reference"), **{op: ImplSpec(op, "auto", "rows:16") for op in CHUNKED_OPS}}
+    chunk_rows = 16
+    specs = {"reference": ImplSpec("reference"),
+             **{op: ImplSpec(op, "auto", f"rows:{chunk_rows}") for op in CHUNKED_OPS}}
     rows = []
     for impl, spec in specs.items():
         outputs = make_implementation(spec).run(inputs)
         grads = [g for g in (outputs.grad_input, outputs.grad_weight, outputs.grad_bias) if g is not None]
-        rows.append({"impl": impl, "reduction": reduction, "loss": outputs.loss.sum().item(),
+        rows.append({"impl": impl, "dtype": dtype, "N": shape.N, "D": shape.D, "C": shape.C, "seed": 0,
+                     "chunk_rows": None if impl == "reference" else chunk_rows, "reduction": reduction,
+                     "loss": outputs.loss.sum().item(),
                      **{f"{name}_nan_entries": int(g.isnan().sum()) for name, g in
                         zip(("grad_input", "grad_weight", "grad_bias"), grads, strict=False)},
                      "max_abs_finite_grad": max(float(g.nan_to_num(0).abs().max()) for g in grads)})

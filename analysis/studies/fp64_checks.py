@@ -23,7 +23,18 @@ from ..implementations import ImplSpec, make_implementation
 from ..inputs import OUTPUT_NAMES, Inputs
 from ..reference import gradcheck
 
-__all__ = ["PathCase", "path_cases", "gradcheck_table", "parity_table"]
+__all__ = ["PathCase", "path_cases", "gradcheck_table", "parity_table", "parity_summary", "parity_by_path",
+           "PARITY_TOLERANCE", "INPUTS_DESCRIPTION", "GRADCHECK_SHAPE", "PARITY_SHAPE"]
+
+PARITY_TOLERANCE = 1e-13
+"""Largest fp64 error against the reference path that still counts as rounding (fp64's eps is 2.2e-16)."""
+GRADCHECK_SHAPE = (7, 3, 5)
+"""N, D, C of the gradcheck inputs: tiny, so finite differences over every entry stay fast."""
+PARITY_SHAPE = (61, 16, 97)
+"""N, D, C of the parity inputs: odd sizes, so chunks come out uneven."""
+INPUTS_DESCRIPTION = ("fp64 inputs x ~ N(0, 1), W ~ N(0, 4/D), b ~ N(0, 1), uniform targets; class weights "
+                      "~ U[0.5, 1.5) and every 4th target ignored on the paths that use them (seed 0)")
+"""What :func:`_inputs` draws, in words (the conclusions quote it)."""
 
 CHUNKINGS = ("aspect_ratio", "aspect_ratio:4", "rows:3")
 REDUCTIONS = ("mean", "sum", "none")
@@ -78,7 +89,7 @@ def path_cases(quick: bool = True) -> list[PathCase]:
 
 
 def _inputs(case: PathCase, n: int, d: int, c: int, seed: int = 0) -> Inputs:
-    """fp64 inputs and call arguments of ``case``: class weights in [0.5, 1.5), every 4th target ignored."""
+    """fp64 inputs and call arguments of ``case`` (:data:`INPUTS_DESCRIPTION`; keep the two in step)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=g, dtype=torch.float64)
     w = torch.randn(c, d, generator=g, dtype=torch.float64) / d**0.5 * 2
@@ -99,16 +110,18 @@ def _inputs(case: PathCase, n: int, d: int, c: int, seed: int = 0) -> Inputs:
 def gradcheck_table(cases: list[PathCase] | None = None) -> pd.DataFrame:
     """``torch.autograd.gradcheck`` (fp64 finite differences) of lce on each path; one row per path."""
     rows = []
+    n, d, c = GRADCHECK_SHAPE
     for case in cases if cases is not None else path_cases():
-        inputs = _inputs(case, n=7, d=3, c=5)
+        inputs = _inputs(case, n, d, c)
         start = time.perf_counter()
         passed = gradcheck(case.spec(), inputs, device=case.device, raise_exception=False)
         rows.append({**dataclasses.asdict(case), "features": case.features(), "gradcheck": bool(passed),
-                     "seconds": time.perf_counter() - start})
+                     "seconds": time.perf_counter() - start, "dtype": "float64", "N": n, "D": d, "C": c,
+                     "seed": 0})
     return pd.DataFrame(rows)
 
 
-def parity_table(cases: list[PathCase] | None = None, shape: tuple[int, int, int] = (61, 16, 97)) -> pd.DataFrame:
+def parity_table(cases: list[PathCase] | None = None, shape: tuple[int, int, int] = PARITY_SHAPE) -> pd.DataFrame:
     """Largest error of lce and of torch's native op against the fp64 reference path, per path.
 
     The error of an output is ``max |value - ref| / max |ref|`` (an elementwise
@@ -125,8 +138,8 @@ def parity_table(cases: list[PathCase] | None = None, shape: tuple[int, int, int
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             theirs = make_implementation(case.spec("torch")).run(inputs)
-        row = {**dataclasses.asdict(case), "features": case.features(),
-               "torch_path": "reference (fallback)" if caught else "chunked"}
+        row = {**dataclasses.asdict(case), "features": case.features(), "dtype": "float64", "N": n, "D": d, "C": c,
+               "seed": 0, "torch_path": "reference (fallback)" if caught else "chunked"}
         for name in OUTPUT_NAMES:
             exact = reference.get(name)
             if exact is None:
@@ -136,3 +149,29 @@ def parity_table(cases: list[PathCase] | None = None, shape: tuple[int, int, int
             row[f"torch_{name}"] = ((theirs.get(name) - exact).abs().max() / scale).item()
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def parity_summary(parity: pd.DataFrame, tolerance: float = PARITY_TOLERANCE) -> pd.DataFrame:
+    """One row per output of a :func:`parity_table`: the worst lce error over every path, torch's over the
+    paths where its chunked op ran (NaN if none), and whether each is within ``tolerance``."""
+    chunked = parity[parity["torch_path"] == "chunked"]
+    rows = []
+    for name in OUTPUT_NAMES:
+        if f"lce_{name}" not in parity or parity[f"lce_{name}"].isna().all():
+            continue
+        lce_worst = float(parity[f"lce_{name}"].max())
+        torch_worst = float(chunked[f"torch_{name}"].max()) if len(chunked) else float("nan")
+        rows.append({"output": name, "lce_worst": lce_worst, "torch_worst": torch_worst,
+                     "lce_ok": lce_worst < tolerance,
+                     "torch_ok": None if torch_worst != torch_worst else torch_worst < tolerance})
+    return pd.DataFrame(rows)
+
+
+def parity_by_path(parity: pd.DataFrame) -> pd.DataFrame:
+    """One row per path of a :func:`parity_table`: its options and the worst error over the outputs, lce and torch."""
+    def worst(prefix: str) -> pd.Series:
+        columns = [f"{prefix}_{name}" for name in OUTPUT_NAMES if f"{prefix}_{name}" in parity]
+        return parity[columns].max(axis=1)
+
+    return parity[["device_kind", "policy", "chunking", "reduction", "features", "torch_path"]].assign(
+        lce_worst=worst("lce"), torch_worst=worst("torch"))

@@ -43,7 +43,9 @@ def chunk_growth(shape: Shape, dtype: str, policies: tuple[str, ...] = EXPLICIT_
             for op in ops:
                 spec = ImplSpec(op, policy, f"rows:{shape.N // count}", acc_dtype or "default")
                 got = make_implementation(spec, device).run(inputs)
-                row = {"impl": op, "policy": policy, "chunks": count, "dtype": dtype, "device": device}
+                row = {"impl": op, "policy": policy, "chunks": count, "dtype": dtype,
+                       "acc_dtype": acc_dtype or "default", "device": device, "N": shape.N, "D": shape.D, "C": shape.C,
+                       "seed": seed}
                 for name, rep in compare(got, exact).items():
                     row[f"{name}_in_floors"] = rep.fro_in_floors
                 rows.append(row)

@@ -24,7 +24,7 @@ from ..provenance import provenance
 from ..results_io import MEMORY_BREAKDOWN, MEMORY_TRACE, append_rows, set_aside
 
 __all__ = ["STUDY_SHAPE", "STUDY_DTYPE", "STUDY_SPECS", "BREAKDOWN_FILE", "TRACE_FILE", "buffer_breakdown",
-           "memory_traces", "record"]
+           "memory_traces", "peaks", "record"]
 
 STUDY_SHAPE = Shape(2048, 256, 16384)
 STUDY_DTYPE = "bfloat16"
@@ -70,6 +70,23 @@ def memory_traces(shape: Shape = STUDY_SHAPE, dtype: str = STUDY_DTYPE) -> pd.Da
         _, trace = allocation_trace(functools.partial(implementation.run, inputs))
         frames.append(pd.DataFrame({**_problem(name, shape, dtype), "event": range(len(trace)), "live_bytes": trace}))
     return pd.concat(frames, ignore_index=True)
+
+
+def peaks(trace: pd.DataFrame, breakdown: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration of a ``memory_trace`` table, in trace order: the measured peak, lce's predicted peak
+    from the ``memory_breakdown`` table (NaN for ops without a plan), and the peak over the reference's.
+
+    Columns ``config``, ``measured_mib``, ``predicted_mib``, ``measured_over_predicted``, ``over_reference``
+    (NaN without a ``reference`` configuration).
+    """
+    measured = trace.groupby("config", sort=False)["live_bytes"].max() / 2**20
+    predicted = breakdown.groupby("config")["predicted_peak_bytes"].first() / 2**20
+    table = pd.DataFrame({"config": measured.index, "measured_mib": measured.to_numpy()})
+    table["predicted_mib"] = table["config"].map(predicted).astype(float)
+    table["measured_over_predicted"] = table["measured_mib"] / table["predicted_mib"]
+    reference = measured.get("reference", float("nan"))
+    table["over_reference"] = table["measured_mib"] / reference
+    return table
 
 
 def record(folder: Path, shape: Shape = STUDY_SHAPE, dtype: str = STUDY_DTYPE) -> list[Path]:

@@ -1,0 +1,643 @@
+"""The conclusion that closes each notebook section, written by code from the tables the section shows.
+
+One function per conclusion. Each takes tables the notebook already holds and
+returns Markdown that starts with :data:`MARKER`, states the finding with its
+numbers, then what it rests on (*Inputs*: input family, shapes, dtypes, device
+or emulated CUDA layouts, the CPU from the data's provenance, how many seeds)
+and where it stops (*Limits*). A notebook displays it with
+``IPython.display.Markdown``; re-running the notebook on new data rewrites the
+numbers, so prose and data cannot drift apart.
+
+Live-measured tables (notebooks 01 and 02 measure on the spot) carry no
+provenance columns: their functions take the CPU's name as ``cpu``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .inputs import make_inputs
+from .pareto import ERROR, MEMORY, TIE_RULE, TIME, VERDICT_TOLERANCE, recommend_choices, same_numbers
+from .tables import NA
+
+__all__ = ["MARKER", "random_family", "gradcheck", "parity", "policy_errors", "chunk_growth", "loss_drift",
+           "all_ignored", "memory_model", "buffer_breakdown", "memory_trace", "auto_table", "verdicts", "fronts",
+           "fp32_choice"]
+
+MARKER = "**Conclusion.**"
+"""How every conclusion starts (tests/test_notebooks.py requires one at the end of each section)."""
+
+MODEL_BAND = 0.15
+"""A memory prediction within this fraction of the measured peak counts as matching it."""
+
+GROWTH_EXPONENT = 0.2
+"""A fitted exponent above this counts as growth with the chunk count (0.5: independent per-chunk rounding)."""
+
+
+# --- wording shared by every conclusion ------------------------------------------------------------------------
+
+
+def random_family(*, bias: bool = True) -> str:
+    """The ``random`` input family of :func:`analysis.inputs.make_inputs`, in words (its variance from the code)."""
+    scale = inspect.signature(make_inputs).parameters["logit_scale"].default
+    parts = ["x ~ N(0, 1)", f"W ~ N(0, {scale**2:g}/D)"] + (["b ~ N(0, 1)"] if bias else []) + ["uniform targets"]
+    return "`random` inputs (" + ", ".join(parts) + ")"
+
+
+def _conclusion(finding: str, bullets: Sequence[str] = (), *, inputs: str, limits: str) -> str:
+    lines = [f"{MARKER} {finding}", ""]
+    if bullets:
+        lines += [f"- {bullet}" for bullet in bullets] + [""]
+    lines += [f"*Inputs:* {inputs}", "", f"*Limits:* {limits}"]
+    return "\n".join(lines)
+
+
+def _number(value: float, spec: str) -> str:
+    return NA if value is None or not np.isfinite(value) else format(value, spec)
+
+
+def _range(values: Iterable[float], spec: str = ".2f") -> str:
+    """``"1.00"`` when every value formats the same, else ``"1.00–1.48"``; :data:`NA` without values."""
+    values = [float(v) for v in values if v is not None and np.isfinite(v)]
+    if not values:
+        return NA
+    low, high = format(min(values), spec), format(max(values), spec)
+    return low if low == high else f"{low}–{high}"
+
+
+def _join(items: Sequence[str]) -> str:
+    items = list(items)
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _shapes(frame: pd.DataFrame) -> str:
+    shapes = sorted({(int(r.N), int(r.D), int(r.C)) for r in frame[["N", "D", "C"]].drop_duplicates().itertuples()})
+    words = _join([f"{n}×{d}×{c}" for n, d, c in shapes])
+    return f"{'shape' if len(shapes) == 1 else 'shapes'} {words} (N×D×C)"
+
+
+def _values(frame: pd.DataFrame, column: str) -> list[str]:
+    return sorted({str(v) for v in frame[column].dropna()}) if column in frame else []
+
+
+def _dtypes(frame: pd.DataFrame) -> str:
+    return _join(_values(frame, "dtype"))
+
+
+def _seeds(frame: pd.DataFrame) -> str:
+    seeds = sorted({int(s) for s in frame["seed"].dropna()}) if "seed" in frame else []
+    if not seeds:
+        return "seeds not recorded"
+    if len(seeds) == 1:
+        return f"one seed ({seeds[0]})"
+    return f"{len(seeds)} seeds ({_join([str(s) for s in seeds])})"
+
+
+def _one_seed(frame: pd.DataFrame) -> str:
+    """A limits clause when the data has a single seed (empty otherwise)."""
+    seeds = frame["seed"].nunique() if "seed" in frame else 0
+    return "one seed, so no error bars; " if seeds <= 1 else ""
+
+
+def _cpus(frame: pd.DataFrame) -> str:
+    """``AMD EPYC, 1 thread``: the CPU(s) and thread counts in the provenance columns."""
+    cpus = _values(frame, "cpu_model")
+    if not cpus:
+        return "CPU not recorded"
+    threads = sorted({int(t) for t in frame["num_threads"].dropna()}) if "num_threads" in frame else []
+    thread_text = "" if not threads else f", {_join([str(t) for t in threads])} thread{'s' if threads != [1] else ''}"
+    return _join(cpus) + thread_text
+
+
+def _one_cpu(frame: pd.DataFrame, cpu: str | None = None) -> str:
+    cpus = _values(frame, "cpu_model") or ([cpu] if cpu else [])
+    return f"one CPU ({cpus[0]})" if len(cpus) == 1 else f"{len(cpus)} CPUs pooled ({_join(cpus)})"
+
+
+def _devices(frame: pd.DataFrame) -> str:
+    """Where the runs ran, in words: the CPU, lce's CUDA layouts emulated on it, a real GPU."""
+    parts = []
+    devices = set(frame["device"]) if "device" in frame else {"cpu"}
+    if "cpu" in devices:
+        parts.append(f"CPU ({_cpus(frame[frame['device'] == 'cpu'] if 'device' in frame else frame)})")
+    if "cuda-emulated" in devices:
+        parts.append("lce's CUDA layouts emulated on CPU tensors")
+    if "cuda" in devices:
+        parts.append("a GPU (" + _join(_values(frame[frame["device"] == "cuda"], "device_name")) + ")")
+    return _join(parts)
+
+
+def _emulation_limit(frame: pd.DataFrame) -> str:
+    if "device" not in frame or "cuda-emulated" not in set(frame["device"]):
+        return ""
+    return ("the CUDA rows are lce's CUDA layouts emulated on CPU tensors (an exact upcast stands in for the "
+            "mixed-precision GEMM, so only the fp32 summation order differs from cuBLAS; their memory is lce's "
+            "model and their time is not a GPU's); ")
+
+
+# --- 01 · fp64 -------------------------------------------------------------------------------------------------
+
+
+def _layouts(frame: pd.DataFrame) -> str:
+    kinds = _values(frame, "device_kind")
+    words = {"cpu": "the CPU layout table", "cuda": "the CUDA layout table (emulated on CPU tensors)"}
+    return _join([words.get(kind, kind) for kind in kinds])
+
+
+def _paths(frame: pd.DataFrame) -> str:
+    """``3 policies × 2 chunkings × 3 reductions on the CPU layout table``."""
+    counts = [f"{frame[column].nunique()} {word}" for column, word in
+              (("policy", "policies"), ("chunking", "chunkings"), ("reduction", "reductions"))]
+    return " × ".join(counts) + f" on {_layouts(frame)}"
+
+
+def _features(frame: pd.DataFrame) -> str:
+    names = ("bias", "class weight", "ignore_index", "smoothing")
+    counts = {name: int(frame["features"].str.contains(name, regex=False).sum()) for name in names}
+    return ", ".join(f"{name} on {count}" for name, count in counts.items())
+
+
+def gradcheck(table: pd.DataFrame, *, cpu: str) -> str:
+    """01: did ``torch.autograd.gradcheck`` pass on every path (a ``fp64_checks.gradcheck_table``)?"""
+    from .studies.fp64_checks import INPUTS_DESCRIPTION
+
+    failed = table[~table["gradcheck"].astype(bool)]
+    if failed.empty:
+        finding = (f"lce's analytic gradients are the derivatives of its loss on all {len(table)} chunked paths: "
+                   "`torch.autograd.gradcheck` (fp64 finite differences) passed on every one.")
+        bullets = []
+    else:
+        finding = f"gradcheck **failed** on {len(failed)} of {len(table)} paths:"
+        bullets = [f"{r.policy}, {r.chunking}, {r.reduction}, {r.features} ({r.device_kind} layouts)"
+                   for r in failed.itertuples()]
+    quick = "" if "cuda" in set(table["device_kind"]) else (
+        "the CUDA layout table is not in this quick run (`LCE_QUICK=0` adds it); ")
+    return _conclusion(
+        finding, bullets,
+        inputs=(f"{_paths(table)}, paths with features: {_features(table)}; {INPUTS_DESCRIPTION}; "
+                f"{_shapes(table)}, float64; run on {cpu} when the notebook executed."),
+        limits=(f"{quick}one tiny shape and one seed; gradcheck shows that the gradients are those of lce's own "
+                "loss, not that the loss is right: the next section compares it with the reference."))
+
+
+def parity(table: pd.DataFrame, *, cpu: str, tolerance: float | None = None) -> str:
+    """01: does every chunked path equal the reference path in fp64, lce's and torch's (a ``parity_table``)?"""
+    from .studies.fp64_checks import INPUTS_DESCRIPTION, PARITY_TOLERANCE, parity_summary
+
+    tolerance = PARITY_TOLERANCE if tolerance is None else tolerance
+    summary = parity_summary(table, tolerance)
+    worst = summary["lce_worst"].max()
+    per_output = ", ".join(f"{r.output} {r.lce_worst:.1e}" for r in summary.itertuples())
+    if summary["lce_ok"].all():
+        finding = (f"In fp64 every chunked lce path agrees with the reference path to within {worst:.1e} of each "
+                   f"output's largest entry (worst per output: {per_output}), below the {tolerance:.0e} bound: "
+                   "chunking adds nothing beyond rounding.")
+    else:
+        bad = summary[~summary["lce_ok"].astype(bool)]["output"]
+        finding = (f"lce **disagrees** with the reference path beyond the {tolerance:.0e} bound on "
+                   f"{_join(list(bad))} (worst {worst:.1e}; per output: {per_output}).")
+    chunked = table[table["torch_path"] == "chunked"]
+    fallback = len(table) - len(chunked)
+    if chunked.empty:
+        torch_text = f"torch 2.13's op fell back to its reference path on all {len(table)} paths."
+    else:
+        torch_worst = summary["torch_worst"].max()
+        verdict = "within" if torch_worst < tolerance else "**beyond**"
+        fell_back = table[table["torch_path"] != "chunked"]["features"].str.contains("smoothing", regex=False)
+        chunked_smoothing = chunked["features"].str.contains("smoothing", regex=False).any()
+        why = " (the paths with label smoothing)" if fell_back.all() and not chunked_smoothing else ""
+        torch_text = (f"torch 2.13's chunked op ran on {len(chunked)} of {len(table)} paths and is {verdict} the "
+                      f"same bound there (worst {torch_worst:.1e}); on the other {fallback}{why} it fell back to "
+                      "its reference path, so those say nothing about its chunking.")
+    return _conclusion(
+        finding, [torch_text],
+        inputs=(f"{_paths(table)}; {INPUTS_DESCRIPTION}; {_shapes(table)}, float64; error = "
+                f"max |value − ref| / max |ref| per output; run on {cpu} when the notebook executed."),
+        limits=("one shape and one seed; fp64 only, where rounding is negligible: this shows the algebra is "
+                "right, not how accurate low precision is (notebook 02)."))
+
+
+# --- 02 · accuracy ---------------------------------------------------------------------------------------------
+
+
+def _median_over_shapes(rows: pd.DataFrame, column: str) -> float:
+    return float(rows[column].median()) if len(rows) else float("nan")
+
+
+def policy_errors(table: pd.DataFrame) -> str:
+    """02: errors in floors of lce's and torch's defaults and explicit policies, per dtype (prepared sweep table).
+
+    Uses the CPU rows with default ("auto") chunking; medians over shapes.
+    """
+    data = table[(table["device"] == "cpu") & table["op"].isin(["lce", "torch"]) & (table["chunking"] == "auto")]
+    if data.empty:
+        return _conclusion("The results hold no CPU runs of lce or torch with default chunking.",
+                           inputs="the committed sweep results.", limits="nothing to conclude from.")
+    bullets, low_precision = [], {"lce": [], "torch": [], "lce_loss": [], "torch_loss": []}
+    for dtype, rows in data.groupby("dtype", sort=True):
+        default = rows[(rows["policy"] == "auto") & (rows["acc_dtype"] == "default")]
+        parts = []
+        for op in ("lce", "torch"):
+            mine = default[default["op"] == op]
+            grad, loss = _median_over_shapes(mine, ERROR), _median_over_shapes(mine, "loss_fro_in_floors")
+            parts.append(f"{op} {_number(grad, '.2f')} on its worst gradient and {_number(loss, '.2f')} on the loss")
+            if dtype != "float32":
+                low_precision[op].append(grad)
+                low_precision[f"{op}_loss"].append(loss)
+        explicit = rows[(rows["policy"] != "auto") & (rows["acc_dtype"] == "default")]
+        medians = explicit.groupby(["op", "policy"])[ERROR].median()
+        spans = [f"{op} {_range(medians[op].to_numpy())}" for op in ("lce", "torch") if op in medians.index]
+        wide = rows[(rows["op"] == "lce") & (rows["policy"] != "auto") & (rows["acc_dtype"] == "float32")]
+        wide_text = ""
+        if dtype != "float32" and len(wide):
+            per_policy = wide.groupby("policy")[ERROR].median()
+            wide_text = ("; with `acc_dtype=float32`, lce " + ", ".join(
+                f"{policy} {value:.2f}" for policy, value in per_policy.items()))
+        bullets.append(f"**{dtype}**, default options: " + "; ".join(parts)
+                       + (f". Explicit policies without acc_dtype (computing in {dtype}): " + ", ".join(spans)
+                          if spans else "") + wide_text + ".")
+    finding = ("Worst-gradient and loss errors in rounding floors (1 = the exact answer rounded once), medians "
+               "over shapes.")
+    if low_precision["lce"]:
+        finding = (f"With default options, lce is at {_range(low_precision['lce'])} rounding floors on its worst "
+                   f"gradient and {_range(low_precision['lce_loss'])} on the loss in bf16 and fp16; torch 2.13 is "
+                   f"at {_range(low_precision['torch'])} on its worst gradient and "
+                   f"{_range(low_precision['torch_loss'])} on the loss (medians over shapes; 1 = the exact answer "
+                   "rounded once).")
+    return _conclusion(
+        finding, bullets,
+        inputs=(f"{random_family()}; {_shapes(data)}; {_dtypes(data)}; {_devices(data)}; default (\"auto\") "
+                f"chunking; {_seeds(data)}; the committed sweep results."),
+        limits=(f"{_one_seed(data)}three small shapes, so a median hides the spread (the figures show every "
+                f"run); {_one_cpu(data)}; CPU layouts only here (the CUDA layouts are in notebook 04)."))
+
+
+def chunk_growth(runs: pd.DataFrame, fits: pd.DataFrame, *, cpu: str) -> str:
+    """02: which policies' weight-gradient error grows with the chunk count (``growth.chunk_growth`` rows, their
+    ``fit_power_law`` fits with a ``layouts`` column)."""
+    counts = sorted(runs["chunks"].unique())
+    growing = fits[fits["exponent"] > GROWTH_EXPONENT].sort_values("exponent", ascending=False)
+    flat = fits[fits["exponent"] <= GROWTH_EXPONENT]
+    bullets = [f"{r.impl} {r.policy} ({r.layouts} layouts): error ∝ chunks^{r.exponent:.2f}, "
+               f"{r.at_max_chunks:.2f} floors at {counts[-1]} chunks" for r in growing.itertuples()]
+    accurate = fits[(fits["impl"] == "lce") & (fits["policy"] == "accurate")]
+    if growing.empty:
+        finding = ("No policy's weight-gradient error grows with the chunk count (every fitted exponent ≤ "
+                   f"{GROWTH_EXPONENT}).")
+    else:
+        finding = (f"Rounding the weight gradient once per chunk makes its error grow with the chunk count: "
+                   f"{len(growing)} of {len(fits)} series have a fitted exponent above {GROWTH_EXPONENT} "
+                   f"({_range(growing['exponent'])}).")
+    if len(accurate):
+        finding += (f" lce's accurate policy, which sums in fp32 and rounds once, stays at "
+                    f"{_range(accurate['at_max_chunks'])} floors at {counts[-1]} chunks "
+                    f"(exponent {_range(accurate['exponent'])}).")
+    if len(flat):
+        bullets.append("flat (exponent ≤ " + f"{GROWTH_EXPONENT}): " + ", ".join(
+            f"{r.impl} {r.policy} ({r.layouts}, {r.exponent:.2f})" for r in flat.itertuples()))
+    acc = _join(_values(runs, "acc_dtype"))
+    return _conclusion(
+        finding, bullets,
+        inputs=(f"{random_family()}; {_shapes(runs)}; {_dtypes(runs)} with acc_dtype={acc}; chunk counts "
+                f"{_join([str(c) for c in counts])} (explicit rows per chunk); {_devices(runs)} ({cpu}, when the "
+                f"notebook executed); {_seeds(runs)}."),
+        limits=(f"{_one_seed(runs)}one shape: the exponents are least-squares fits to {len(counts)} points, a "
+                f"description of this run rather than a law; {_emulation_limit(runs)}torch's op runs on the CPU "
+                "only."))
+
+
+def loss_drift(drift: pd.DataFrame, *, cpu: str) -> str:
+    """02: how far the default-options loss is from the exact one, in ulps, per chunk count (``defects.loss_drift``
+    rows for one or more seeds)."""
+    worst = drift.groupby(["impl", "chunks"])["ulps_from_exact"].max()
+    counts = sorted(drift["chunks"].unique())
+    first, last = counts[0], counts[-1]
+    parts = []
+    for impl in ("torch", "lce"):
+        if impl not in worst.index.get_level_values(0):
+            continue
+        series = worst[impl]
+        parts.append(f"{impl}'s loss is up to {series[first]:.2f} ulps from the exact loss at {first} chunk"
+                     f"{'s' if first != 1 else ''} and up to {series[last]:.2f} at {last}")
+    lce = worst["lce"] if "lce" in worst.index.get_level_values(0) else pd.Series(dtype=float)
+    lce_max = float(lce.max()) if len(lce) else float("nan")
+    rounding = ("correctly rounded (≤ 0.5 ulp)" if lce_max <= 0.5 else "within 1 ulp" if lce_max <= 1
+                else f"**{lce_max:.2f} ulps** off")
+    finding = (f"{'; '.join(parts)} (worst over {drift['seed'].nunique()} seeds). lce's loss is {rounding} at every "
+               "chunk count: it sums across chunks in fp64 and rounds once.")
+    return _conclusion(
+        finding,
+        inputs=(f"{random_family()}; {_shapes(drift)}; {_dtypes(drift)}; default options with explicit chunk "
+                f"counts {_join([str(c) for c in counts])}; CPU ({cpu}, when the notebook executed); "
+                f"{_seeds(drift)}; ulps of {_dtypes(drift)} at the exact (fp64) loss."),
+        limits=("one shape and few seeds; the CPU path of torch's op (its CUDA path may sum differently); "
+                "one ulp of a loss near 10 is 0.06 in bf16, small for training, large for a reference."))
+
+
+def all_ignored(table: pd.DataFrame, *, cpu: str) -> str:
+    """02: what each op returns when every target is ignored (``defects.all_ignored_gradients``)."""
+    nan_columns = [c for c in table.columns if c.endswith("_nan_entries")]
+    bullets = []
+    for row in table.itertuples():
+        nans = int(sum(getattr(row, c) for c in nan_columns))
+        loss = "NaN" if not np.isfinite(row.loss) else f"{row.loss:.3g}"
+        grads = (f"**{nans:,} NaN gradient entries**" if nans else
+                 f"finite gradients, largest |entry| {row.max_abs_finite_grad:.3g}"
+                 + (" (all zero)" if row.max_abs_finite_grad == 0 else ""))
+        bullets.append(f"{row.impl}: {row.reduction} loss {loss}, {grads}")
+    nan_impls = [r.impl for r in table.itertuples() if sum(getattr(r, c) for c in nan_columns)]
+    lce = table[table["impl"] == "lce"]
+    lce_clean = len(lce) and not sum(int(lce[c].iloc[0]) for c in nan_columns)
+    finding = ("With every target ignored, " + ("lce returns zero gradients, as the reference does"
+                                                 if lce_clean else "lce returns NaN gradients")
+               + ("; " + _join(nan_impls) + " returns NaN gradients, which would poison an optimizer step."
+                  if nan_impls else "; no op returns NaN gradients."))
+    chunks = table["chunk_rows"].dropna().unique() if "chunk_rows" in table else []
+    chunk_text = f"; chunked ops with default options and {int(chunks[0])}-row chunks" if len(chunks) else ""
+    return _conclusion(
+        finding, bullets,
+        inputs=(f"{random_family()} with every target set to ignore_index; {_shapes(table)}; {_dtypes(table)}"
+                f"{chunk_text}; CPU ({cpu}, when the notebook executed); {_seeds(table)}."),
+        limits="one shape, one dtype and one reduction; the CPU path of torch's op.")
+
+
+# --- 03 · memory -----------------------------------------------------------------------------------------------
+
+
+def memory_model(table: pd.DataFrame) -> str:
+    """03: how close lce's predicted peak is to the measured one over the lce CPU runs of a prepared sweep table."""
+    data = table[(table["op"] == "lce") & (table["device"] == "cpu")].dropna(
+        subset=["peak_bytes_measured", "peak_bytes_modeled"])
+    if data.empty:
+        return _conclusion("The results hold no measured lce CPU runs.", inputs="the committed sweep results.",
+                           limits="nothing to conclude from.")
+    ratio = data["peak_bytes_measured"].astype(float) / data["peak_bytes_modeled"].astype(float)
+    within = int(((ratio - 1).abs() <= MODEL_BAND).sum())
+    finding = (f"lce's memory model predicts the measured peak within ±{MODEL_BAND:.0%} on {within} of {len(ratio)} "
+               f"runs (measured/modeled {ratio.min():.2f}–{ratio.max():.2f}, median {ratio.median():.2f}).")
+    off = data.assign(ratio=ratio)[(ratio - 1).abs() > MODEL_BAND]
+    bullets = []
+    if len(off):
+        worst = off.groupby(["dtype", "policy", "acc_dtype"])["ratio"].agg(["min", "max", "size"])
+        worst = worst.reindex(worst["max"].sub(1).abs().sort_values(ascending=False).index).head(4)
+        bullets = [f"{dtype} {policy} acc={acc}: {int(row['size'])} runs outside, measured/modeled "
+                   f"{_range([row['min'], row['max']])}" for (dtype, policy, acc), row in worst.iterrows()]
+        above = int((off["ratio"] > 1).sum())
+        finding += (f" Of the {len(off)} outside, {above} measure more than predicted"
+                    + (":" if bullets else "."))
+    methods = _join(_values(data, "memory_method"))
+    return _conclusion(
+        finding, bullets,
+        inputs=(f"every lce run of the committed sweep on the CPU: {random_family()}; {_shapes(data)}; "
+                f"{_dtypes(data)}; {_cpus(data)}; {_seeds(data)}; measured: peak live tensor bytes of one "
+                f"forward+backward ({methods}); modeled: lce.plan's peak_extra_bytes."),
+        limits=(f"{_one_seed(data)}small shapes, where fixed overheads weigh more than at LLM sizes; the CPU "
+                f"allocator only (no GPU data committed); {_one_cpu(data)}."))
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def buffer_breakdown(breakdown: pd.DataFrame) -> str:
+    """03: what lce's plan allocates per configuration and what separates the largest from the smallest peak
+    (a ``memory_breakdown`` results table)."""
+    peaks = breakdown.groupby("config", sort=False)["predicted_peak_bytes"].first()
+    largest, smallest = peaks.idxmax(), peaks.idxmin()
+    bullets = []
+    for config, peak in peaks.items():
+        buffers = breakdown[breakdown["config"] == config].sort_values("nbytes", ascending=False)
+        top = buffers.head(2)
+        bullets.append(f"{config}: predicted peak {_mib(peak)}, {len(buffers)} buffers; largest "
+                       + _join([f"{b.buffer} ({b.buffer_dtype}, {b.span}, {_mib(b.nbytes)})"
+                                for b in top.itertuples()]))
+    finding = (f"lce's plans predict peaks from {_mib(peaks.min())} ({smallest}) to {_mib(peaks.max())} "
+               f"({largest}), {peaks.max() / peaks.min():.1f}x apart.")
+    missing = set(breakdown[breakdown["config"] == largest]["buffer"]) - set(
+        breakdown[breakdown["config"] == smallest]["buffer"])
+    if missing:
+        rows = breakdown[(breakdown["config"] == largest) & breakdown["buffer"].isin(missing)]
+        finding += (f" {smallest} has no " + _join([f"{b.buffer} ({b.buffer_dtype}, {_mib(b.nbytes)})"
+                                                   for b in rows.itertuples()]) + ".")
+    return _conclusion(
+        finding, bullets,
+        inputs=(f"lce.plan for {_shapes(breakdown)}, {_dtypes(breakdown)} input, no bias; configurations "
+                f"{_join(list(peaks.index))}; recorded by `python -m analysis memory-study` (revision "
+                f"{_join(_values(breakdown, 'git_revision'))})."),
+        limits=("a plan, not a measurement (the next section measures); one shape and one input dtype; the sum of "
+                "the buffers exceeds the peak because chunk buffers and the final rounding never coexist."))
+
+
+def memory_trace(peaks: pd.DataFrame, trace: pd.DataFrame) -> str:
+    """03: measured peaks of one forward+backward against lce's predictions and the unfused reference
+    (``memory_study.peaks`` of a ``memory_trace`` table, and that table for its provenance)."""
+    bullets = []
+    for row in peaks.itertuples():
+        text = f"{row.config}: {row.measured_mib:.1f} MiB"
+        if np.isfinite(row.predicted_mib):
+            text += f" (predicted {row.predicted_mib:.1f}, measured/predicted {row.measured_over_predicted:.2f})"
+        if np.isfinite(row.over_reference) and row.config != "reference":
+            text += f", {row.over_reference:.2f}x the reference"
+        bullets.append(text)
+    lce = peaks[peaks["config"].str.startswith("lce")]
+    others = peaks[~peaks["config"].str.startswith("lce")]
+    finding = (f"Measured over one forward+backward, lce's configurations peak at "
+               f"{_range(lce['measured_mib'], '.1f')} MiB, within {_range(lce['measured_over_predicted'])}x of "
+               f"their predicted peaks")
+    if len(others):
+        finding += "; " + _join([f"{r.config} peaks at {r.measured_mib:.1f} MiB" for r in others.itertuples()])
+    finding += "."
+    return _conclusion(
+        finding, bullets,
+        inputs=(f"{random_family(bias=False)}; {_shapes(trace)}; {_dtypes(trace)}; CPU ({_cpus(trace)}); one call "
+                "per configuration after a warm-up call, live tensor bytes after each allocator event "
+                "(memory does not depend on the input values)."),
+        limits=("the CPU allocator only (CUDA needs a GPU); one shape and one dtype; live tensor bytes, not the "
+                "process's resident memory."))
+
+
+# --- 04 · Pareto and the auto table ----------------------------------------------------------------------------
+
+
+def auto_table(entries: pd.DataFrame, verdicts_table: pd.DataFrame, drawn: Iterable[str]) -> str:
+    """04: what the "auto" table claims and what can test it.
+
+    ``entries`` has one row per entry (``device``, ``dtype``, ``evidence``: a tuple of figure stems; the
+    fallback's ``device`` is ``"other"``); ``drawn`` holds the stems of the figures the committed results draw.
+    """
+    drawn = set(drawn)
+    listed = entries[entries["device"] != "other"]
+    stems = sorted({stem for evidence in entries["evidence"] for stem in evidence})
+    missing = [stem for stem in stems if stem not in drawn]
+    finding = (f"lce's \"auto\" table has {len(listed)} entries and a fallback; each names the figures that carry "
+               f"its evidence, {len(stems)} in all, ")
+    finding += ("every one drawn from the committed results." if not missing else
+                f"of which {len(stems) - len(missing)} {'is' if len(stems) - len(missing) == 1 else 'are'} drawn "
+                "from the committed results; "
+                f"{_join([f'`{stem}`' for stem in missing])} {'has' if len(missing) == 1 else 'have'} no data yet.")
+    judged = verdicts_table.groupby(["device", "dtype"]).size() if len(verdicts_table) else pd.Series(dtype=int)
+    bullets = [f"{device} {dtype}: judged on {count} shape{'s' if count != 1 else ''} below"
+               for (device, dtype), count in judged.items()]
+    if "cuda" not in set(verdicts_table.get("device", [])):
+        bullets.append("no real-GPU results are committed: the cuda entries are judged on the emulated CUDA layouts")
+    return _conclusion(
+        finding, bullets,
+        inputs="the table in `lce/policies.py` at this revision; the results files in `analysis/results/`.",
+        limits="a reason is a claim; only the verdicts and figures test it, on the shapes and machines they cover.")
+
+
+def _off_front(rows: pd.DataFrame, axis: str) -> list[str]:
+    """One line per verdict off the ``axis`` ("memory" or "time") front: the rival and what it saves."""
+    lines = []
+    for v in rows.itertuples():
+        if axis == "memory":
+            saving = v.peak_mib / v.memory_dominator_peak_mib
+            lines.append(f"{v.device} {v.dtype} {v.shape}: {v.memory_dominator} reaches "
+                         f"{v.memory_dominator_error:.2f} floors (pick: {v.error:.2f}) with "
+                         f"{v.memory_dominator_peak_mib:.2f} MiB instead of {v.peak_mib:.2f} ({saving:.1f}x less)"
+                         + ("; the pick is on the time front" if v.on_time_front and v.device != "cuda-emulated"
+                            else ""))
+        else:
+            saving = v.time_ms / v.time_dominator_ms
+            lines.append(f"{v.device} {v.dtype} {v.shape}: {v.time_dominator} reaches {v.time_dominator_error:.2f} "
+                         f"floors (pick: {v.error:.2f}) in {v.time_dominator_ms:.1f} ms instead of "
+                         f"{v.time_ms:.1f} ({saving:.2f}x faster)")
+    return lines
+
+
+def _sweep_inputs(data: pd.DataFrame) -> str:
+    repeats = _join([str(int(r)) for r in sorted(data["time_repeats"].dropna().unique())]) \
+        if "time_repeats" in data else NA
+    return (f"{random_family()}; {_shapes(data)}; {_dtypes(data)}; {_devices(data)}; {_seeds(data)}; "
+            f"time: median of {repeats} repeats; the committed sweep results.")
+
+
+def verdicts(verdicts_table: pd.DataFrame, table: pd.DataFrame) -> str:
+    """04: how many auto picks are on each front, and who beats the others (``pareto.verdicts`` of ``table``)."""
+    if verdicts_table.empty:
+        return _conclusion("The results hold no run of an \"auto\" pick to judge.",
+                           inputs="the committed sweep results.", limits="nothing to conclude from.")
+    timed = verdicts_table[verdicts_table["device"] != "cuda-emulated"]
+    memory_on = int(verdicts_table["on_memory_front"].sum())
+    time_on = int(timed["on_time_front"].sum())
+    finding = (f"{memory_on} of {len(verdicts_table)} auto picks (entries × shapes) are on the error–memory "
+               "front")
+    finding += (f", and {time_on} of the {len(timed)} measured on the CPU on the error–time front "
+                "(emulated CUDA picks are not timed)." if len(timed) else ".")
+    off_memory = verdicts_table[~verdicts_table["on_memory_front"].astype(bool)]
+    off_time = timed[~timed["on_time_front"].astype(bool)]
+    bullets = [f"off the memory front — {line}" for line in _off_front(off_memory, "memory")]
+    bullets += [f"off the time front — {line}" for line in _off_front(off_time, "time")]
+    judged = table[table["device"].isin(set(verdicts_table["device"]))
+                   & table["dtype"].isin(set(verdicts_table["dtype"]))]
+    return _conclusion(
+        finding, bullets,
+        inputs=_sweep_inputs(judged) + " A rival must be no worse on both axes and more than "
+                                       f"{VERDICT_TOLERANCE:.0%} better on one.",
+        limits=(f"{_one_seed(judged)}three small shapes per entry; {_emulation_limit(judged)}"
+                f"{_one_cpu(judged)}; times of one thread on a shared machine."))
+
+
+def fronts(table: pd.DataFrame, device: str) -> str:
+    """04: per dtype on ``device``, where the auto pick, the best lce run and torch's best run sit (prepared table)."""
+    from .pareto import verdicts as judge
+
+    data = table[table["device"] == device]
+    if data.empty:
+        return _conclusion(f"The results hold no {device} runs.", inputs="the committed sweep results.",
+                           limits="nothing to conclude from.")
+    picks = judge(table)
+    picks = picks[picks["device"] == device] if len(picks) else picks
+    bullets = []
+    for dtype, rows in data.groupby("dtype", sort=True):
+        best = rows.groupby(["N", "D", "C"])[ERROR].min()
+        text = f"**{dtype}**: lowest error of any run {_range(best)} floors"
+        mine = picks[picks["dtype"] == dtype] if len(picks) else picks
+        if len(mine):
+            text += f"; the auto pick {_range(mine['error'])} floors at {_range(mine['peak_mib'])} MiB"
+        torch = rows[rows["op"] == "torch"]
+        if len(torch):
+            text += f"; torch's best run {_range(torch.groupby(['N', 'D', 'C'])[ERROR].min())} floors"
+        cheapest = rows.loc[rows.groupby(["N", "D", "C"])[MEMORY].idxmin()]
+        text += (f"; the least memory any run needs {_range(cheapest[MEMORY])} MiB, at "
+                 f"{_range(cheapest[ERROR])} floors")
+        bullets.append(text + ".")
+    memory_kind = "lce's modeled memory" if device == "cuda-emulated" else "measured peak memory"
+    finding = (f"On {device}, per dtype ({memory_kind}; ranges over shapes; 1 floor = the exact answer rounded "
+               "once):")
+    return _conclusion(
+        finding, bullets,
+        inputs=_sweep_inputs(data),
+        limits=f"{_one_seed(data)}three small shapes; {_emulation_limit(data)}{_one_cpu(data)}.")
+
+
+def _members(members: Sequence[str]) -> str:
+    return _join([f"`{m}`" for m in members])
+
+
+def fp32_choice(table: pd.DataFrame) -> str:
+    """04: what fp32 should use, per device and cost, with ties named as ties (:data:`analysis.pareto.TIE_RULE`)."""
+    devices = [d for d in ("cpu", "cuda", "cuda-emulated")
+               if len(table[(table["device"] == d) & (table["dtype"] == "float32") & (table["op"] == "lce")])]
+    if not devices:
+        return _conclusion("The results hold no fp32 lce runs.", inputs="the committed sweep results.",
+                           limits="nothing to conclude from.")
+    bullets, answers, policy_free = [], [], []
+    for device in devices:
+        costs = [(MEMORY, "memory", "MiB", ".2f")]
+        if device != "cuda-emulated":  # its times are the CPU stand-in's, as in the verdicts
+            costs.append((TIME, "time", "ms", ".1f"))
+        rows = table[(table["device"] == device) & (table["dtype"] == "float32") & (table["op"] == "lce")]
+        chunking_of = dict(zip(rows["label"], rows["chunking"], strict=False))
+        for cost, word, unit, spec in costs:
+            choices = recommend_choices(table, device, "float32", cost=cost)
+            if choices.empty:
+                continue
+            top = choices.iloc[0]
+            text = (f"**{device}, {word} × error**: `{top['choice']}` (score {top['score']:.2f}, "
+                    f"{top[ERROR]:.2f} floors, {format(top[cost], spec)} {unit})")
+            if len(top["members"]) > 1:
+                spread = "" if cost == MEMORY else (f"; their scores differ only by timing noise, "
+                                                    f"{top['score_low']:.2f}–{top['score_high']:.2f}")
+                text += (f" — a tie of {len(top['members'])} spellings that compute the same numbers: "
+                         f"{_members(top['members'])}{spread}")
+            if len(choices) > 1:
+                runner = choices.iloc[1]
+                text += f"; next: `{runner['choice']}` ({runner['score']:.2f})"
+            pick = choices[choices["members"].map(lambda members: "lce auto auto" in members)]
+            if len(pick):
+                rank = int(pick.index[0]) + 1
+                text += (". The current default (`lce auto auto`) is " + ("this choice" if rank == 1 else
+                         f"choice {rank} of {len(choices)} (score {pick['score'].iloc[0]:.2f})"))
+            bullets.append(text + ".")
+            chunking = chunking_of.get(top["choice"], "")
+            answers.append((device, word, "the default chunking" if chunking == "auto" else f"`{chunking}`"))
+        names = same_numbers(table, device, "float32")
+        per_chunking = rows.assign(choice=rows["label"].map(names)).groupby("chunking")["choice"].nunique()
+        if rows["policy"].nunique() > 1 and len(per_chunking) and (per_chunking == 1).all():
+            policy_free.append(device)
+            bullets.append(f"on {device} the policy makes no difference in fp32: for each chunking every policy "
+                           "gives bit-identical errors on every shape; only the chunking changes cost and error")
+    per_device = []
+    for device in devices:
+        mine = [f"{chunking} for {word} × error" for where, word, chunking in answers if where == device]
+        if mine:
+            per_device.append(f"on {device}, {_join(mine)}")
+    if set(policy_free) == set(devices):
+        finding = ("What should fp32 use? The policy does not matter: for a given chunking every policy computes "
+                   "the same numbers. The chunking does: " + "; ".join(per_device) + ".")
+    else:
+        finding = "What should fp32 use? By the data: " + "; ".join(per_device) + "."
+    data = table[table["device"].isin(devices) & (table["dtype"] == "float32") & (table["op"] == "lce")]
+    return _conclusion(
+        finding, bullets,
+        inputs=(_sweep_inputs(data) + " Score: mean over shapes of log(cost / best cost) + log(error / best "
+                f"error), lower is better; ties: {TIE_RULE}."),
+        limits=(f"{_one_seed(data)}three small shapes, and the score weighs a factor in cost like the same factor "
+                f"in error; {_emulation_limit(data)}{_one_cpu(data)}."))
