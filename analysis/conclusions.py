@@ -60,12 +60,18 @@ def _number(value: float, spec: str) -> str:
     return NA if value is None or not np.isfinite(value) else format(value, spec)
 
 
+def _format(value: float, spec: str) -> str:
+    """``format(value, spec)``, without the minus sign of a value that rounds to zero (no "-0.00")."""
+    text = format(value, spec)
+    return text[1:] if text.startswith("-") and not any(c in "123456789" for c in text) else text
+
+
 def _range(values: Iterable[float], spec: str = ".2f") -> str:
     """``"1.00"`` when every value formats the same, else ``"1.00–1.48"``; :data:`NA` without values."""
     values = [float(v) for v in values if v is not None and np.isfinite(v)]
     if not values:
         return NA
-    low, high = format(min(values), spec), format(max(values), spec)
+    low, high = _format(min(values), spec), _format(max(values), spec)
     return low if low == high else f"{low}–{high}"
 
 
@@ -120,12 +126,14 @@ def _one_cpu(frame: pd.DataFrame, cpu: str | None = None) -> str:
     return f"one CPU ({cpus[0]})" if len(cpus) == 1 else f"{len(cpus)} CPUs pooled ({_join(cpus)})"
 
 
-def _devices(frame: pd.DataFrame) -> str:
-    """Where the runs ran, in words: the CPU, lce's CUDA layouts emulated on it, a real GPU."""
+def _devices(frame: pd.DataFrame, cpu: str | None = None) -> str:
+    """Where the runs ran, in words: the CPU (``cpu``, else the provenance's), lce's CUDA layouts emulated on it,
+    a real GPU."""
     parts = []
     devices = set(frame["device"]) if "device" in frame else {"cpu"}
     if "cpu" in devices:
-        parts.append(f"CPU ({_cpus(frame[frame['device'] == 'cpu'] if 'device' in frame else frame)})")
+        where = cpu or _cpus(frame[frame["device"] == "cpu"] if "device" in frame else frame)
+        parts.append(f"CPU ({where})")
     if "cuda-emulated" in devices:
         parts.append("lce's CUDA layouts emulated on CPU tensors")
     if "cuda" in devices:
@@ -284,7 +292,7 @@ def chunk_growth(runs: pd.DataFrame, fits: pd.DataFrame, *, cpu: str) -> str:
     counts = sorted(runs["chunks"].unique())
     growing = fits[fits["exponent"] > GROWTH_EXPONENT].sort_values("exponent", ascending=False)
     flat = fits[fits["exponent"] <= GROWTH_EXPONENT]
-    bullets = [f"{r.impl} {r.policy} ({r.layouts} layouts): error ∝ chunks^{r.exponent:.2f}, "
+    bullets = [f"{r.impl} {r.policy} ({r.layouts} layouts): error ∝ chunks^{_format(r.exponent, '.2f')}, "
                f"{r.at_max_chunks:.2f} floors at {counts[-1]} chunks" for r in growing.itertuples()]
     accurate = fits[(fits["impl"] == "lce") & (fits["policy"] == "accurate")]
     if growing.empty:
@@ -300,13 +308,13 @@ def chunk_growth(runs: pd.DataFrame, fits: pd.DataFrame, *, cpu: str) -> str:
                     f"(exponent {_range(accurate['exponent'])}).")
     if len(flat):
         bullets.append("flat (exponent ≤ " + f"{GROWTH_EXPONENT}): " + ", ".join(
-            f"{r.impl} {r.policy} ({r.layouts}, {r.exponent:.2f})" for r in flat.itertuples()))
+            f"{r.impl} {r.policy} ({r.layouts}, {_format(r.exponent, '.2f')})" for r in flat.itertuples()))
     acc = _join(_values(runs, "acc_dtype"))
     return _conclusion(
         finding, bullets,
         inputs=(f"{random_family()}; {_shapes(runs)}; {_dtypes(runs)} with acc_dtype={acc}; chunk counts "
-                f"{_join([str(c) for c in counts])} (explicit rows per chunk); {_devices(runs)} ({cpu}, when the "
-                f"notebook executed); {_seeds(runs)}."),
+                f"{_join([str(c) for c in counts])} (explicit rows per chunk); "
+                f"{_devices(runs, f'{cpu}, when the notebook executed')}; {_seeds(runs)}."),
         limits=(f"{_one_seed(runs)}one shape: the exponents are least-squares fits to {len(counts)} points, a "
                 f"description of this run rather than a law; {_emulation_limit(runs)}torch's op runs on the CPU "
                 "only."))
@@ -318,19 +326,20 @@ def loss_drift(drift: pd.DataFrame, *, cpu: str) -> str:
     worst = drift.groupby(["impl", "chunks"])["ulps_from_exact"].max()
     counts = sorted(drift["chunks"].unique())
     first, last = counts[0], counts[-1]
-    parts = []
-    for impl in ("torch", "lce"):
-        if impl not in worst.index.get_level_values(0):
-            continue
-        series = worst[impl]
-        parts.append(f"{impl}'s loss is up to {series[first]:.2f} ulps from the exact loss at {first} chunk"
-                     f"{'s' if first != 1 else ''} and up to {series[last]:.2f} at {last}")
-    lce = worst["lce"] if "lce" in worst.index.get_level_values(0) else pd.Series(dtype=float)
-    lce_max = float(lce.max()) if len(lce) else float("nan")
-    rounding = ("correctly rounded (≤ 0.5 ulp)" if lce_max <= 0.5 else "within 1 ulp" if lce_max <= 1
-                else f"**{lce_max:.2f} ulps** off")
-    finding = (f"{'; '.join(parts)} (worst over {drift['seed'].nunique()} seeds). lce's loss is {rounding} at every "
-               "chunk count: it sums across chunks in fp64 and rounds once.")
+    impls = set(worst.index.get_level_values(0))
+    seeds = drift["seed"].nunique()
+    finding = ""
+    if "torch" in impls:
+        torch = worst["torch"]
+        finding += (f"torch's loss is up to {torch[first]:.2f} ulps from the exact loss at {first} chunk"
+                    f"{'s' if first != 1 else ''} and up to {torch[last]:.2f} at {last} (worst over {seeds} "
+                    f"seed{'s' if seeds != 1 else ''}). ")
+    if "lce" in impls:
+        lce_max = float(worst["lce"].max())
+        rounding = ("correctly rounded (≤ 0.5 ulp)" if lce_max <= 0.5 else "within 1 ulp" if lce_max <= 1
+                    else f"**{lce_max:.2f} ulps** off")
+        finding += (f"lce's loss is {rounding} at every chunk count, at most {lce_max:.2f} ulps from the exact loss: "
+                    "it sums across chunks in fp64 and rounds once.")
     return _conclusion(
         finding,
         inputs=(f"{random_family()}; {_shapes(drift)}; {_dtypes(drift)}; default options with explicit chunk "
@@ -481,9 +490,14 @@ def auto_table(entries: pd.DataFrame, verdicts_table: pd.DataFrame, drawn: Itera
                 f"of which {len(stems) - len(missing)} {'is' if len(stems) - len(missing) == 1 else 'are'} drawn "
                 "from the committed results; "
                 f"{_join([f'`{stem}`' for stem in missing])} {'has' if len(missing) == 1 else 'have'} no data yet.")
-    judged = verdicts_table.groupby(["device", "dtype"]).size() if len(verdicts_table) else pd.Series(dtype=int)
-    bullets = [f"{device} {dtype}: judged on {count} shape{'s' if count != 1 else ''} below"
-               for (device, dtype), count in judged.items()]
+    bullets = []
+    if len(verdicts_table):
+        shapes = verdicts_table.groupby(["device", "dtype"]).size()
+        per_device = [f"{device}: {_join(list(rows.index.get_level_values('dtype')))}"
+                      for device, rows in shapes.groupby(level="device")]
+        entries_word = "entry" if len(shapes) == 1 else "entries"
+        bullets.append(f"the verdicts below judge {len(shapes)} {entries_word} on {_range(shapes, '.0f')} shapes each ("
+                       + "; ".join(per_device) + ")")
     if "cuda" not in set(verdicts_table.get("device", [])):
         bullets.append("no real-GPU results are committed: the cuda entries are judged on the emulated CUDA layouts")
     return _conclusion(
@@ -492,22 +506,24 @@ def auto_table(entries: pd.DataFrame, verdicts_table: pd.DataFrame, drawn: Itera
         limits="a reason is a claim; only the verdicts and figures test it, on the shapes and machines they cover.")
 
 
-def _off_front(rows: pd.DataFrame, axis: str) -> list[str]:
-    """One line per verdict off the ``axis`` ("memory" or "time") front: the rival and what it saves."""
+def _off_front(off: pd.DataFrame, everything: pd.DataFrame, axis: str) -> list[str]:
+    """One line per (device, dtype) with picks off the ``axis`` ("memory" or "time") front: on which shapes,
+    the rivals, their error next to the pick's, and what they save."""
     lines = []
-    for v in rows.itertuples():
+    for (device, dtype), rows in off.groupby(["device", "dtype"], sort=True):
+        total = len(everything[(everything["device"] == device) & (everything["dtype"] == dtype)])
+        rivals = _join([f"`{name}`" for name in dict.fromkeys(rows[f"{axis}_dominator"])])
         if axis == "memory":
-            saving = v.peak_mib / v.memory_dominator_peak_mib
-            lines.append(f"{v.device} {v.dtype} {v.shape}: {v.memory_dominator} reaches "
-                         f"{v.memory_dominator_error:.2f} floors (pick: {v.error:.2f}) with "
-                         f"{v.memory_dominator_peak_mib:.2f} MiB instead of {v.peak_mib:.2f} ({saving:.1f}x less)"
-                         + ("; the pick is on the time front" if v.on_time_front and v.device != "cuda-emulated"
-                            else ""))
+            saving = rows["peak_mib"] / rows["memory_dominator_peak_mib"]
+            gain = f"with {_range(saving, '.1f')}x less memory"
         else:
-            saving = v.time_ms / v.time_dominator_ms
-            lines.append(f"{v.device} {v.dtype} {v.shape}: {v.time_dominator} reaches {v.time_dominator_error:.2f} "
-                         f"floors (pick: {v.error:.2f}) in {v.time_dominator_ms:.1f} ms instead of "
-                         f"{v.time_ms:.1f} ({saving:.2f}x faster)")
+            saving = rows["time_ms"] / rows["time_dominator_ms"]
+            gain = f"in {_range(1 / saving, '.2f')}x the time"
+        text = (f"{device} {dtype}, {len(rows)} of {total} shapes ({', '.join(rows['shape'])}): {rivals} reach "
+                f"{_range(rows[f'{axis}_dominator_error'])} floors (the pick: {_range(rows['error'])}) {gain}")
+        if axis == "memory" and device != "cuda-emulated" and rows["on_time_front"].all():
+            text += "; the pick is on the time front there"
+        lines.append(text)
     return lines
 
 
@@ -532,8 +548,8 @@ def verdicts(verdicts_table: pd.DataFrame, table: pd.DataFrame) -> str:
                 "(emulated CUDA picks are not timed)." if len(timed) else ".")
     off_memory = verdicts_table[~verdicts_table["on_memory_front"].astype(bool)]
     off_time = timed[~timed["on_time_front"].astype(bool)]
-    bullets = [f"off the memory front — {line}" for line in _off_front(off_memory, "memory")]
-    bullets += [f"off the time front — {line}" for line in _off_front(off_time, "time")]
+    bullets = [f"off the memory front — {line}" for line in _off_front(off_memory, verdicts_table, "memory")]
+    bullets += [f"off the time front — {line}" for line in _off_front(off_time, verdicts_table, "time")]
     judged = table[table["device"].isin(set(verdicts_table["device"]))
                    & table["dtype"].isin(set(verdicts_table["dtype"]))]
     return _conclusion(
@@ -622,18 +638,18 @@ def fp32_choice(table: pd.DataFrame) -> str:
         per_chunking = rows.assign(choice=rows["label"].map(names)).groupby("chunking")["choice"].nunique()
         if rows["policy"].nunique() > 1 and len(per_chunking) and (per_chunking == 1).all():
             policy_free.append(device)
-            bullets.append(f"on {device} the policy makes no difference in fp32: for each chunking every policy "
-                           "gives bit-identical errors on every shape; only the chunking changes cost and error")
     per_device = []
     for device in devices:
         mine = [f"{chunking} for {word} × error" for where, word, chunking in answers if where == device]
         if mine:
             per_device.append(f"on {device}, {_join(mine)}")
     if set(policy_free) == set(devices):
-        finding = ("What should fp32 use? The policy does not matter: for a given chunking every policy computes "
-                   "the same numbers. The chunking does: " + "; ".join(per_device) + ".")
+        finding = ("What should fp32 use? The policy does not matter: for a given chunking every policy gives "
+                   "bit-identical errors on every shape. The chunking does: " + "; ".join(per_device) + ".")
     else:
         finding = "What should fp32 use? By the data: " + "; ".join(per_device) + "."
+        bullets += [f"on {device} the policy makes no difference: for each chunking every policy gives "
+                    "bit-identical errors on every shape" for device in policy_free]
     data = table[table["device"].isin(devices) & (table["dtype"] == "float32") & (table["op"] == "lce")]
     return _conclusion(
         finding, bullets,

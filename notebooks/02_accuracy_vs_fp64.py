@@ -22,6 +22,7 @@ from analysis.provenance import cpu_model
 from analysis.studies import defects, growth
 from analysis.tables import show
 
+# %matplotlib inline
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"
 CPU = cpu_model()  # the studies below measure on this machine; the grid's rows carry their own provenance
 paths, table = pareto.load_table()

@@ -21,6 +21,7 @@ from analysis.results_io import MEMORY_BREAKDOWN, MEMORY_TRACE, load_kind
 from analysis.studies import memory_study
 from analysis.tables import show
 
+# %matplotlib inline
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # reads committed results only; nothing to shorten
 paths, table = pareto.load_table()
 breakdown_paths, breakdown = load_kind(RESULTS_DIR, MEMORY_BREAKDOWN.name)

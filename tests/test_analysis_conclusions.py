@@ -126,8 +126,9 @@ def test_loss_drift_worst_over_seeds_and_lce_rounding():
                           "N": 1024, "D": 128, "C": 4096, "seed": [0, 0, 0, 0, 1, 1, 1, 1],
                           "ulps_from_exact": [0.1, 0.2, 3.0, 0.3, 0.4, 0.1, 12.0, 0.5]})
     body, inputs, _ = _sections(conclusions.loss_drift(drift, cpu="x"))
-    assert "torch's loss is up to 0.40 ulps from the exact loss at 1 chunk and up to 12.00 at 64" in body
-    assert "worst over 2 seeds" in body and "correctly rounded (≤ 0.5 ulp)" in body
+    assert "torch's loss is up to 0.40 ulps from the exact loss at 1 chunk and up to 12.00 at 64 (worst over 2 " \
+           "seeds)" in body
+    assert "lce's loss is correctly rounded (≤ 0.5 ulp) at every chunk count, at most 0.50 ulps" in body
     assert "2 seeds (0 and 1)" in inputs
     off = drift.assign(ulps_from_exact=[0.1, 0.2, 3.0, 2.5, 0.4, 0.1, 12.0, 0.5])
     assert "**2.50 ulps** off" in conclusions.loss_drift(off, cpu="x")
@@ -242,6 +243,7 @@ def test_fp32_choice_keeps_different_numbers_apart():
     table.loc[(table["policy"] == "compact") & (table["chunking"] == "auto"), "grad_weight_rel_fro"] *= 1.5
     body, _, _ = _sections(conclusions.fp32_choice(table))
     assert "The policy does not matter" not in body and "By the data" in body
+    assert "on cpu the policy makes no difference" not in body
 
 
 def _verdict(**fields) -> dict:
@@ -264,10 +266,11 @@ def test_verdicts_count_fronts_and_name_rivals():
     body, inputs, limits = _sections(conclusions.verdicts(verdict_table, table))
     assert body.startswith(f"{MARKER} 2 of 3 auto picks (entries × shapes) are on the error–memory front, and "
                            "1 of the 2 measured on the CPU on the error–time front")
-    assert ("off the memory front — cpu bfloat16 64x8x256: lce auto ar reaches 1.00 floors (pick: 1.00) with "
-            "4.00 MiB instead of 12.00 (3.0x less); the pick is on the time front") in body
-    assert "off the time front — cpu bfloat16 128x8x256: lce compact auto reaches 0.90 floors" in body
-    assert "(1.25x faster)" in body and "cuda-emulated bfloat16 64x8x256" not in body  # emulated: time not judged
+    assert ("- off the memory front — cpu bfloat16, 1 of 2 shapes (64x8x256): `lce auto ar` reach 1.00 floors (the "
+            "pick: 1.00) with 3.0x less memory; the pick is on the time front there") in body
+    assert ("- off the time front — cpu bfloat16, 1 of 2 shapes (128x8x256): `lce compact auto` reach 0.90 floors "
+            "(the pick: 1.00) in 0.80x the time") in body
+    assert "cuda-emulated" not in body.split("\n", 1)[1]  # emulated picks: time not judged
     assert "median of 3 repeats" in inputs and "more than 5% better on one" in inputs
     assert "times of one thread on a shared machine" in limits
 
@@ -296,7 +299,8 @@ def test_auto_table_reports_evidence_without_data():
                                                             {"error_vs_memory_cpu", "chunk_sweep"}))
     assert "has 2 entries and a fallback" in body and "3 in all, of which 2 are drawn" in body
     assert "`error_vs_chunks_cuda` has no data yet" in body
-    assert "- cpu bfloat16: judged on 2 shapes below" in body and "no real-GPU results are committed" in body
+    assert "- the verdicts below judge 1 entry on 2 shapes each (cpu: bfloat16)" in body
+    assert "no real-GPU results are committed" in body
     assert "lce/policies.py" in inputs and "a reason is a claim" in limits
 
 
