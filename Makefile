@@ -14,7 +14,7 @@ KERNEL := lce-lab
 KERNEL_DISPLAY := Python (lce-lab)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo lint test explore lab figures reproduce notebooks clean
+.PHONY: help setup demo lint test explore check-lab lab figures reproduce notebooks clean
 
 help: ## Show this list of targets
 	@echo "Usage: make <target>   (PYTHON=$(PYTHON) VENV=$(VENV))"
@@ -41,6 +41,9 @@ test: $(STAMP) ## Run the test suite (extra pytest flags: PYTEST_ARGS="-m 'not s
 
 explore: $(STAMP) ## Property tests with fresh random examples (Hypothesis "explore" profile, 1000 per test)
 	HYPOTHESIS_PROFILE=explore $(VENV)/bin/python -m pytest -q tests/test_parity_hypothesis.py
+
+check-lab: $(STAMP) ## Open every notebook in JupyterLab (headless chromium) and check nothing is rewritten (~3 min)
+	LCE_BROWSER_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_jupyterlab_browser.py
 
 lab: $(STAMP) ## Start JupyterLab on notebooks/ (the notebooks open with the venv's "Python (lce-lab)" kernel)
 	$(VENV)/bin/jupyter lab notebooks/

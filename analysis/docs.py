@@ -57,7 +57,8 @@ def reproduce_time(results: Path) -> str:
     if runs.empty:
         return "No whole reproduction has been timed yet (`analysis/results/reproduce.csv` is empty).\n"
     last = runs.sort_values("date").iloc[-1]
-    return (f"The last `make reproduce` took **{_minutes(last.total_s)}** (sweep {_minutes(last.sweep_s)} for "
+    return (f"The last `python -m analysis reproduce --quick` (what `make reproduce` runs once the venv is "
+            f"installed) took **{_minutes(last.total_s)}** (sweep {_minutes(last.sweep_s)} for "
             f"{int(last.runs)} runs in {int(last.workers)} worker processes, memory study "
             f"{_minutes(last.memory_study_s)}, figures {_minutes(last.figures_s)}) on an {last.cpu_model} "
             f"({int(last.num_threads)} cores), {str(last.date)[:10]} at revision {last.git_revision} "

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import lce
+from analysis.metrics import rel_fro
 
 F64 = torch.float64
 
@@ -225,22 +226,17 @@ def ref_run(problem: CallArgs, **kw):
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    """Relative Frobenius error ||got - ref|| / ||ref|| in fp64 (absolute if ref == 0).
+    """:func:`analysis.metrics.rel_fro` over the positions where ``ref`` is finite (absolute if ``ref`` is 0 there).
 
-    Positions where ``ref`` is NaN/inf are excluded (compare them with
-    :func:`same_nonfinite`).
+    Positions where ``ref`` is NaN/inf are compared with :func:`same_nonfinite`; a NaN in ``got``
+    where ``ref`` is finite makes the error infinite.
     """
-    got = got.detach().to(F64)
-    ref = ref.detach().to(F64)
     assert got.shape == ref.shape, f"shape {tuple(got.shape)} != reference {tuple(ref.shape)}"
-    finite = torch.isfinite(ref)
-    diff = torch.where(finite, got - ref, torch.zeros_like(ref))
-    refn = torch.where(finite, ref, torch.zeros_like(ref))
-    num = torch.linalg.vector_norm(diff).item()
-    den = torch.linalg.vector_norm(refn).item()
-    if math.isnan(num):
-        return math.inf
-    return num / den if den > 0 else num
+    finite = torch.isfinite(ref.detach())
+    got = torch.where(finite, got.detach().to(F64), 0.0)
+    ref = torch.where(finite, ref.detach().to(F64), 0.0)
+    error = rel_fro(got, ref) if bool(ref.any()) else torch.linalg.vector_norm(got).item()
+    return math.inf if math.isnan(error) else error
 
 
 def same_nonfinite(got: torch.Tensor, ref: torch.Tensor) -> bool:

@@ -8,9 +8,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import lce
 from helpers import Case, assert_close_rel, lce_run, make_problem, ref_run
+from lce.options import EXPLICIT_POLICIES
 from lce.testing import emulate_device_kind
 
-POLICIES = ("accurate", "balanced", "compact")
+POLICIES = EXPLICIT_POLICIES
 REDUCTIONS = ("mean", "sum", "none")
 
 

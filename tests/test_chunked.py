@@ -25,9 +25,10 @@ from lce.chunked import (
     chunk_loss_and_softmax_,
     grad_logits_rescale,
 )
+from lce.options import EXPLICIT_POLICIES
 from lce.testing import emulate_device_kind
 
-POLICIES = ("accurate", "balanced", "compact")
+POLICIES = EXPLICIT_POLICIES
 CASES = {
     "plain": Case(N=29, D=16, V=40),
     "everything": Case(N=29, D=16, V=40, bias=True, class_weight=True, label_smoothing=0.1, ignore="in_range"),

@@ -7,6 +7,7 @@ import torch
 
 import lce
 from helpers import Case, assert_parity, lce_run, make_problem, ref_run, rel_err
+from lce.options import EXPLICIT_POLICIES
 
 pytestmark = [
     pytest.mark.cuda,
@@ -23,7 +24,7 @@ def _to_cuda(problem):
                            weight=move(problem.weight), grad_output=move(problem.grad_output))
 
 
-@pytest.mark.parametrize("policy", ["accurate", "balanced", "compact"])
+@pytest.mark.parametrize("policy", EXPLICIT_POLICIES)
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_fp64_parity_on_cuda(policy, reduction):
     problem = _to_cuda(make_problem(Case(N=64, D=16, V=50, reduction=reduction, bias=True, class_weight=True)))

@@ -10,6 +10,7 @@ import torch
 
 import lce
 from helpers import F64, Case, lce_run, make_problem, ref_run, reference_loss, same_nonfinite
+from lce.options import ACC_POLICIES
 
 N, D, V = 6, 4, 5
 PATHS = {"reference": None, "chunked": lce.LinearCrossEntropyOptions(batch_chunk_size=4)}
@@ -120,7 +121,7 @@ def test_tensors_on_different_devices(path, moved):
 
 # ------------------------------------------------------------------ all ignored
 
-ALL_IGNORED_POLICIES = ["auto", "accurate", "balanced", "compact"]
+ALL_IGNORED_POLICIES = ACC_POLICIES
 
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])

@@ -3,14 +3,16 @@
 This drives a real JupyterLab (the venv's, with the kernel ``make setup`` registers) from headless
 Chromium at a 1440 px window, as a reader of a fresh clone would, waits past JupyterLab's
 two-minute autosave, and requires ``git status`` of the clone to stay clean. Playwright (the
-``browser`` extra, part of ``dev``) drives Debian's ``chromium``, so nothing is downloaded; without
-that package the test skips, as in CI:
+``browser`` extra, part of ``dev``) drives Debian's ``chromium``, so nothing is downloaded. It takes
+about three minutes and starts a server, so it runs only when asked (``make check-lab``, which sets
+``LCE_BROWSER_TESTS=1``) and skips otherwise, CI included:
 
-    apt-get install chromium && .venv/bin/python -m pytest -q tests/test_jupyterlab_browser.py
+    apt-get install chromium && make check-lab
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -27,6 +29,7 @@ AUTOSAVE_S = 120  # JupyterLab's default autosave interval
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.skipif(os.environ.get("LCE_BROWSER_TESTS") != "1", reason="runs on request: make check-lab"),
     pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)"),
 ]
 

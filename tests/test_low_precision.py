@@ -33,6 +33,7 @@ from helpers import (
     torch_options,
     within_one_ulp,
 )
+from lce.options import EXPLICIT_POLICIES
 
 DTYPES = [torch.bfloat16, torch.float16]
 SHAPE = dict(N=256, D=64, V=512)
@@ -136,7 +137,7 @@ def test_fp16_gradients_stay_normal_whatever_role_names_the_fp16_operand():
     expected = ref[1]["input"]
     floor = rel_err(round_trip(expected, torch.float16), expected)
     results = {}
-    for policy in ("accurate", "balanced", "compact"):
+    for policy in EXPLICIT_POLICIES:
         options = lce.LinearCrossEntropyOptions(acc_policy=policy, chunking_method=None, batch_chunk_size=256)
         assert lce.plan(options, low.input, low.linear_weight).acc_dtype == torch.float16
         results[policy] = lce_run(low, options)[1]

@@ -35,7 +35,7 @@ import lce
 import lce.chunked
 import lce.gemm
 from lce.memory_model import chunk_peak_bytes
-from lce.options import dtype_name
+from lce.options import EXPLICIT_POLICIES, dtype_name
 from lce.testing import emulate_device_kind
 
 N, D, C, ROWS = 80, 28, 320, 24  # three full chunks of 24 rows and one of 8; (C, D) > (ROWS, C)
@@ -176,7 +176,7 @@ def _check(plan, recorder: _Recorder, label: str) -> None:
         assert held == modeled, f"{label}: a {stage} chunk held {held} bytes at once, the plan says {modeled}"
 
 
-GRID = list(itertools.product(["cpu", "cuda"], ["accurate", "balanced", "compact"], ["mean", "sum", "none"],
+GRID = list(itertools.product(["cpu", "cuda"], EXPLICIT_POLICIES, ["mean", "sum", "none"],
                               [torch.float32, torch.bfloat16, torch.float16], [None, torch.float32]))
 # acc_dtype narrower than, or unrelated to, the input: legal, rarely wise, modeled all the same
 GRID += [

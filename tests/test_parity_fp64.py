@@ -25,8 +25,9 @@ from helpers import (
     ref_run,
     torch_options,
 )
+from lce.options import ACC_POLICIES
 
-POLICIES = ("auto", "accurate", "balanced", "compact")
+POLICIES = ACC_POLICIES
 TOL = 1e-12
 
 _DESIGN = pairwise_design(

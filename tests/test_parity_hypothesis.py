@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import lce
 from helpers import Case, assert_parity, lce_run, make_problem, ref_run
+from lce.options import ACC_POLICIES
 
 TOL = 1e-12
 
@@ -42,7 +43,7 @@ def configs(draw):
         )
     )
     options = lce.LinearCrossEntropyOptions(
-        acc_policy=draw(st.sampled_from(["auto", "accurate", "balanced", "compact"])),
+        acc_policy=draw(st.sampled_from(ACC_POLICIES)),
         allow_retain_graph=draw(st.booleans()),
         **chunk,
     )

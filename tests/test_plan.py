@@ -10,6 +10,7 @@ import torch
 
 import lce
 from helpers import Case, assert_parity, lce_run, make_problem, ref_run, rel_err
+from lce.options import dtype_name
 from lce.policies import (
     AUTO_FALLBACK,
     AUTO_TABLE,
@@ -176,5 +177,5 @@ def test_readme_shows_the_layout_tables_and_auto_picks_from_the_code():
     for kind in LAYOUTS:
         assert format_layout_table(kind) in readme, f"README's {kind} policy table is out of date"
     for (kind, dtype), pick in AUTO_TABLE.items():
-        row = f"| {kind} | {str(dtype).removeprefix('torch.')} | {pick.acc_policy} | {pick.chunking_method} |"
+        row = f"| {kind} | {dtype_name(dtype)} | {pick.acc_policy} | {pick.chunking_method} |"
         assert row in readme, f"README lacks the auto row {row}"
