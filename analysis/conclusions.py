@@ -398,8 +398,8 @@ def memory_model(table: pd.DataFrame) -> str:
         bullets = [f"{dtype} {policy} acc={acc}: {int(row['size'])} runs outside, measured/modeled "
                    f"{_range([row['min'], row['max']])}" for (dtype, policy, acc), row in worst.iterrows()]
         above = int((off["ratio"] > 1).sum())
-        finding += (f" Of the {len(off)} outside, {above} measure more than predicted"
-                    + (":" if bullets else "."))
+        share = f"all {above}" if above == len(off) else f"{above} of the {len(off)}"
+        finding += f" Outside it, {share} measure more than predicted" + (":" if bullets else ".")
     methods = _join(_values(data, "memory_method"))
     return _conclusion(
         finding, bullets,
@@ -512,14 +512,15 @@ def _off_front(off: pd.DataFrame, everything: pd.DataFrame, axis: str) -> list[s
     lines = []
     for (device, dtype), rows in off.groupby(["device", "dtype"], sort=True):
         total = len(everything[(everything["device"] == device) & (everything["dtype"] == dtype)])
-        rivals = _join([f"`{name}`" for name in dict.fromkeys(rows[f"{axis}_dominator"])])
+        names = list(dict.fromkeys(rows[f"{axis}_dominator"]))
+        rivals = _join([f"`{name}`" for name in names]) + (" reaches" if len(names) == 1 else " reach")
         if axis == "memory":
             saving = rows["peak_mib"] / rows["memory_dominator_peak_mib"]
             gain = f"with {_range(saving, '.1f')}x less memory"
         else:
             saving = rows["time_ms"] / rows["time_dominator_ms"]
             gain = f"in {_range(1 / saving, '.2f')}x the time"
-        text = (f"{device} {dtype}, {len(rows)} of {total} shapes ({', '.join(rows['shape'])}): {rivals} reach "
+        text = (f"{device} {dtype}, {len(rows)} of {total} shapes ({', '.join(rows['shape'])}): {rivals} "
                 f"{_range(rows[f'{axis}_dominator_error'])} floors (the pick: {_range(rows['error'])}) {gain}")
         if axis == "memory" and device != "cuda-emulated" and rows["on_time_front"].all():
             text += "; the pick is on the time front there"

@@ -149,16 +149,25 @@ def _best_dominator(group: pd.DataFrame, me: pd.Series, cost: str,
 
 
 def _same_computation(group: pd.DataFrame, me: pd.Series) -> pd.Series:
-    """Runs that resolve to exactly ``me``'s computation (e.g. "auto" and its explicit spelling).
+    """Runs that compute exactly ``me``'s numbers: the same op resolving to the same plan (e.g. "auto" and
+    its explicit spelling), or to the same chunk size with every error column equal to the last bit (policies
+    that coincide, as all do when acc_dtype equals the input dtype: :func:`same_numbers`).
 
     They differ only by measurement noise, so they never count as rivals.
     """
     columns = ("resolved_policy", "resolved_acc_dtype", "chunk_size")
     if any(column not in group for column in columns):
         return pd.Series(False, index=group.index)
-    same = group["op"] == me["op"]
+    same_op = group["op"] == me["op"]
+    same = same_op.copy()
     for column in columns:
         same &= group[column].astype(str) == str(me[column])
+    errors = [column for column in group.columns if column.endswith(("_rel_fro", "_max_rel"))]
+    if errors:
+        identical = same_op & (group["chunk_size"].astype(str) == str(me["chunk_size"]))
+        for column in errors:
+            identical &= group[column].astype(str) == str(me[column])
+        same |= identical
     return same
 
 

@@ -157,7 +157,7 @@ def test_memory_model_counts_runs_within_the_band():
                           "D": 8, "C": 256, **PROVENANCE})
     body, inputs, limits = _sections(conclusions.memory_model(table))
     assert "within ±15% on 2 of 3 runs (measured/modeled 0.90–1.50, median 1.00)" in body
-    assert "Of the 1 outside, 1 measure more than predicted" in body
+    assert "Outside it, all 1 measure more than predicted" in body
     assert "- bfloat16 compact acc=default: 1 runs outside, measured/modeled 1.50" in body
     assert "(profiler)" in inputs and "CPU allocator only" in limits
 
@@ -266,9 +266,9 @@ def test_verdicts_count_fronts_and_name_rivals():
     body, inputs, limits = _sections(conclusions.verdicts(verdict_table, table))
     assert body.startswith(f"{MARKER} 2 of 3 auto picks (entries × shapes) are on the error–memory front, and "
                            "1 of the 2 measured on the CPU on the error–time front")
-    assert ("- off the memory front — cpu bfloat16, 1 of 2 shapes (64x8x256): `lce auto ar` reach 1.00 floors (the "
+    assert ("- off the memory front — cpu bfloat16, 1 of 2 shapes (64x8x256): `lce auto ar` reaches 1.00 floors (the "
             "pick: 1.00) with 3.0x less memory; the pick is on the time front there") in body
-    assert ("- off the time front — cpu bfloat16, 1 of 2 shapes (128x8x256): `lce compact auto` reach 0.90 floors "
+    assert ("- off the time front — cpu bfloat16, 1 of 2 shapes (128x8x256): `lce compact auto` reaches 0.90 floors "
             "(the pick: 1.00) in 0.80x the time") in body
     assert "cuda-emulated" not in body.split("\n", 1)[1]  # emulated picks: time not judged
     assert "median of 3 repeats" in inputs and "more than 5% better on one" in inputs

@@ -82,3 +82,17 @@ def test_rivals_within_the_tolerance_do_not_count():
     ]))
     verdict = verdicts(table).iloc[0]
     assert verdict.on_time_front and verdict.on_memory_front
+
+
+def test_a_policy_computing_the_same_numbers_is_not_a_rival():
+    """fp32: every policy gives bit-identical errors at one chunk size; a faster timing of another is noise."""
+    rows = [_row("lce", "auto", "auto", peak=3, error=2.0, time=10, dtype="float32",
+                 resolved=("compact", "float32", 64)),
+            _row("lce", "accurate", "auto", peak=3, error=2.0, time=8, dtype="float32",
+                 resolved=("accurate", "float32", 64))]
+    for row in rows:
+        row.update(grad_weight_rel_fro=1.5e-6, grad_weight_max_rel=3e-6)
+    assert verdicts(prepare(pd.DataFrame(rows))).iloc[0].on_time_front
+    rows[1].update(grad_weight_rel_fro=1.4e-6)  # different numbers: a real rival, 20% faster
+    verdict = verdicts(prepare(pd.DataFrame(rows))).iloc[0]
+    assert not verdict.on_time_front and verdict.time_dominator == "lce accurate auto"
