@@ -39,7 +39,7 @@ lint: $(STAMP) ## Lint with ruff (rules and line length in pyproject.toml); CI r
 test: $(STAMP) ## Run the test suite (extra pytest flags: PYTEST_ARGS="-m 'not slow'")
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
-explore: $(STAMP) ## Property tests with fresh random examples (Hypothesis "explore" profile, 1000 per test)
+explore: $(STAMP) ## Property tests with fresh random examples (Hypothesis "explore" profile, 5000 per test)
 	HYPOTHESIS_PROFILE=explore $(VENV)/bin/python -m pytest -q tests/test_parity_hypothesis.py
 
 check-lab: $(STAMP) ## Open every notebook in JupyterLab (headless chromium) and check nothing is rewritten (~3 min)

@@ -19,9 +19,9 @@ for _p in (_ROOT, _TESTS):  # `import lce` and `import helpers` regardless of im
 # every run, no example database. "explore" draws fresh random examples each run and keeps the
 # failures it finds in .hypothesis/ so they are replayed first next time:
 #     HYPOTHESIS_PROFILE=explore make test        (or: make explore)
-settings.register_profile("ci", max_examples=150, derandomize=True, database=None, deadline=None,
+settings.register_profile("ci", max_examples=500, derandomize=True, database=None, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("explore", max_examples=1000, derandomize=False, deadline=None,
+settings.register_profile("explore", max_examples=5000, derandomize=False, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
