@@ -17,7 +17,9 @@ finds nothing to save: ``git status`` stays clean.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +30,7 @@ from nbclient import NotebookClient
 
 from .paths import ROOT
 
-__all__ = ["NOTEBOOKS_DIR", "QUICK_ENV", "sources", "execute", "build_all"]
+__all__ = ["NOTEBOOKS_DIR", "QUICK_ENV", "sources", "stable_cell_ids", "execute", "build_all"]
 
 NOTEBOOKS_DIR: Path = ROOT / "notebooks"
 QUICK_ENV = "LCE_QUICK"
@@ -39,6 +41,20 @@ KERNEL = {"name": "lce-lab", "display_name": "Python (lce-lab)", "language": "py
 def sources(folder: Path = NOTEBOOKS_DIR) -> list[Path]:
     """The notebook sources ``NN_*.py`` in ``folder``, in reading order."""
     return sorted(folder.glob("[0-9][0-9]_*.py"))
+
+
+def stable_cell_ids(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Give every cell an id drawn from its type and source (jupytext draws random ones), in place.
+
+    Re-executing an unchanged source then writes the same ``.ipynb`` bytes, and editing a cell changes
+    that cell's id only. A repeated cell gets ``-2``, ``-3``... after its digest.
+    """
+    seen: collections.Counter[str] = collections.Counter()
+    for cell in notebook.cells:
+        digest = hashlib.sha1(f"{cell.cell_type}\n{cell.source}".encode()).hexdigest()[:8]
+        seen[digest] += 1
+        cell.id = digest if seen[digest] == 1 else f"{digest}-{seen[digest]}"
+    return notebook
 
 
 @contextlib.contextmanager
@@ -61,7 +77,7 @@ def execute(source: Path, output: Path | None = None, *, quick: bool = True,
     The kernel's working directory is the source's folder. Raises
     ``nbclient.exceptions.CellExecutionError`` naming the failing cell.
     """
-    notebook = jupytext.read(source)
+    notebook = stable_cell_ids(jupytext.read(source))
     notebook.metadata.pop("jupytext", None)  # the source's own format; not part of the notebook
     notebook.metadata["kernelspec"] = dict(KERNEL)
     client = NotebookClient(notebook, timeout=timeout, kernel_name=KERNEL["name"], record_timing=False,

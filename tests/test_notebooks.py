@@ -11,7 +11,7 @@ import nbformat
 import pytest
 
 from analysis.conclusions import MARKER
-from analysis.notebooks import KERNEL, execute, save_as_jupyterlab, sources
+from analysis.notebooks import KERNEL, execute, save_as_jupyterlab, sources, stable_cell_ids
 
 SOURCES = sources()
 
@@ -89,6 +89,15 @@ def test_committed_outputs_are_stable_and_show_no_nan(source):
             plain, markup = "".join(data.get("text/plain", "")), "".join(data.get("text/html", ""))
             assert not re.search(r" at 0x[0-9a-f]+", plain), f"{source.name}: {plain[:80]!r} changes on every run"
             assert not re.search(r">\s*(nan|NaN|None)\s*<", markup), f"{source.name}: a table shows a missing value"
+
+
+def test_cell_ids_depend_on_the_cells_only():
+    """Executing an unchanged source twice must write the same bytes: no random cell ids."""
+    first, second = (stable_cell_ids(jupytext.read(SOURCES[0])) for _ in range(2))
+    assert [cell.id for cell in first.cells] == [cell.id for cell in second.cells]
+    twins = stable_cell_ids(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x") for _ in range(2)]))
+    assert [cell.id for cell in twins.cells] == [twins.cells[0].id, twins.cells[0].id + "-2"]
+    nbformat.validate(twins)
 
 
 def test_the_section_check_catches_a_section_without_a_conclusion():
