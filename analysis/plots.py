@@ -281,6 +281,7 @@ def plot_time_vs_shape(table: pd.DataFrame) -> CaptionedFigure | None:
             ax.plot(points["work"], points[TIME], marker=MARKERS.get(op, "o"), ms=4, lw=1,
                     ls="-" if op == "lce" else "--", color=PALETTE.get(policy, "k"), label=series)
         _log_axes(ax)
+        ax.xaxis.set_major_formatter(ticker.EngFormatter(sep=""))  # 50M, not 5e+07
         _honest_limits(ax, "y", summary[TIME], span=COST_SPAN)
         ax.set_title(f"{panel.device}, {panel.dtype}", fontsize=9)
         ax.set_xlabel("problem size N*D*C (multiply-adds per GEMM)")
@@ -289,7 +290,8 @@ def plot_time_vs_shape(table: pd.DataFrame) -> CaptionedFigure | None:
     return CaptionedFigure(fig, "time_vs_shape",
                            "Median wall time of one forward+backward vs problem size N*D*C (each point: "
                            "median over the chunking methods and acc_dtypes of one op and policy); lce "
-                           "solid, others dashed. CPU timings use one thread on a shared machine.")
+                           "solid, others dashed. CPU timings: one intra-op thread in each of the sweep's "
+                           "worker processes (one per core), on a shared machine.")
 
 
 SPAN_COLOURS = dict(zip(("kept", "call", "final", "chunk"), sns.color_palette("muted", 4), strict=True))
