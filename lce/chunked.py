@@ -38,7 +38,8 @@ from .plan import LOSS_SUM_DTYPE, Plan
 
 __all__ = [
     "HeadTensors", "Targets", "Gradients", "GradientSums", "bias_for_logits", "chunk_logits",
-    "chunk_loss_and_softmax_", "grad_logits_rescale", "chunk_grad_logits_", "scalar_loss_and_grads",
+    "chunk_loss_and_softmax_", "chunk_softmax_from_lse_", "grad_logits_rescale", "chunk_grad_logits_",
+    "scalar_loss_and_grads",
     "per_row_loss", "per_row_grads",
 ]
 
@@ -122,22 +123,57 @@ def chunk_logits(plan: Plan, head: HeadTensors, bias: torch.Tensor | None,
     return z, x_in_acc
 
 
-def chunk_loss_and_softmax_(z: torch.Tensor, targets: Targets, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunk's per-row losses ``l`` (0 for ignored rows) and ``lse``; leaves the softmax ``p`` in ``z``."""
+def _exp_apart_from_target_(z: torch.Tensor, targets: Targets, rows: slice,
+                            shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``z <- exp(z - shift)`` in place; return ``(other, target)``: the sum over the classes other than
+    each row's target and the target's own term.
+
+    ``other`` is summed with the target's entry left out (set to -inf before the
+    exp, put back after), so ``1 - p_y`` is never formed as a difference: when
+    the target's logit leads by tens of nats, ``p_y`` rounds to 1 in fp32 and
+    ``p_y - 1`` or ``lse - z_y`` would lose every digit, while ``other`` keeps
+    fp32's relative precision.
+    """
+    index = targets.safe_target[rows, None]
+    target = (z.gather(1, index).squeeze(1) - shift).exp()
+    z.sub_(shift[:, None]).scatter_(1, index, -math.inf).exp_()
+    other = z.sum(1)
+    z.scatter_(1, index, target[:, None])
+    return other, target
+
+
+def chunk_loss_and_softmax_(z: torch.Tensor, targets: Targets,
+                            rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chunk's per-row losses ``l`` (0 for ignored rows), ``lse`` and ``1 - p_y``; leaves ``p`` in ``z``.
+
+    ``lse - z_y`` is evaluated as ``log1p(other / target)`` (the mass of the
+    other classes relative to the target's) when the target holds at least half
+    the mass, where the difference would cancel; ``1 - p_y`` is ``other / sum``.
+    See :func:`_exp_apart_from_target_`.
+    """
     eps = targets.label_smoothing
     target_logit = z.gather(1, targets.safe_target[rows, None]).squeeze(1)
     weighted_logit_sum = None
     if eps:
         weighted_logit_sum = z.sum(1) if targets.class_weight is None else z @ targets.class_weight
     row_max = z.amax(1)
-    sum_exp = z.sub_(row_max[:, None]).exp_().sum(1)
+    other, target = _exp_apart_from_target_(z, targets, rows, row_max)
+    sum_exp = other + target
     z.div_(sum_exp[:, None])
     lse = row_max + sum_exp.log()
-    loss = (1.0 - eps) * targets.row_weight[rows] * (lse - target_logit)
+    target_nll = torch.where(target >= other, torch.log1p(other / target), lse - target_logit)
+    loss = (1.0 - eps) * targets.row_weight[rows] * target_nll
     if weighted_logit_sum is not None:
         loss = loss + eps / targets.num_classes * (targets.class_weight_sum * lse - weighted_logit_sum)
     # where(), not a product: an ignored row with non-finite logits must not leak NaN.
-    return torch.where(targets.valid[rows], loss, 0), lse
+    return torch.where(targets.valid[rows], loss, 0), lse, other / sum_exp
+
+
+def chunk_softmax_from_lse_(z: torch.Tensor, targets: Targets, rows: slice,
+                            lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``p = exp(z - lse)`` in place (backward of reduction="none") and ``1 - p_y``, summed without the target."""
+    other, _ = _exp_apart_from_target_(z, targets, rows, lse)
+    return z, other
 
 
 def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tensor | float) -> float:
@@ -162,20 +198,27 @@ def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tenso
 
 
 def chunk_grad_logits_(probs: torch.Tensor, row_scale: torch.Tensor, targets: Targets, rows: slice,
-                       rescale: float) -> torch.Tensor:
+                       rescale: float, other_prob: torch.Tensor) -> torch.Tensor:
     """Turn the chunk's softmax ``probs`` into ``dz / rescale``, in place (the formula in the module docstring).
 
     ``row_scale`` (rows,) is ``s`` before ignored rows are zeroed; ``rescale``
-    comes from :func:`grad_logits_rescale`.
+    comes from :func:`grad_logits_rescale`; ``other_prob`` (rows,) is ``1 - p_y``
+    as :func:`chunk_loss_and_softmax_` computed it. The target's entry,
+    ``prob_coef * p_y - target_coef``, is written as
+    ``(prob_coef - target_coef) * p_y - target_coef * (1 - p_y)``, so it keeps
+    its precision when ``p_y`` is within rounding of 1.
     """
     eps, c = targets.label_smoothing, targets.num_classes
+    index = targets.safe_target[rows, None]
     scale = torch.where(targets.valid[rows], row_scale / rescale, 0)
     target_coef = scale * (1.0 - eps) * targets.row_weight[rows]
     prob_coef = target_coef
     if eps:
         prob_coef = prob_coef + scale * (eps / c) * targets.class_weight_sum
+    target_prob = probs.gather(1, index).squeeze(1)
     dz = probs.mul_(prob_coef[:, None])
-    dz.scatter_add_(1, targets.safe_target[rows, None], -target_coef[:, None])
+    target_entry = (prob_coef - target_coef) * target_prob - target_coef * other_prob
+    dz.scatter_(1, index, target_entry[:, None])
     if eps:
         if targets.class_weight is None:
             dz.sub_((eps / c) * scale[:, None])
@@ -275,9 +318,9 @@ def _scalar_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targ
                   sums: GradientSums | None, rows: slice, grad_scale: torch.Tensor, rescale: float) -> torch.Tensor:
     """One chunk of the scalar reductions: its loss sum (fp64); its gradients go into ``sums``."""
     z, x_in_acc = chunk_logits(plan, head, bias, rows)
-    losses, _ = chunk_loss_and_softmax_(z, targets, rows)
+    losses, _, other_prob = chunk_loss_and_softmax_(z, targets, rows)
     if sums is not None:
-        dz = chunk_grad_logits_(z, grad_scale.expand(z.shape[0]), targets, rows, rescale)
+        dz = chunk_grad_logits_(z, grad_scale.expand(z.shape[0]), targets, rows, rescale, other_prob)
         sums.add_chunk(head, rows, dz, x_in_acc, rescale)
     return losses.sum(dtype=LOSS_SUM_DTYPE)
 
@@ -296,7 +339,8 @@ def per_row_loss(plan: Plan, head: HeadTensors, targets: Targets) -> tuple[torch
 def _per_row_loss_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
                         rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
     z = chunk_logits(plan, head, bias, rows)[0]  # the input chunk in acc_dtype is not needed past the GEMM
-    return chunk_loss_and_softmax_(z, targets, rows)
+    losses, lse, _ = chunk_loss_and_softmax_(z, targets, rows)
+    return losses, lse
 
 
 def per_row_grads(plan: Plan, head: HeadTensors, targets: Targets, lse: torch.Tensor,
@@ -315,6 +359,6 @@ def _per_row_grad_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None
                         sums: GradientSums, rows: slice, lse: torch.Tensor, row_scale: torch.Tensor,
                         rescale: float) -> None:
     z, x_in_acc = chunk_logits(plan, head, bias, rows)
-    probs = z.sub_(lse[rows, None]).exp_()
-    dz = chunk_grad_logits_(probs, row_scale[rows], targets, rows, rescale)
+    probs, other_prob = chunk_softmax_from_lse_(z, targets, rows, lse[rows])
+    dz = chunk_grad_logits_(probs, row_scale[rows], targets, rows, rescale, other_prob)
     sums.add_chunk(head, rows, dz, x_in_acc, rescale)

@@ -73,6 +73,11 @@ def test_targets_weigh_rows_as_the_mean_reduction_does(name):
     assert (targets.row_weight[~targets.valid] == 0).all()
 
 
+def _other_prob(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``1 - p_y`` per row: the softmax mass of the classes other than the target, summed directly."""
+    return torch.softmax(logits, 1).scatter(1, target[:, None], 0.0).sum(1)
+
+
 @pytest.mark.parametrize("kind", ["cpu", "cuda"])
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", CASES)
@@ -85,10 +90,11 @@ def test_one_chunk_of_logits_losses_and_softmax(name, policy, kind):
         z, x_in_acc = chunk_logits(plan, head, bias, rows)
         assert x_in_acc is None  # fp64 input: acc_dtype is the input dtype
         assert rel_err(z, logits[rows]) <= 1e-15
-        losses, lse = chunk_loss_and_softmax_(z, targets, rows)
+        losses, lse, other_prob = chunk_loss_and_softmax_(z, targets, rows)
         assert rel_err(lse, torch.logsumexp(logits[rows], 1)) <= 1e-15
         assert rel_err(z, torch.softmax(logits[rows], 1)) <= 1e-14
         assert rel_err(losses, per_row[rows]) <= 1e-14
+        assert rel_err(other_prob, _other_prob(logits[rows], targets.safe_target[rows])) <= 1e-14
 
 
 @pytest.mark.parametrize("rescale", [1.0, 2.0**-7])
@@ -107,7 +113,8 @@ def test_one_chunk_of_grad_logits(name, reduction, rescale):
                                     if reduction == "mean" else 1.0)
     for rows in plan.row_chunks():
         probs = torch.softmax(logits[rows].detach(), 1)
-        dz = chunk_grad_logits_(probs, row_scale[rows], targets, rows, rescale)
+        other_prob = _other_prob(logits[rows].detach(), targets.safe_target[rows])
+        dz = chunk_grad_logits_(probs, row_scale[rows], targets, rows, rescale, other_prob)
         assert rel_err(dz * rescale, logits.grad[rows]) <= 1e-14
 
 

@@ -13,6 +13,7 @@ where ``floor`` is the error of the fp64 result merely rounded to the dtype.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -23,6 +24,7 @@ import lce
 from helpers import (
     F64,
     GRAD_NAMES,
+    CallArgs,
     Case,
     lce_run,
     make_problem,
@@ -146,3 +148,70 @@ def test_fp16_gradients_stay_normal_whatever_role_names_the_fp16_operand():
     for name in ("input", "linear_weight"):
         assert torch.equal(results["accurate"][name], results["balanced"][name]), name
         assert torch.equal(results["accurate"][name], results["compact"][name]), name
+
+
+def _confident_rows(margin: float, dtype: torch.dtype, n: int = 32, d: int = 64, c: int = 512, seed: int = 0):
+    """Rows whose target logit leads every other by about ``margin`` nats, rounded to ``dtype``.
+
+    x has orthogonal rows of norm sqrt(D); the other classes' weights are random (logits of std 3);
+    each row's target class (distinct per row) gets the weight ``alpha_i * x_i / D``, so its logit is
+    ``alpha_i`` for row i and near 0 for the rows orthogonal to it. Returns the rounded tensors and the
+    smallest realized margin, measured in fp64 on them.
+    """
+    g = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(d, n, generator=g, dtype=F64))
+    x = q.T * d**0.5
+    w = torch.randn(c, d, generator=g, dtype=F64) * (3.0 / d**0.5)
+    y = torch.arange(n) * (c // n)
+    w[y] = 0.0
+    others = (x @ w.T).amax(1)
+    w[y] = (others + margin)[:, None] * x / d
+    x, w = x.to(dtype), w.to(dtype)
+    z = x.to(F64) @ w.to(F64).T
+    lead = z[torch.arange(n), y] - z.scatter(1, y[:, None], -math.inf).amax(1)
+    return x, w, y, float(lead.min())
+
+
+def _confident_reference(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):
+    """Mean loss and gradients in fp64, with the other classes' mass summed apart from the target.
+
+    The plain fp64 reference forms ``p_y - 1`` too: past about 30 nats it keeps only a few digits of
+    ``1 - p_y`` (e^-30 = 9e-14 against fp64's 1.1e-16) and past 37 none, so it cannot judge these rows.
+    """
+    x, w = x.to(F64), w.to(F64)
+    rows = torch.arange(len(y))
+    z = x @ w.T
+    shifted = z - z.amax(1, keepdim=True)
+    target = shifted[rows, y].exp()
+    e = shifted.exp().index_put((rows, y), torch.zeros(len(y), dtype=F64))
+    other = e.sum(1)
+    total = other + target
+    nll = torch.where(target >= other, torch.log1p(other / target), total.log() - shifted[rows, y])
+    dz = (e / total[:, None]).index_put((rows, y), -other / total) / len(y)
+    return nll.mean(), {"input": dz @ w, "linear_weight": dz.T @ x}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_confident_rows_stay_at_the_floor(dtype):
+    """When p_y -> 1, neither ``p_y - 1`` nor ``lse - z_y`` may be formed as a difference.
+
+    Before, bf16 "accurate" went from 1.0 floor at a 5-nat margin to hundreds of floors on both
+    gradients (and a zero loss) from about 17 nats on (1024 rows would not change that). Now every
+    margin from 0 to 40 nats stays within 1.25 floors on every gradient, and the loss within one
+    ulp of the correctly rounded fp64 loss.
+    """
+    options = lce.LinearCrossEntropyOptions(acc_policy="accurate", acc_dtype=torch.float32)
+    realized = []
+    for margin in (0.0, 10.0, 20.0, 30.0, 40.0):
+        x, w, y, lead = _confident_rows(margin, dtype)
+        realized.append(lead)
+        low = CallArgs(input=x, linear_weight=w, target=y, linear_bias=None, weight=None, reduction="mean",
+                       ignore_index=None, label_smoothing=0.0, grad_output=None)
+        loss, grads = lce_run(low, options)
+        ref_loss, ref_grads = _confident_reference(x, w, y)
+        assert within_one_ulp(loss, ref_loss), f"margin {lead:.1f}: loss {loss.item()!r} vs {ref_loss.item()!r}"
+        for name in ("input", "linear_weight"):
+            floors = rel_err(grads[name], ref_grads[name]) / rel_err(round_trip(ref_grads[name], dtype),
+                                                                   ref_grads[name])
+            assert floors <= 1.25, f"margin {lead:.1f} nats: grad_{name} is {floors:.2f} rounding floors"
+    assert realized[-1] >= 39.0, f"the construction reached only {realized[-1]:.1f} nats"
