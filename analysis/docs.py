@@ -20,13 +20,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from lce.options import dtype_name
 from lce.policies import CPU_MIN_ROWS
 
 from .grids import GRIDS
-from .inputs import Shape
+from .inputs import DTYPES, Shape
 from .paths import RESULTS_DIR, ROOT
-from .results_io import BENCH, CHUNK_SWEEP, REPRODUCE, load_kind
+from .results_io import BENCH, CHUNK_SWEEP, REPRODUCE, latest, load_kind
 
 __all__ = ["BLOCKS", "DOCUMENTS", "BENCH_SHAPE", "render", "update"]
 
@@ -44,10 +43,6 @@ _MARKER = re.compile(r"(<!-- BEGIN generated:(?P<name>[\w-]+) \(python -m analys
 def _minutes(seconds: float) -> str:
     minutes, rest = divmod(round(seconds), 60)
     return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
-
-
-def _latest(table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    return table.sort_values("date", kind="stable").drop_duplicates(keys, keep="last")
 
 
 def reproduce_time(results: Path) -> str:
@@ -74,7 +69,7 @@ def bench_table(results: Path) -> str:
     _, bench = load_kind(results, BENCH.name)
     shape = BENCH_SHAPE
     bench = bench[(bench["N"] == shape.N) & (bench["D"] == shape.D) & (bench["C"] == shape.C)]
-    bench = _latest(bench, ["cpu_model", "impl", "dtype", "metric"])
+    bench = latest(bench, ["cpu_model", "impl", "dtype", "metric"])
     parts = []
     for cpu, rows in bench.groupby("cpu_model", sort=True):
         value = {(r.impl, r.dtype, r.metric): r.value for r in rows.itertuples()}
@@ -98,14 +93,14 @@ def bench_table(results: Path) -> str:
 def cpu_chunking(results: Path) -> str:
     """What CPU "auto" chunking rests on: time at the row floor against the best and aspect-ratio sizes, per CPU."""
     _, chunks = load_kind(results, CHUNK_SWEEP.name)
-    chunks = _latest(chunks[chunks["metric"] == "time_s"], ["cpu_model", "impl", "dtype", "chunk_size"])
+    chunks = latest(chunks[chunks["metric"] == "time_s"], ["cpu_model", "impl", "dtype", "chunk_size"])
     lines = ["| CPU | dtype, policy | 32 rows | 64 rows | auto's floor (spread) | best (rows) | floor / best |",
              "|---|---|---|---|---|---|---|"]
     floor_ratios, narrow_ratios, spreads = [], [], []
     for (cpu, dtype, impl), rows in chunks.groupby(["cpu_model", "dtype", "impl"], sort=True):
         time = dict(zip(rows["chunk_size"].astype(int), rows["value"], strict=True))
         spread = dict(zip(rows["chunk_size"].astype(int), rows["spread_s"], strict=True))
-        floor = CPU_MIN_ROWS[{dtype_name(d): d for d in CPU_MIN_ROWS}[dtype]]
+        floor = CPU_MIN_ROWS[DTYPES[dtype]]
         best_rows = min(time, key=time.get)
         policy = "default (auto)" if impl == "lce" else impl.removeprefix("lce ")
         floor_spread = "" if spread[floor] != spread[floor] else f" (±{spread[floor] / 2:.2f})"

@@ -32,6 +32,7 @@ from matplotlib.patches import Rectangle
 from lce.options import ACC_POLICIES
 
 from .pareto import ERROR, MEMORY, TIME, front_mask, verdicts
+from .results_io import latest
 
 __all__ = ["CaptionedFigure", "SWEEP_FIGURES", "plot_error_vs_memory", "plot_error_vs_chunks", "plot_memory_model",
            "plot_time_vs_shape", "plot_buffer_breakdown", "plot_memory_trace", "plot_bench_scaling", "draw_all"]
@@ -411,7 +412,7 @@ def plot_bench_scaling(bench: pd.DataFrame) -> CaptionedFigure | None:
     bench = bench[bench["cpu_model"] == cpu]
     base_n, base_c = bench["N"].max(), bench["C"].max()
     data = bench[bench["impl"].isin(["lce", "torch", "unfused", "3-GEMM floor"])].copy()
-    data = data.sort_values("date").drop_duplicates(["impl", "dtype", "N", "D", "C", "metric"], keep="last")
+    data = latest(data, ["impl", "dtype", "N", "D", "C", "metric"])
     fig = _figure(10, 7.5)
     axes = fig.subplots(2, 2, squeeze=False)
     colours = dict(zip(["lce", "torch", "unfused", "3-GEMM floor"], sns.color_palette("colorblind", 4), strict=True))
@@ -449,8 +450,7 @@ def plot_chunk_sweep(chunks: pd.DataFrame) -> CaptionedFigure | None:
     from .inputs import DTYPES
 
     _style()
-    data = chunks[chunks["metric"] == "time_s"].sort_values("date")
-    data = data.drop_duplicates(["cpu_model", "impl", "dtype", "N", "D", "C", "chunk_size"], keep="last")
+    data = latest(chunks[chunks["metric"] == "time_s"], ["cpu_model", "impl", "dtype", "N", "D", "C", "chunk_size"])
     panels = data[["dtype", "cpu_model"]].drop_duplicates().sort_values(["dtype", "cpu_model"])
     fig, axes = _grid(len(panels), columns=2)
     series = sorted(data["impl"].unique())

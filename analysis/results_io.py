@@ -39,7 +39,7 @@ from .provenance import PROVENANCE_COLUMNS
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "REPRODUCE",
            "COLUMNS",
            "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
-           "load_kind", "done_keys", "load_results"]
+           "load_kind", "done_keys", "latest", "load_results"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,6 +258,11 @@ def done_keys(path: Path) -> set[str]:
     return {row["key"] for row in read_rows(path)}
 
 
+def latest(table: pd.DataFrame, keys: str | list[str]) -> pd.DataFrame:
+    """One row per value of ``keys``: the most recently measured (by ``date``; ties keep file order)."""
+    return table.sort_values("date", kind="stable").drop_duplicates(keys, keep="last")
+
+
 def load_results(paths: Iterable[Path]) -> pd.DataFrame:
     """Concatenate sweep files (e.g. the shards of one grid), one row per key (the newest wins)."""
     frames = [read_table(Path(path)) for path in paths if Path(path).exists()]
@@ -265,5 +270,4 @@ def load_results(paths: Iterable[Path]) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=list(COLUMNS))
     table = pd.concat(frames, ignore_index=True)
-    table = table.sort_values("date", kind="stable").drop_duplicates("key", keep="last")
-    return table.reset_index(drop=True)
+    return latest(table, "key").reset_index(drop=True)

@@ -123,8 +123,8 @@ def chunk_logits(plan: Plan, head: HeadTensors, bias: torch.Tensor | None,
     return z, x_in_acc
 
 
-def _exp_apart_from_target_(z: torch.Tensor, targets: Targets, rows: slice,
-                            shift: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _exp_apart_from_target_(z: torch.Tensor, targets: Targets, rows: slice, shift: torch.Tensor,
+                            target_logit: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``z <- exp(z - shift)`` in place; return ``(other, target)``: the sum over the classes other than
     each row's target and the target's own term.
 
@@ -132,10 +132,12 @@ def _exp_apart_from_target_(z: torch.Tensor, targets: Targets, rows: slice,
     exp, put back after), so ``1 - p_y`` is never formed as a difference: when
     the target's logit leads by tens of nats, ``p_y`` rounds to 1 in fp32 and
     ``p_y - 1`` or ``lse - z_y`` would lose every digit, while ``other`` keeps
-    fp32's relative precision.
+    fp32's relative precision. ``target_logit`` is ``z``'s target entry, if the caller has it already.
     """
     index = targets.safe_target[rows, None]
-    target = (z.gather(1, index).squeeze(1) - shift).exp()
+    if target_logit is None:
+        target_logit = z.gather(1, index).squeeze(1)
+    target = (target_logit - shift).exp()
     z.sub_(shift[:, None]).scatter_(1, index, -math.inf).exp_()
     other = z.sum(1)
     z.scatter_(1, index, target[:, None])
@@ -157,7 +159,7 @@ def chunk_loss_and_softmax_(z: torch.Tensor, targets: Targets,
     if eps:
         weighted_logit_sum = z.sum(1) if targets.class_weight is None else z @ targets.class_weight
     row_max = z.amax(1)
-    other, target = _exp_apart_from_target_(z, targets, rows, row_max)
+    other, target = _exp_apart_from_target_(z, targets, rows, row_max, target_logit)
     sum_exp = other + target
     z.div_(sum_exp[:, None])
     lse = row_max + sum_exp.log()

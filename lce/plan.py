@@ -141,8 +141,8 @@ class Plan:
         Decided by the dtype dz is rounded to, whichever layout role ("input" or "acc") names it: fp16
         input under an explicit policy without ``acc_dtype`` rounds dz to an fp16 "acc" operand too.
         """
-        wanted = ((self.layout.grad_input, self.needs_grad.input), (self.layout.grad_weight, self.needs_grad.weight))
-        operand_dtypes = {self.dtype(gemm.operands) for gemm, needed in wanted if needed}
+        wanted = (("grad_input", self.needs_grad.input), ("grad_weight", self.needs_grad.weight))
+        operand_dtypes = {self.gemm_dtypes(name).operands for name, needed in wanted if needed}
         return any(torch.finfo(dtype).max < 1e6 for dtype in operand_dtypes - {self.stats_dtype})
 
     # ---- memory (lce.memory_model) ----------------------------------------
