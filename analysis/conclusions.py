@@ -14,13 +14,12 @@ provenance columns: their functions take the CPU's name as ``cpu``.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from .inputs import make_inputs
+from .families import RANDOM_LOGIT_SCALE
 from .pareto import ERROR, MEMORY, TIE_RULE, TIME, VERDICT_TOLERANCE, recommend_choices, same_numbers
 from .tables import NA
 
@@ -43,7 +42,7 @@ GROWTH_EXPONENT = 0.2
 
 def random_family(*, bias: bool = True) -> str:
     """The ``random`` input family of :func:`analysis.inputs.make_inputs`, in words (its variance from the code)."""
-    scale = inspect.signature(make_inputs).parameters["logit_scale"].default
+    scale = RANDOM_LOGIT_SCALE
     parts = ["x ~ N(0, 1)", f"W ~ N(0, {scale**2:g}/D)"] + (["b ~ N(0, 1)"] if bias else []) + ["uniform targets"]
     return "`random` inputs (" + ", ".join(parts) + ")"
 

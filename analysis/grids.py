@@ -27,9 +27,11 @@ from lce.options import ACC_POLICIES, parse_chunking_method
 from lce.plan import aspect_ratio_chunk_size
 
 from .implementations import ImplSpec
+from .families import parse_family
 from .inputs import Shape
 
-__all__ = ["RunConfig", "Measurement", "Grid", "GRIDS", "get_grid", "CHUNKINGS", "LOW_PRECISION", "chunked_configs"]
+__all__ = ["RunConfig", "Measurement", "Grid", "GRIDS", "get_grid", "CHUNKINGS", "LOW_PRECISION", "chunked_configs",
+           "family_grid", "SEEDS", "FAMILIES_IN_GRIDS"]
 
 CHUNKINGS: tuple[str, ...] = ("auto", "aspect_ratio", "aspect_ratio:2", "aspect_ratio:4", "aspect_ratio:8")
 LOW_PRECISION: tuple[str, ...] = ("bfloat16", "float16")
@@ -53,7 +55,11 @@ class RunConfig:
     acc_dtype: str = "default"
     bias: bool = True
     device: str = "cpu"
+    family: str = "random"
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        parse_family(self.family)
 
     @property
     def shape(self) -> Shape:
@@ -71,12 +77,22 @@ class RunConfig:
 
     def inputs_key(self) -> tuple:
         """Runs with equal inputs keys share inputs and the fp64 reference."""
-        return (self.device, self.dtype, self.N, self.D, self.C, self.bias, self.seed)
+        return (self.device, self.dtype, self.N, self.D, self.C, self.bias, self.family, self.seed)
+
+    @property
+    def errors_only(self) -> bool:
+        """Runs whose memory and time are not measured: lce's CUDA layouts emulated on CPU tensors (their
+        memory is lce's model, their time the CPU stand-in's, meaningless for CUDA)."""
+        return self.device == "cuda-emulated"
 
 
 @dataclasses.dataclass(frozen=True)
 class Measurement:
     """How each run is measured: untimed warm-up calls, timed repeats (median kept), CPU threads, workers.
+
+    Memory and time do not depend on the values drawn, only errors do: runs
+    with ``seed < timed_seeds`` are measured in full, the others (and every
+    :attr:`RunConfig.errors_only` run) make one call for their errors.
 
     ``threads=1`` on shared CPU machines: with 2 intra-op threads on 2 busy
     cores every parallel region waits for a time slice, and a 1 ms op took
@@ -92,6 +108,11 @@ class Measurement:
     repeats: int = 3
     threads: int = 1
     parallel: bool = True
+    timed_seeds: int = 1
+
+    def measures_costs(self, config: RunConfig) -> bool:
+        """Whether ``config``'s memory and time are measured (else only its errors)."""
+        return config.seed < self.timed_seeds and not config.errors_only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +154,9 @@ def distinct_chunkings(shape: Shape, chunkings: Sequence[str]) -> list[str]:
 
 def chunked_configs(shapes: Iterable[Shape], dtypes: Sequence[str], *, ops: Sequence[str] = ("lce", "torch"),
                     policies: Sequence[str] = ACC_POLICIES, chunkings: Sequence[str] = CHUNKINGS,
-                    device: str = "cpu", bias: bool = True) -> list[RunConfig]:
-    """Every op x policy x chunking x acc_dtype for each shape and dtype, grouped by problem.
+                    device: str = "cpu", bias: bool = True, family: str = "random",
+                    seeds: Sequence[int] = (0,)) -> list[RunConfig]:
+    """Every op x policy x chunking x acc_dtype for each shape, dtype and seed, grouped by problem.
 
     Explicit policies run twice on fp16/bf16: with ``acc_dtype`` left to the
     options contract (which gives the input dtype for an explicit policy) and
@@ -145,13 +167,14 @@ def chunked_configs(shapes: Iterable[Shape], dtypes: Sequence[str], *, ops: Sequ
     its computation.
     """
     out: list[RunConfig] = []
-    for shape, dtype in itertools.product(shapes, dtypes):
+    for shape, dtype, seed in itertools.product(shapes, dtypes, seeds):
         for op, policy, chunking in itertools.product(ops, policies, distinct_chunkings(shape, chunkings)):
             accs = ["default"]
             if dtype in LOW_PRECISION and policy != "auto":
                 accs.append("float32")
             for acc in accs:
-                out.append(RunConfig(op, dtype, shape.N, shape.D, shape.C, policy, chunking, acc, bias, device))
+                out.append(RunConfig(op, dtype, shape.N, shape.D, shape.C, policy, chunking, acc, bias, device,
+                                     family, seed))
     return out
 
 
@@ -164,38 +187,70 @@ def _with_unchunked(configs: list[RunConfig], ops: Sequence[str]) -> tuple[RunCo
     for runs in by_problem.values():
         first = runs[0]
         out.extend(RunConfig(op, first.dtype, first.N, first.D, first.C, bias=first.bias, device=first.device,
-                             seed=first.seed) for op in ops)
+                             family=first.family, seed=first.seed) for op in ops)
         out.extend(runs)
     return tuple(out)
 
 
-_DTYPES = ("float32", "bfloat16", "float16")
+def family_grid(problems: Sequence[tuple[str, Shape]], dtypes: Sequence[str], seeds: Sequence[int], *,
+                unchunked: Sequence[str] = ("reference",), emulate_cuda: bool = True) -> tuple[RunConfig, ...]:
+    """Per (family, shape) problem, dtype and seed: lce and torch on the CPU with every policy x chunking,
+    the ``unchunked`` ops, and (``emulate_cuda``) lce's CUDA layouts emulated on CPU tensors."""
+    configs: list[RunConfig] = []
+    for family, shape in problems:
+        configs += _with_unchunked(chunked_configs([shape], dtypes, family=family, seeds=seeds), unchunked)
+        if emulate_cuda:
+            configs += chunked_configs([shape], dtypes, ops=("lce",), device="cuda-emulated", family=family,
+                                       seeds=seeds)
+    return tuple(configs)
 
-# quick: C/D = 32, 16 and 128 with few rows, so the chunking methods span 1 to 256 chunks (at
-# 256x64x8192 aspect_ratio:2, :4 and :8 coincide at one row, so only :2 runs there).
-_QUICK_SHAPES = (Shape(256, 128, 4096), Shape(512, 64, 1024), Shape(256, 64, 8192))
+
+_DTYPES = ("float32", "bfloat16", "float16")
+SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4)
+"""The seeds of every committed grid: figures show their median and 90% interval."""
+
+# The trained model's head (analysis.lm: D=128, C=16384) fixes its shape; random and calibrated run at the
+# same D and C so that a difference between families is the inputs', not the shape's.
+TRAINED_D, TRAINED_C = 128, 16384
+FAMILIES_IN_GRIDS: tuple[str, ...] = ("random", "calibrated", "trained")
+
+# quick: few rows (CPU "auto" does not chunk at 64 rows: its floor is 256-512), so the explicit chunking
+# methods span 1 to 64 chunks.
+_QUICK_SHAPE = Shape(64, TRAINED_D, TRAINED_C)
 _FULL_SHAPES = (Shape(256, 128, 4096), Shape(512, 64, 1024), Shape(1024, 256, 8192), Shape(2048, 256, 16384),
                 Shape(2048, 128, 32768))
+# medium: N above the CPU minimum rows, so CPU "auto" really chunks; D up to 1024 and C up to 65536.
+_MEDIUM_PROBLEMS = tuple((family, Shape(2048, TRAINED_D, TRAINED_C)) for family in FAMILIES_IN_GRIDS) + (
+    ("random", Shape(2048, 1024, 65536)), ("calibrated", Shape(2048, 1024, 65536)))
 _CUDA_SHAPES = (Shape(4096, 1024, 32768), Shape(8192, 2048, 65536), Shape(8192, 4096, 131072))
 
 GRIDS: dict[str, Grid] = {
     "tiny": Grid(
         "tiny", "seconds-long smoke grid for tests and CI",
         _with_unchunked(chunked_configs([Shape(16, 8, 64)], ("float32", "bfloat16"),
-                                        policies=("auto", "compact"), chunkings=("auto", "aspect_ratio:2")),
+                                        policies=("auto", "compact"), chunkings=("auto", "aspect_ratio:2"),
+                                        seeds=(0, 1)),
                         ("reference",))
         + tuple(chunked_configs([Shape(16, 8, 64)], ("bfloat16",), ops=("lce",), policies=("auto", "compact"),
-                                chunkings=("auto", "aspect_ratio:2"), device="cuda-emulated")),
+                                chunkings=("auto", "aspect_ratio:2"), device="cuda-emulated",
+                                family="calibrated")),
         Measurement(warmup=0, repeats=1),
     ),
     "quick": Grid(
-        "quick", "all policies x chunking methods x fp32/bf16/fp16 on small CPU shapes, lce and torch, "
-                 "reference and torch.compile; lce's CUDA layouts emulated",
-        _with_unchunked(chunked_configs(_QUICK_SHAPES, _DTYPES), ("reference", "compiled"))
-        + tuple(chunked_configs(_QUICK_SHAPES, _DTYPES, ops=("lce",), device="cuda-emulated")),
+        "quick", f"every policy x chunking method x fp32/bf16/fp16 at {_QUICK_SHAPE} (the trained head's D and C) "
+                 f"for each family ({', '.join(FAMILIES_IN_GRIDS)}), {len(SEEDS)} seeds; lce and torch, the unfused "
+                 "reference; lce's CUDA layouts emulated",
+        family_grid([(family, _QUICK_SHAPE) for family in FAMILIES_IN_GRIDS], _DTYPES, SEEDS),
         # No separate warm-up: the memory-measured call is each run's first and warms up the timed ones
-        # (its peak equalled a second call's in 40 of 40 sampled runs; torch.compile still gets one).
+        # (its peak equalled a second call's in 40 of 40 sampled runs).
         Measurement(warmup=0, repeats=3),
+    ),
+    "medium": Grid(
+        "medium", "CPU 'auto' really chunks (N=2048): each family at the trained head's shape, random and "
+                  f"calibrated also at D=1024, C=65536; {len(SEEDS)} seeds; lce and torch, the reference, torch.compile; "
+                  "lce's CUDA layouts emulated",
+        family_grid(_MEDIUM_PROBLEMS, _DTYPES, SEEDS, unchunked=("reference", "compiled")),
+        Measurement(warmup=1, repeats=3),
     ),
     "full": Grid(
         "full", "publication CPU grid: shapes up to C/D = 256, torch.compile, lce's CUDA layouts emulated",

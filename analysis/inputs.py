@@ -140,25 +140,21 @@ def outputs_of(loss: torch.Tensor, inputs: Inputs) -> Outputs:
     return Outputs(loss.detach(), grads[0], grads[1], grads[2] if inputs.bias is not None else None)
 
 
-def make_inputs(shape: Shape, dtype: torch.dtype, *, seed: int = 0, bias: bool = True,
-                logit_scale: float = 3.0, device: str | torch.device = "cpu",
-                reduction: str = "mean") -> Inputs:
-    """Seeded inputs rounded once to ``dtype``.
+def make_inputs(shape: Shape, dtype: torch.dtype, *, family: str = "random", seed: int = 0, bias: bool = True,
+                device: str | torch.device = "cpu", reduction: str = "mean") -> Inputs:
+    """Seeded inputs of ``family`` (:mod:`analysis.families`) rounded once to ``dtype``.
 
-    ``input`` ~ N(0, 1) and ``weight`` ~ N(0, logit_scale**2 / D), so logits
-    have standard deviation about ``logit_scale`` (a few units, as in trained
-    language-model heads); ``bias`` ~ N(0, 1). Drawn in fp32 on the CPU so the
-    same seed gives the same values on every device.
+    The family draws fp32 tensors on the CPU, so the same seed gives the same
+    values on every device; they are rounded to ``dtype`` and moved to
+    ``device`` as fresh leaves.
     """
+    from .families import draw  # families builds on Shape, defined here
+
     if dtype not in DTYPES.values():
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype}")
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(shape.N, shape.D, generator=generator)
-    w = torch.randn(shape.C, shape.D, generator=generator) * (logit_scale / shape.D**0.5)
-    b = torch.randn(shape.C, generator=generator) if bias else None
-    y = torch.randint(0, shape.C, (shape.N,), generator=generator)
+    drawn = draw(family, shape, seed=seed, bias=bias)
 
     def leaf(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(device=device, dtype=dtype).requires_grad_(True)
 
-    return Inputs(leaf(x), leaf(w), leaf(b), y.to(device), reduction)
+    return Inputs(leaf(drawn.x), leaf(drawn.weight), leaf(drawn.bias), drawn.target.to(device), reduction)

@@ -31,7 +31,7 @@ __all__ = ["ERROR", "MEMORY", "TIME", "GROUP", "load_table", "prepare", "front_m
 ERROR = "worst_grad_in_floors"
 MEMORY = "peak_mib"
 TIME = "time_ms"
-GROUP = ["device", "dtype", "N", "D", "C"]
+GROUP = ["family", "device", "dtype", "N", "D", "C", "seed"]
 _GRADS = ("grad_input", "grad_weight", "grad_bias")
 
 
@@ -44,9 +44,20 @@ def load_table(folder: Path | None = None) -> tuple[list[Path], pd.DataFrame]:
     return paths, prepare(load_results(paths))
 
 
+ERROR_COLUMNS = tuple(f"{name}_rel_fro" for name in ("loss", *_GRADS))
+"""The columns that identify a computation's numbers (equal to the last bit: the same numbers)."""
+
+
 def prepare(results: pd.DataFrame) -> pd.DataFrame:
-    """The ``ok`` rows with the derived columns :data:`ERROR`, :data:`MEMORY`, :data:`TIME` and ``label``."""
+    """The ``ok`` rows with the derived columns :data:`ERROR`, :data:`MEMORY`, :data:`TIME` and ``label``.
+
+    Memory and time are measured on the timed seeds only (they do not depend
+    on the values): every other seed of the same configuration gets them from
+    the timed one. ``cuda-emulated`` runs have lce's modeled memory and no time.
+    """
     table = results[results["status"] == "ok"].copy()
+    if "family" not in table:
+        table["family"] = "random"
     for column in ("policy", "chunking", "acc_dtype"):
         table[column] = table[column].fillna("").astype(str)
     columns = [f"{g}_fro_in_floors" for g in _GRADS if f"{g}_fro_in_floors" in table]
@@ -56,6 +67,11 @@ def prepare(results: pd.DataFrame) -> pd.DataFrame:
     memory[emulated] = table.loc[emulated, "peak_bytes_modeled"].astype(float)
     table[MEMORY] = memory / 2**20
     table[TIME] = table["time_median_s"].astype(float) * 1e3
+    table.loc[emulated, TIME] = math.nan
+    config = [c for c in ("op", "family", "device", "dtype", "N", "D", "C", "policy", "chunking", "acc_dtype",
+                          "bias") if c in table]
+    for cost in (MEMORY, TIME):
+        table[cost] = table[cost].fillna(table.groupby(config, dropna=False)[cost].transform("first"))
     table["label"] = [label(row) for row in table.itertuples()]
     return table.reset_index(drop=True)
 
@@ -162,7 +178,7 @@ def _same_computation(group: pd.DataFrame, me: pd.Series) -> pd.Series:
     same = same_op.copy()
     for column in columns:
         same &= group[column].astype(str) == str(me[column])
-    errors = [column for column in group.columns if column.endswith(("_rel_fro", "_max_rel"))]
+    errors = [column for column in ERROR_COLUMNS if column in group]
     if errors:
         identical = same_op & (group["chunk_size"].astype(str) == str(me["chunk_size"]))
         for column in errors:
@@ -264,7 +280,7 @@ def same_numbers(table: pd.DataFrame, device: str, dtype: str) -> dict[str, str]
     every error column (relative Frobenius and max, every output) is equal to the last bit.
     """
     subset = table[(table["device"] == device) & (table["dtype"] == dtype) & (table["op"] == "lce")]
-    errors = [c for c in subset.columns if c.endswith(("_rel_fro", "_max_rel"))]
+    errors = [c for c in ERROR_COLUMNS if c in subset]
     classes: dict[tuple, list[str]] = {}
     for name, rows in subset.groupby("label", sort=True):
         rows = rows.sort_values(["N", "D", "C"])

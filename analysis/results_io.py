@@ -34,6 +34,7 @@ import pandas as pd
 
 from .grids import RunConfig
 from .inputs import OUTPUT_NAMES
+from .metrics import ERROR_SUFFIXES
 from .provenance import PROVENANCE_COLUMNS
 
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "REPRODUCE",
@@ -71,8 +72,7 @@ class Kind:
 
 _SWEEP_CONFIG = ["kind", "key", "grid"] + [field.name for field in dataclasses.fields(RunConfig)]
 _SWEEP_RESOLVED = ["resolved_policy", "resolved_acc_dtype", "chunk_size", "num_chunks"]
-_ERROR_SUFFIXES = ["rel_fro", "max_rel", "floor_fro", "floor_max", "fro_in_floors", "max_in_floors"]
-_SWEEP_ERRORS = [f"{name}_{suffix}" for name in OUTPUT_NAMES for suffix in _ERROR_SUFFIXES]
+_SWEEP_ERRORS = [f"{name}_{suffix}" for name in OUTPUT_NAMES for suffix in ERROR_SUFFIXES]
 _SWEEP_COSTS = ["peak_bytes_measured", "peak_bytes_modeled", "memory_method", "time_median_s", "time_spread_s",
                 "time_repeats"]
 _SWEEP_STATUS = ["status", "note"]

@@ -66,15 +66,16 @@ class _InputsCache:
         if config.inputs_key() != self._key:
             self._value = None  # free the previous inputs before building the next
             device = "cuda" if config.device == "cuda" else "cpu"
-            inputs = make_inputs(config.shape, DTYPES[config.dtype], seed=config.seed, bias=config.bias,
-                                 device=device)
+            inputs = make_inputs(config.shape, DTYPES[config.dtype], family=config.family, seed=config.seed,
+                                 bias=config.bias, device=device)
             self._key, self._value = config.inputs_key(), (inputs, reference_outputs(inputs))
         return self._value
 
 
-def measure_run(config: RunConfig, inputs: Inputs, reference: Outputs, *, warmup: int, repeats: int
-                ) -> dict[str, object]:
-    """Every measured column of one run (errors, resolved plan, memory, time)."""
+def measure_run(config: RunConfig, inputs: Inputs, reference: Outputs, *, warmup: int, repeats: int,
+                costs: bool = True) -> dict[str, object]:
+    """Every measured column of one run (errors, resolved plan, memory, time); without ``costs`` one call
+    gives the errors, and memory and time stay empty (see :meth:`Measurement.measures_costs`)."""
     implementation = make_implementation(config.spec, config.device)
     row: dict[str, object] = {}
     plan = implementation.plan(inputs)
@@ -89,6 +90,10 @@ def measure_run(config: RunConfig, inputs: Inputs, reference: Outputs, *, warmup
     def call() -> Outputs:
         return implementation.run(inputs)
 
+    if not costs:
+        for name, report in compare(call(), reference).items():
+            row.update(report.columns(name))
+        return row
     for _ in range(max(warmup, 1 if config.op == "compiled" else 0)):
         call()  # compile / first-call setup stays out of the memory measurement
     method = default_method("cuda" if config.device == "cuda" else "cpu")
@@ -175,7 +180,7 @@ def _record(grid: Grid, config: RunConfig, cache: _InputsCache, measure: RunMeas
         try:
             inputs, reference = cache.get(config)
             row.update(measure(config, inputs, reference, warmup=grid.measurement.warmup,
-                               repeats=grid.measurement.repeats))
+                               repeats=grid.measurement.repeats, costs=grid.measurement.measures_costs(config)))
             row["status"] = "ok"
         except Exception as error:  # recorded, not fatal: one bad config must not stop a grid
             row.update(status="error", note=f"{type(error).__name__}: {error}"[:500])

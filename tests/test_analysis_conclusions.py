@@ -23,7 +23,7 @@ def _sections(text: str) -> tuple[str, str, str]:
     return body, inputs, limits
 
 
-def test_random_family_reads_its_variance_from_make_inputs():
+def test_random_family_reads_its_variance_from_the_family():
     assert conclusions.random_family() == ("`random` inputs (x ~ N(0, 1), W ~ N(0, 9/D), b ~ N(0, 1), "
                                            "uniform targets)")
     assert "b ~" not in conclusions.random_family(bias=False)
@@ -210,7 +210,7 @@ def _table(rows: list[dict]) -> pd.DataFrame:
                      "peak_bytes_modeled": row["peak"] * 2**20, "peak_bytes_measured": row.pop("peak") * 2**20,
                      "time_median_s": row.pop("time") / 1e3, "time_repeats": 3, "grad_input_fro_in_floors": error,
                      "grad_weight_fro_in_floors": error, "grad_bias_fro_in_floors": np.nan,
-                     "grad_weight_rel_fro": error * 1e-7, "grad_weight_max_rel": error * 2e-7, **PROVENANCE, **row})
+                     "grad_weight_rel_fro": error * 1e-7, "grad_bias_rel_fro": error * 2e-7, **PROVENANCE, **row})
     return prepare(pd.DataFrame(full))
 
 

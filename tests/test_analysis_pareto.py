@@ -91,7 +91,7 @@ def test_a_policy_computing_the_same_numbers_is_not_a_rival():
             _row("lce", "accurate", "auto", peak=3, error=2.0, time=8, dtype="float32",
                  resolved=("accurate", "float32", 64))]
     for row in rows:
-        row.update(grad_weight_rel_fro=1.5e-6, grad_weight_max_rel=3e-6)
+        row.update(grad_weight_rel_fro=1.5e-6, grad_bias_rel_fro=3e-6)
     assert verdicts(prepare(pd.DataFrame(rows))).iloc[0].on_time_front
     rows[1].update(grad_weight_rel_fro=1.4e-6)  # different numbers: a real rival, 20% faster
     verdict = verdicts(prepare(pd.DataFrame(rows))).iloc[0]

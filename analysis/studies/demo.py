@@ -43,7 +43,7 @@ def run_demo(shape: Shape = DEMO_SHAPE, dtypes: tuple[str, ...] = ("bfloat16", "
         exact = reference_outputs(inputs)
         echo(f"\n{make_implementation(ImplSpec('lce', 'auto', 'auto')).plan(inputs)}\n")
         echo(f"{'implementation':<12} {'options':<22} {'time':>7}  " + "  ".join(f"{o:>18}" for o in OUTPUT_NAMES))
-        floors = [rounding_floor(exact.get(name), DTYPES[dtype])[0] for name in OUTPUT_NAMES]
+        floors = [rounding_floor(exact.get(name), DTYPES[dtype]) for name in OUTPUT_NAMES]
         echo(f"{'(floor)':<12} {'fp64 rounded to ' + dtype:<22} {'':>7}  " + "  ".join(f"{f:>18.2e}" for f in floors))
         for label, (policy, acc_dtype) in SETTINGS.items():
             for op in ops:
