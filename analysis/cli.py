@@ -58,15 +58,28 @@ def _record_memory_study(results: Path, shape: Shape, dtype: str) -> None:
         print(f"{display_path(path)} (an earlier one, if any, is now {path.name}.previous)")
 
 
-def _run_sweep(grid_name: str, shard: tuple[int, int], results: Path, progress: bool, workers: int | None):
+def _run_sweep(grid_name: str, shard: tuple[int, int], results: Path, progress: bool, workers: int | None,
+               families: Sequence[str] | None = None):
     from .sweep import default_workers, run_grid
 
     grid = get_grid(grid_name)
     workers = default_workers(grid) if workers is None else workers
-    summary = run_grid(grid, shard=shard, folder=results, progress=progress, workers=workers)
+    configs = None if families is None else [c for c in grid.shard(*shard) if c.family in families]
+    summary = run_grid(grid, shard=shard, folder=results, progress=progress, workers=workers, configs=configs)
     print(f"{display_path(summary.path)}: {summary.ran} run(s) in {summary.seconds:.0f} s with {workers} "
           f"worker(s), {summary.skipped_done} already done, {summary.errors} error(s)")
     return summary, workers
+
+
+def _families(text: str) -> tuple[str, ...]:
+    from .families import parse_family
+
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    for name in names:
+        parse_family(name)
+    if not names:
+        raise ValueError("--family needs at least one family name")
+    return names
 
 
 def _grids_command(args: argparse.Namespace) -> None:
@@ -75,7 +88,7 @@ def _grids_command(args: argparse.Namespace) -> None:
 
 
 def _sweep_command(args: argparse.Namespace) -> None:
-    _run_sweep(args.grid, args.shard, args.results, not args.no_progress, args.workers)
+    _run_sweep(args.grid, args.shard, args.results, not args.no_progress, args.workers, args.family)
 
 
 def _figures_command(args: argparse.Namespace) -> None:
@@ -191,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--grid", default="quick", choices=sorted(GRIDS), help="which grid (default: quick)")
     sweep.add_argument("--shard", default=(1, 1), type=_argument(parse_shard), metavar="K/N",
                        help="run only shard K of N (1-based); each shard writes <grid>.shard-K-of-N.csv")
+    sweep.add_argument("--family", type=_argument(_families), default=None, metavar="NAME[,NAME]",
+                       help="run only the runs of these input families (e.g. random,calibrated); the rest "
+                            "stay pending for a later call")
     results_folder(sweep)
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
     workers_option(sweep)

@@ -26,8 +26,8 @@ from collections.abc import Iterable, Sequence
 from lce.options import ACC_POLICIES, parse_chunking_method
 from lce.plan import aspect_ratio_chunk_size
 
-from .implementations import ImplSpec
 from .families import parse_family
+from .implementations import ImplSpec
 from .inputs import Shape
 
 __all__ = ["RunConfig", "Measurement", "Grid", "GRIDS", "get_grid", "CHUNKINGS", "LOW_PRECISION", "chunked_configs",
@@ -178,8 +178,14 @@ def chunked_configs(shapes: Iterable[Shape], dtypes: Sequence[str], *, ops: Sequ
     return out
 
 
+COSTS_ONLY_OPS = ("compiled",)
+"""Unchunked ops run on the first seed only: torch.compile's numbers are the unfused reference's, and
+compiling it again for each seed's inputs costs 10-20 s of CPU time per problem."""
+
+
 def _with_unchunked(configs: list[RunConfig], ops: Sequence[str]) -> tuple[RunConfig, ...]:
-    """``configs`` plus one run of each unchunked op per problem, kept next to its problem's runs."""
+    """``configs`` plus one run of each unchunked op per problem, kept next to its problem's runs
+    (:data:`COSTS_ONLY_OPS` on the first seed only)."""
     by_problem: dict[tuple, list[RunConfig]] = {}
     for config in configs:
         by_problem.setdefault(config.inputs_key(), []).append(config)
@@ -187,21 +193,24 @@ def _with_unchunked(configs: list[RunConfig], ops: Sequence[str]) -> tuple[RunCo
     for runs in by_problem.values():
         first = runs[0]
         out.extend(RunConfig(op, first.dtype, first.N, first.D, first.C, bias=first.bias, device=first.device,
-                             family=first.family, seed=first.seed) for op in ops)
+                             family=first.family, seed=first.seed) for op in ops
+                   if op not in COSTS_ONLY_OPS or first.seed == 0)
         out.extend(runs)
     return tuple(out)
 
 
 def family_grid(problems: Sequence[tuple[str, Shape]], dtypes: Sequence[str], seeds: Sequence[int], *,
-                unchunked: Sequence[str] = ("reference",), emulate_cuda: bool = True) -> tuple[RunConfig, ...]:
+                chunkings: Sequence[str] = CHUNKINGS, unchunked: Sequence[str] = ("reference",),
+                emulate_cuda: bool = True) -> tuple[RunConfig, ...]:
     """Per (family, shape) problem, dtype and seed: lce and torch on the CPU with every policy x chunking,
     the ``unchunked`` ops, and (``emulate_cuda``) lce's CUDA layouts emulated on CPU tensors."""
     configs: list[RunConfig] = []
     for family, shape in problems:
-        configs += _with_unchunked(chunked_configs([shape], dtypes, family=family, seeds=seeds), unchunked)
+        configs += _with_unchunked(chunked_configs([shape], dtypes, chunkings=chunkings, family=family,
+                                                   seeds=seeds), unchunked)
         if emulate_cuda:
-            configs += chunked_configs([shape], dtypes, ops=("lce",), device="cuda-emulated", family=family,
-                                       seeds=seeds)
+            configs += chunked_configs([shape], dtypes, ops=("lce",), chunkings=chunkings, device="cuda-emulated",
+                                       family=family, seeds=seeds)
     return tuple(configs)
 
 
@@ -219,9 +228,14 @@ FAMILIES_IN_GRIDS: tuple[str, ...] = ("random", "calibrated", "trained")
 _QUICK_SHAPE = Shape(64, TRAINED_D, TRAINED_C)
 _FULL_SHAPES = (Shape(256, 128, 4096), Shape(512, 64, 1024), Shape(1024, 256, 8192), Shape(2048, 256, 16384),
                 Shape(2048, 128, 32768))
-# medium: N above the CPU minimum rows, so CPU "auto" really chunks; D up to 1024 and C up to 65536.
+# medium: N above the CPU minimum rows, so CPU "auto" really chunks: every family at the trained head's D and C,
+# random and calibrated at D=1024. Explicit chunkings stop at aspect_ratio:2 (8 rows at 2048x128x16384): finer
+# ones cost seconds per call at these shapes. At C=65536 (calibrated only) every policy runs with "auto"
+# chunking alone: explicit aspect-ratio chunks of 4 rows take 20-100 s per call there on one core.
 _MEDIUM_PROBLEMS = tuple((family, Shape(2048, TRAINED_D, TRAINED_C)) for family in FAMILIES_IN_GRIDS) + (
-    ("random", Shape(2048, 1024, 65536)), ("calibrated", Shape(2048, 1024, 65536)))
+    ("random", Shape(1024, 1024, 8192)), ("calibrated", Shape(1024, 1024, 8192)))
+_MEDIUM_WIDE = ("calibrated", Shape(1024, 256, 65536))
+_MEDIUM_CHUNKINGS = ("auto", "aspect_ratio", "aspect_ratio:2")
 _CUDA_SHAPES = (Shape(4096, 1024, 32768), Shape(8192, 2048, 65536), Shape(8192, 4096, 131072))
 
 GRIDS: dict[str, Grid] = {
@@ -246,11 +260,13 @@ GRIDS: dict[str, Grid] = {
         Measurement(warmup=0, repeats=3),
     ),
     "medium": Grid(
-        "medium", "CPU 'auto' really chunks (N=2048): each family at the trained head's shape, random and "
-                  f"calibrated also at D=1024, C=65536; {len(SEEDS)} seeds; lce and torch, the reference, torch.compile; "
-                  "lce's CUDA layouts emulated",
-        family_grid(_MEDIUM_PROBLEMS, _DTYPES, SEEDS, unchunked=("reference", "compiled")),
-        Measurement(warmup=1, repeats=3),
+        "medium", "CPU 'auto' really chunks (N >= 1024): each family at the trained head's shape, random and "
+                  f"calibrated at D=1024, calibrated at C=65536 ('auto' chunking); {len(SEEDS)} seeds; lce and "
+                  "torch, the reference, torch.compile; lce's CUDA layouts emulated",
+        family_grid(_MEDIUM_PROBLEMS, _DTYPES, SEEDS, chunkings=_MEDIUM_CHUNKINGS,
+                    unchunked=("reference", "compiled"))
+        + family_grid([_MEDIUM_WIDE], _DTYPES, SEEDS, chunkings=("auto",), unchunked=("reference",)),
+        Measurement(warmup=0, repeats=3),
     ),
     "full": Grid(
         "full", "publication CPU grid: shapes up to C/D = 256, torch.compile, lce's CUDA layouts emulated",
