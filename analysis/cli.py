@@ -144,6 +144,20 @@ def _bench_command(args: argparse.Namespace) -> None:
     print(display_path(path))
 
 
+def _family_stats_command(args: argparse.Namespace) -> None:
+    from .provenance import provenance
+    from .results_io import FAMILY_STATS, append_rows
+    from .studies.family_stats import STUDY_FAMILIES, study
+
+    table = study(args.family or STUDY_FAMILIES, seed=args.seed)
+    path = args.results / "family_stats.csv"
+    _set_aside(path)
+    append_rows(path, FAMILY_STATS.rows(table.assign(**provenance("cpu"))))
+    summary = table[table["statistic"] != "target_count"].pivot(index="statistic", columns="family", values="value")
+    print(summary.to_string(float_format="%.4g"))
+    print(display_path(path))
+
+
 def _docs_command(args: argparse.Namespace) -> int:
     from .docs import update
 
@@ -271,6 +285,14 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--dtype", default=STUDY_DTYPE, choices=("float32", "bfloat16", "float16"),
                         help=f"input dtype (default: {STUDY_DTYPE})")
     results_folder(memory)
+
+    stats = add("family-stats", _family_stats_command, "describe each input family (loss, p_target, margins, ...)",
+                "Draws every family of analysis.studies.family_stats at the trained head's shape and writes "
+                "family_stats.csv (an earlier one becomes .previous); about a minute. `figures` draws it.")
+    stats.add_argument("--family", type=_argument(_families), default=None, metavar="NAME[,NAME]",
+                       help="these families only (default: random, calibrated at 0.5/3/6 nats, trained early/final)")
+    stats.add_argument("--seed", type=int, default=0, help="seed of the draw (default: 0)")
+    results_folder(stats)
 
     notebooks = add("notebooks", _notebooks_command, "execute every notebook from its source and write the .ipynb",
                     "Runs notebooks/NN_*.py top to bottom in a fresh kernel each (quick settings unless --full).")

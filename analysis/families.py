@@ -137,22 +137,33 @@ def _mean_entropy(scores: torch.Tensor, prior: torch.Tensor, scale: float) -> fl
     return float(-(logp.exp() * logp).sum(1).mean())
 
 
-def _solve_scale(scores: torch.Tensor, prior: torch.Tensor, mean_loss: float) -> float:
-    """The logit scale whose softmax has ``mean_loss`` nats of mean entropy on these rows (bisection).
-
-    Entropy falls as the scale grows (from the prior's entropy at 0); a target
-    above the prior's entropy is out of reach and gets scale 0.
-    """
-    low, high = 0.0, 1.0
-    while _mean_entropy(scores, prior, high) > mean_loss and high < 1e4:
-        low, high = high, high * 2
+def _bisect(function, target: float, low: float, high: float) -> float:
+    """The x in [low, high] where the decreasing ``function`` crosses ``target`` (40 halvings)."""
     for _ in range(40):
         middle = (low + high) / 2
-        if _mean_entropy(scores, prior, middle) > mean_loss:
+        if function(middle) > target:
             low = middle
         else:
             high = middle
     return (low + high) / 2
+
+
+def _solve_scale(scores: torch.Tensor, prior: torch.Tensor, mean_loss: float) -> tuple[float, float]:
+    """``(scale, prior_strength)`` whose softmax of ``scores * scale + prior * prior_strength`` has ``mean_loss``
+    nats of mean entropy on these rows.
+
+    Entropy falls as the scale grows, from the prior's entropy at 0. A target
+    above the prior's own entropy is reached by flattening the prior first
+    (a strength below 1, leaving half a nat for the scores to take away).
+    """
+    strength = 1.0
+    if _mean_entropy(scores, prior, 0.0) < mean_loss + 0.5:
+        strength = _bisect(lambda a: _mean_entropy(scores, prior * a, 0.0), mean_loss + 0.5, 0.0, 1.0)
+    prior = prior * strength
+    high = 1.0
+    while _mean_entropy(scores, prior, high) > mean_loss and high < 1e4:
+        high *= 2
+    return _bisect(lambda b: _mean_entropy(scores, prior, b), mean_loss, 0.0, high), strength
 
 
 def _calibrated(shape: Shape, generator: torch.Generator, bias: bool, knobs: Calibration) -> Draw:
@@ -169,7 +180,8 @@ def _calibrated(shape: Shape, generator: torch.Generator, bias: bool, knobs: Cal
         w[:, 0] = 0.0
     x[:, outliers] *= knobs.outlier_scale
     sample = x[:min(n, knobs.calibration_rows)]
-    scale = _solve_scale(sample @ w.T, prior, knobs.mean_loss / (1 - knobs.confident_share))
+    scale, strength = _solve_scale(sample @ w.T, prior, knobs.mean_loss / (1 - knobs.confident_share))
+    prior = prior * strength
     w *= scale
     if not bias:
         w[:, 0] = prior

@@ -37,7 +37,8 @@ from .inputs import OUTPUT_NAMES
 from .metrics import ERROR_SUFFIXES
 from .provenance import PROVENANCE_COLUMNS
 
-__all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "REPRODUCE",
+__all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
+           "REPRODUCE",
            "COLUMNS",
            "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
            "load_kind", "done_keys", "latest", "load_results"]
@@ -96,12 +97,17 @@ MEMORY_TRACE = Kind("memory_trace", tuple(["kind", *_STUDY_PROBLEM, "event", "li
                     "live extra memory after each allocator event of one forward+backward, per configuration "
                     "(python -m analysis memory-study)")
 
+FAMILY_STATS = Kind("family_stats", tuple(["kind", "family", "statistic", "rank", "value", "N", "D", "C", "seed",
+                                           *PROVENANCE_COLUMNS]),
+                    "what each input family looks like: mean loss, p_target and margin quantiles, feature outliers, "
+                    "target rank-frequency (python -m analysis family-stats)")
+
 REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s", "memory_study_s", "figures_s",
                                      "total_s", *PROVENANCE_COLUMNS]),
                  "the wall time of one whole `python -m analysis reproduce` (the READMEs quote it)")
 
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
-                                                       REPRODUCE)}
+                                                       FAMILY_STATS, REPRODUCE)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

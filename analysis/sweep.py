@@ -14,6 +14,7 @@ import dataclasses
 import multiprocessing
 import os
 import queue
+import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -231,7 +232,19 @@ def _worker(grid: Grid, path: Path, tasks, done) -> None:
     done.put(None)
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the finally below, which stops the workers
+
+
 def _run_in_workers(grid: Grid, path: Path, pending: Sequence[RunConfig], workers: int, bar: tqdm) -> int:
+    previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)  # `kill` must not orphan the workers
+    try:
+        return _feed_workers(grid, path, pending, workers, bar)
+    finally:
+        signal.signal(signal.SIGTERM, previous_handler)
+
+
+def _feed_workers(grid: Grid, path: Path, pending: Sequence[RunConfig], workers: int, bar: tqdm) -> int:
     context = multiprocessing.get_context("spawn")  # a clean interpreter: no forked torch thread pools
     tasks, done = context.Queue(), context.Queue()
     for group in _groups_largest_first(pending):
