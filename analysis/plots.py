@@ -35,7 +35,8 @@ from .pareto import ERROR, MEMORY, TIME, front_mask, verdicts
 from .results_io import latest
 
 __all__ = ["CaptionedFigure", "SWEEP_FIGURES", "plot_error_vs_memory", "plot_error_vs_chunks", "plot_memory_model",
-           "plot_time_vs_shape", "plot_buffer_breakdown", "plot_memory_trace", "plot_bench_scaling", "draw_all"]
+           "plot_time_vs_shape", "plot_buffer_breakdown", "plot_memory_trace", "plot_bench_scaling", "plot_families",
+           "draw_all"]
 
 POLICY_ORDER = (*ACC_POLICIES, "")  # "": the unchunked ops
 PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER)), strict=True))
@@ -480,6 +481,58 @@ def plot_chunk_sweep(chunks: pd.DataFrame) -> CaptionedFigure | None:
                            "(python -m analysis bench --chunk-sweep).")
 
 
+def plot_families(stats: pd.DataFrame) -> CaptionedFigure | None:
+    """What each input family looks like: mean loss, p_target and margin quantiles, feature outliers, rank-frequency."""
+    if stats.empty:
+        return None
+    _style()
+    data = latest(stats, ["family", "statistic", "rank"]) if "date" in stats else stats
+    families = list(dict.fromkeys(data["family"]))
+    colours = dict(zip(families, sns.color_palette("colorblind", len(families)), strict=True))
+    value = data[data["statistic"] != "target_count"].pivot(index="family", columns="statistic", values="value")
+    value = value.reindex(families)
+    fig, axes = _grid(5, width=3.6, height=3.0, columns=5)
+    ax = axes.flat[0]
+    ax.barh(families, value["mean_loss"], color=[colours[f] for f in families])
+    ax.invert_yaxis()
+    ax.set_xlabel("mean loss (nats)")
+    quantiles = sorted(float(c.split("_q")[1]) for c in value.columns if c.startswith("p_target_q"))
+    for ax, name, xlabel, log in ((axes.flat[1], "p_target", "target probability p_y", True),
+                                  (axes.flat[2], "margin", "target logit − best other (nats)", False)):
+        for position, family in enumerate(families):
+            points = [value.loc[family, f"{name}_q{q:g}"] for q in quantiles]
+            ax.plot(points, [position] * len(points), "-", color=colours[family], lw=1)
+            ax.scatter(points, [position] * len(points), color=colours[family], s=[10, 18, 34, 18, 10][:len(points)])
+        ax.set_yticks(range(len(families)), families if name == "p_target" else [""] * len(families))
+        ax.invert_yaxis()
+        ax.set_xlabel(xlabel + "\n(5, 25, 50, 75, 95th percentiles)")
+        if log:
+            ax.set_xscale("log")
+            ax.set_xlim(left=max(1e-12, np.nanmin(value[[f"p_target_q{q:g}" for q in quantiles]].to_numpy()) / 3),
+                        right=1.5)
+    ax = axes.flat[3]
+    ax.barh(families, value["feature_rms_max_over_median"], color=[colours[f] for f in families])
+    ax.set_yticks(range(len(families)), [""] * len(families))
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("largest feature RMS / median feature RMS")
+    ax = axes.flat[4]
+    curves = data[data["statistic"] == "target_count"]
+    for family, curve in curves.groupby("family", sort=False):
+        ax.plot(curve["rank"], curve["value"], color=colours[family], lw=1.2, label=family)
+    _log_axes(ax)
+    ax.set_xlabel("class rank (1 = most frequent target)")
+    ax.set_ylabel("times targeted")
+    ax.legend(fontsize=7, frameon=False)
+    first = data.iloc[0]
+    return CaptionedFigure(fig, "families",
+                           f"The input families at N={first.N} D={first.D} C={first.C} (seed {first.seed}), in fp64 "
+                           "on each family's fp32 draw: mean loss; percentiles of the target's probability and of "
+                           "its logit's lead over the best other class; how far the largest feature dimension "
+                           "stands out; how often each class is a target. Data: the family_stats results "
+                           "(python -m analysis family-stats).")
+
+
 SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], CaptionedFigure | None], ...] = (
     lambda t: plot_error_vs_memory(t, "cpu"),
     lambda t: plot_error_vs_memory(t, "cuda-emulated"),
@@ -495,7 +548,8 @@ SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], CaptionedFigure | None], ...] = (
 
 def draw_all(table: pd.DataFrame, *, memory_breakdown: pd.DataFrame | None = None,
              memory_trace: pd.DataFrame | None = None, bench: pd.DataFrame | None = None,
-             chunk_sweep: pd.DataFrame | None = None) -> list[CaptionedFigure]:
+             chunk_sweep: pd.DataFrame | None = None, family_stats: pd.DataFrame | None = None
+             ) -> list[CaptionedFigure]:
     """Every figure the given results tables have data for, in README order: sweep, memory study, bench.
 
     ``table`` is the prepared sweep table; the others are the tables of the
@@ -509,4 +563,5 @@ def draw_all(table: pd.DataFrame, *, memory_breakdown: pd.DataFrame | None = Non
                                                                   breakdown)]
     drawn.append(plot_bench_scaling(empty if bench is None else bench))
     drawn.append(plot_chunk_sweep(empty if chunk_sweep is None else chunk_sweep))
+    drawn.append(plot_families(empty if family_stats is None else family_stats))
     return [figure for figure in drawn if figure is not None]
