@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     lm = add("lm", _lm_command, "train the small language model and dump its head's (x, W, y)",
              "Corpus (this Python's standard library source) -> byte-level BPE tokenizer -> a small transformer "
-             "trained on 2 cores (about 10 minutes; resumes from its last checkpoint in analysis/cache/lm) -> "
+             "trained on one core (about 10 minutes; resumes from its last checkpoint in analysis/cache/lm) -> "
              "head dumps of the early and final checkpoints on held-out text (analysis/data/lm; load them with "
              "analysis.lm.load_head_dump).")
     lm.add_argument("--steps", type=int, default=None, metavar="N",
@@ -289,8 +289,10 @@ def build_parser() -> argparse.ArgumentParser:
     lm.add_argument("--out", type=Path, default=LM_DATA_DIR, help=f"dump folder (default: {display_path(LM_DATA_DIR)})")
     lm.add_argument("--cache", type=Path, default=LM_CACHE_DIR,
                     help=f"tokenizer, tokens and checkpoints (default: {display_path(LM_CACHE_DIR)})")
-    lm.add_argument("--threads", type=int, default=2,
-                    help="intra-op threads; the result is bitwise reproducible for a fixed count (default: 2)")
+    lm.add_argument("--threads", type=int, default=1,
+                    help="intra-op threads; the result is bitwise reproducible for a fixed count (default: 1, "
+                         "which the committed dumps used: with 2, a second busy process on a 2-core machine made "
+                         "each step 4x slower, with 1 it cost nothing)")
     lm.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     add("grids", _grids_command, "list the named grids and their sizes", "Measures nothing.")
