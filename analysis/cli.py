@@ -163,13 +163,12 @@ def _verdicts_command(args: argparse.Namespace) -> None:
 def _lm_command(args: argparse.Namespace) -> None:
     import torch
 
-    from .lm.pipeline import DEFAULT_STEPS, run_pipeline
+    from .lm.pipeline import run_pipeline
 
     started = time.perf_counter()
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    steps = DEFAULT_STEPS if args.steps is None else args.steps
-    result = run_pipeline(steps=steps, seed=args.seed, out=args.out, cache=args.cache, progress=not args.no_progress)
+    torch.set_num_threads(args.threads)
+    result = run_pipeline(steps=args.steps, seed=args.seed, out=args.out, cache=args.cache,
+                          progress=not args.no_progress)
     for name, paths in result.dumps.items():
         print(f"{name}: held-out loss {result.heldout_losses[name]:.3f} nats -> "
               + ", ".join(f"{display_path(path)} ({path.stat().st_size / 2**20:.1f} MiB)" for path in paths))
@@ -180,6 +179,7 @@ def _lm_command(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m analysis`` parser: every subcommand with its flags and handler."""
+    from .lm.pipeline import DEFAULT_STEPS
     from .studies.memory_study import STUDY_DTYPE, STUDY_SHAPE
     from .sweep import parse_shard
 
@@ -283,8 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
              "trained on one core (about 10 minutes; resumes from its last checkpoint in analysis/cache/lm) -> "
              "head dumps of the early and final checkpoints on held-out text (analysis/data/lm; load them with "
              "analysis.lm.load_head_dump).")
-    lm.add_argument("--steps", type=int, default=None, metavar="N",
-                    help="training steps (default: the committed run's)")
+    lm.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
+                    help=f"training steps (default: {DEFAULT_STEPS})")
     lm.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
     lm.add_argument("--out", type=Path, default=LM_DATA_DIR, help=f"dump folder (default: {display_path(LM_DATA_DIR)})")
     lm.add_argument("--cache", type=Path, default=LM_CACHE_DIR,

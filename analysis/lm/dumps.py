@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..paths import LM_DATA_DIR, display_path
 from .model import TinyLM
-from .train import heldout_loss, heldout_windows
+from .train import heldout_windows, position_losses
 
 __all__ = ["HeadDump", "DUMP_ROWS", "DUMP_WINDOWS", "MAKE_COMMAND", "compute_head_dump", "save_head_dump",
            "load_head_dump", "available_checkpoints"]
@@ -53,9 +53,16 @@ class HeadDump:
 @torch.no_grad()
 def compute_head_dump(model: TinyLM, heldout_tokens: torch.Tensor, rows: int = DUMP_ROWS,
                       windows: int = DUMP_WINDOWS, seed: int = 0) -> HeadDump:
-    """The dump of ``model`` on ``heldout_tokens`` (1-D int64). ``meta`` holds ``heldout_loss`` (the
-    model's mean loss over every position of the windows) and ``dump_loss`` (over the dumped rows),
-    both in nats; ``rows`` must be a multiple of ``windows`` and at most ``windows * context``."""
+    """The dump of ``model`` on ``heldout_tokens`` (1-D int64); ``rows`` must be a multiple of
+    ``windows`` and at most ``windows * context``.
+
+    ``meta`` holds, in nats: ``heldout_loss``, the model's mean loss over every position of the
+    windows; ``model_loss_at_rows``, its mean over the dumped positions, from the model's own forward
+    pass; ``dump_loss``, ``cross_entropy(x @ weight.T, target)`` in fp64 from the dumped tensors; and
+    ``rows_standard_error``, the standard error of a mean over ``rows`` positions drawn from the
+    windows (per-position standard deviation / sqrt(rows), with the finite-population factor), which
+    says how far ``dump_loss`` may stray from ``heldout_loss`` by sampling alone.
+    """
     context = model.config.context
     if rows % windows or rows > windows * context:
         raise ValueError(f"rows={rows} must be a multiple of windows={windows} and at most windows * context "
@@ -70,9 +77,13 @@ def compute_head_dump(model: TinyLM, heldout_tokens: torch.Tensor, rows: int = D
     x = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])).reshape(rows, -1)
     target = tokens[:, 1:].gather(1, positions).reshape(rows)
     weight = model.head.weight.detach().clone()
-    dump_loss = F.cross_entropy(F.linear(x.double(), weight.double()), target).item()
-    meta = {"rows": rows, "windows": windows, "position_seed": seed, "heldout_positions": windows * context,
-            "heldout_loss": heldout_loss(model, tokens), "dump_loss": dump_loss}
+    losses = position_losses(model, tokens)  # (windows, context)
+    population = losses.numel()
+    standard_error = losses.std().item() / rows**0.5 * ((population - rows) / (population - 1)) ** 0.5
+    meta = {"rows": rows, "windows": windows, "position_seed": seed, "heldout_positions": population,
+            "heldout_loss": losses.mean().item(), "model_loss_at_rows": losses.gather(1, positions).mean().item(),
+            "dump_loss": F.cross_entropy(F.linear(x.double(), weight.double()), target).item(),
+            "rows_standard_error": standard_error}
     return HeadDump(x.float().contiguous(), weight.float().contiguous(), target.to(torch.int64), meta)
 
 

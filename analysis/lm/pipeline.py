@@ -112,7 +112,7 @@ def run_pipeline(*, steps: int = DEFAULT_STEPS, seed: int = 0, out: Path | str =
         "numpy_version": numpy.__version__, "platform": platform.platform(),
         "git_revision": git_revision(), "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": MAKE_COMMAND + ("" if steps == DEFAULT_STEPS else f" --steps {steps}")
-                   + ("" if seed == 0 else f" --seed {seed}"),
+                   + ("" if seed == 0 else f" --seed {seed}") + f" --threads {torch.get_num_threads()}",
     }
     dumps, losses = {}, {}
     for name, step in (("early", early), ("final", steps)):

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from .model import ModelConfig, TinyLM
 
 __all__ = ["HeadLoss", "fp32_head_loss", "TrainConfig", "TrainResult", "train", "heldout_windows",
-           "heldout_loss", "learning_rate", "load_snapshot", "LOG_COLUMNS"]
+           "heldout_loss", "position_losses", "learning_rate", "load_snapshot", "LOG_COLUMNS"]
 
 HeadLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -124,17 +124,19 @@ def heldout_windows(tokens: torch.Tensor, context: int, count: int) -> torch.Ten
 
 
 @torch.no_grad()
-def heldout_loss(model: TinyLM, windows: torch.Tensor, windows_per_pass: int = 8) -> float:
-    """Mean next-token cross-entropy (nats) of ``model`` over every position of ``windows`` (fp32 logits,
-    fp64 mean), computed a few windows at a time so the ``(positions, vocab)`` logits stay small."""
-    total, count = 0.0, 0
+def position_losses(model: TinyLM, windows: torch.Tensor, windows_per_pass: int = 8) -> torch.Tensor:
+    """``(len(windows), context)`` fp64 next-token losses (nats) of ``model`` at every position of
+    ``windows`` (fp32 logits), a few windows at a time so the ``(positions, vocab)`` logits stay small."""
+    losses = []
     for part in windows.split(windows_per_pass):
-        logits = model(part[:, :-1])
-        losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(), part[:, 1:].reshape(-1),
-                                 reduction="sum")
-        total += losses.item()
-        count += part[:, 1:].numel()
-    return total / count
+        logits = model(part[:, :-1]).double()  # (B, T, C)
+        losses.append(F.cross_entropy(logits.transpose(1, 2), part[:, 1:], reduction="none"))
+    return torch.cat(losses)
+
+
+def heldout_loss(model: TinyLM, windows: torch.Tensor) -> float:
+    """Mean next-token cross-entropy (nats) of ``model`` over every position of ``windows``."""
+    return position_losses(model, windows).mean().item()
 
 
 def _new_model(config: ModelConfig, seed: int) -> TinyLM:
@@ -253,8 +255,6 @@ def train(model_config: ModelConfig, config: TrainConfig, train_tokens: torch.Te
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", heldout=last_heldout, refresh=False)
     bar.close()
-    if step == end and not latest.exists():
-        checkpoint()
     final = next((float(r["heldout_loss"]) for r in reversed(rows) if r["heldout_loss"] != ""), math.nan)
     return TrainResult(run_dir, step, elapsed, final, log_path,
                        {s: p for s, p in sorted(snapshots.items()) if p.exists()})
