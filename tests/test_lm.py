@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import json
 import platform
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import lce
 from analysis.lm import available_checkpoints, load_head_dump
 from analysis.lm.corpus import is_heldout, load_corpus
 from analysis.lm.dumps import MAKE_COMMAND, compute_head_dump, save_head_dump
 from analysis.lm.model import ModelConfig, TinyLM
 from analysis.lm.pipeline import run_pipeline, unigram_entropy
 from analysis.lm.tokenizer import END_OF_FILE, encode_files, load_or_train_tokenizer, train_tokenizer
-from analysis.lm.train import TrainConfig, train
+from analysis.lm.train import TrainConfig, load_snapshot, train
 from analysis.paths import LM_DATA_DIR
 
 HELDOUT = 0.3  # a tiny corpus needs a larger held-out share to hold out anything at all
@@ -122,11 +124,35 @@ def test_training_is_deterministic_and_resumes_bitwise(corpus_root, tmp_path):
     assert not torch.equal(load_head_dump("final", other_seed.dumps["final"][0].parent).weight, reference.weight)
 
 
-def test_resuming_with_another_configuration_is_refused(corpus_root, tmp_path):
-    result = _run(corpus_root, tmp_path, "a", steps=4)
+def test_resuming_with_another_configuration_or_head_loss_is_refused(tmp_path):
     tokens = torch.randint(0, VOCAB, (200,))
+    config = TrainConfig(steps=2, batch_size=2, eval_windows=2)
+    train(TINY_MODEL, config, tokens, tokens, tmp_path, progress=False)
     with pytest.raises(ValueError, match="another configuration"):
-        train(TINY_MODEL, TrainConfig(steps=5), tokens, tokens, result.run_dir, progress=False)
+        train(TINY_MODEL, replace(config, steps=3), tokens, tokens, tmp_path, progress=False)
+    with pytest.raises(ValueError, match="another configuration"):
+        train(TINY_MODEL, config, tokens, tokens, tmp_path, head_loss=_lce_head_loss, progress=False)
+
+
+def _lce_head_loss(hidden, weight, targets):
+    return lce.linear_cross_entropy(hidden, weight, targets, options=lce.LinearCrossEntropyOptions())
+
+
+def test_the_head_loss_is_pluggable(tmp_path):
+    tokens = torch.randint(0, VOCAB, (400,))
+    config = TrainConfig(steps=3, batch_size=2, eval_windows=2, snapshot_steps=(1,))
+    calls = []
+
+    def counted(hidden, weight, targets):
+        calls.append((hidden.shape, weight.shape, targets.shape))
+        return _lce_head_loss(hidden, weight, targets)
+
+    default = train(TINY_MODEL, config, tokens, tokens, tmp_path / "default", progress=False)
+    fused = train(TINY_MODEL, config, tokens, tokens, tmp_path / "lce", head_loss=counted, progress=False)
+    assert calls == [((2 * 16, 32), (VOCAB, 32), (2 * 16,))] * 3  # (N, D), (C, D), (N,) on every step
+    first = [load_snapshot(result.snapshots[1]).head.weight for result in (default, fused)]
+    assert torch.allclose(*first, rtol=0, atol=1e-5)  # another implementation of the same loss
+    assert fused.heldout_loss == pytest.approx(default.heldout_loss, abs=1e-3)
 
 
 def test_loss_decreases_below_the_unigram_entropy(corpus_root, tmp_path):

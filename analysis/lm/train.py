@@ -22,6 +22,7 @@ import csv
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -182,6 +183,12 @@ def _write_log(path: Path, rows: list[dict[str, object]]) -> None:
     os.replace(partial, path)
 
 
+def _loss_name(head_loss: HeadLoss) -> str:
+    """How a checkpoint names its head loss: ``module.qualname`` of a function, else its repr."""
+    qualname = getattr(head_loss, "__qualname__", None)
+    return f"{head_loss.__module__}.{qualname}" if qualname else repr(head_loss)
+
+
 def train(model_config: ModelConfig, config: TrainConfig, train_tokens: torch.Tensor, heldout_tokens: torch.Tensor,
           run_dir: Path | str, head_loss: HeadLoss = fp32_head_loss, progress: bool = True,
           stop_after: int | None = None) -> TrainResult:
@@ -189,14 +196,17 @@ def train(model_config: ModelConfig, config: TrainConfig, train_tokens: torch.Te
 
     ``train_tokens`` and ``heldout_tokens`` are 1-D int64 streams. ``stop_after`` ends this session
     after that many updates in all (a checkpoint is written), as an interruption would. Raises
-    ``ValueError`` if ``run_dir`` holds a checkpoint made with another configuration.
+    ``ValueError`` if ``run_dir`` holds a checkpoint made with another configuration or head loss
+    (named by ``module.qualname``, so give each lambda-built loss its own ``run_dir``); warns when
+    resuming with another thread count, as the result may then differ in the last bits.
     """
     from tqdm.auto import tqdm
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     latest, log_path = run_dir / "latest.pt", run_dir / "log.csv"
-    identity = {"model_config": model_config.as_dict(), "train_config": config.as_dict()}
+    identity = {"model_config": model_config.as_dict(), "train_config": config.as_dict(),
+                "head_loss": _loss_name(head_loss)}
     model = _new_model(model_config, config.seed)
     optimizer = _optimizer(model, config)
     step, elapsed = 0, 0.0
@@ -206,6 +216,10 @@ def train(model_config: ModelConfig, config: TrainConfig, train_tokens: torch.Te
         if saved != identity:
             raise ValueError(f"{latest} was written by a run with another configuration ({saved}, now {identity}); "
                              "delete the folder or train in another one")
+        if state["num_threads"] != torch.get_num_threads():
+            warnings.warn(f"{latest} was written with {state['num_threads']} thread(s), resuming with "
+                          f"{torch.get_num_threads()}: the weights may differ in the last bits from an "
+                          "uninterrupted run", stacklevel=2)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, elapsed = state["step"], state["elapsed_s"]
