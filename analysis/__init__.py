@@ -12,6 +12,8 @@ Modules, in data-flow order (see ``README.md`` here and ``../README.md``, "How t
 * :mod:`analysis.provenance`, :mod:`analysis.results_io` -- provenance columns; the kinds of
   results files and their one writer;
 * :mod:`analysis.sweep` -- runs a grid into a resumable results file;
+* :mod:`analysis.lm` -- the ``trained`` input family: a small language model trained on the
+  standard library's source, and its head's ``(x, W, y)`` dumps (``load_head_dump``);
 * :mod:`analysis.studies` -- one-off studies (demo, bench, fp64 checks, growth, defects, memory);
 * :mod:`analysis.pareto`, :mod:`analysis.plots`, :mod:`analysis.figures` -- fronts and verdicts,
   figures drawn from results files, the figures folder;

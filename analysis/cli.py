@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .grids import GRIDS, get_grid
 from .inputs import Shape, parse_shape
-from .paths import FIGURES_DIR, RESULTS_DIR, display_path
+from .paths import FIGURES_DIR, LM_CACHE_DIR, LM_DATA_DIR, RESULTS_DIR, display_path
 
 __all__ = ["main", "build_parser"]
 
@@ -187,8 +187,26 @@ def _verdicts_command(args: argparse.Namespace) -> None:
     print("\n".join(verdict_lines(table)))
 
 
+def _lm_command(args: argparse.Namespace) -> None:
+    import torch
+
+    from .lm.pipeline import run_pipeline
+
+    started = time.perf_counter()
+    torch.set_num_threads(args.threads)
+    result = run_pipeline(steps=args.steps, seed=args.seed, out=args.out, cache=args.cache,
+                          progress=not args.no_progress)
+    for name, paths in result.dumps.items():
+        print(f"{name}: held-out loss {result.heldout_losses[name]:.3f} nats -> "
+              + ", ".join(f"{display_path(path)} ({path.stat().st_size / 2**20:.1f} MiB)" for path in paths))
+    print(f"unigram entropy of the training tokens: {result.unigram_entropy:.3f} nats")
+    print(f"lm: {time.perf_counter() - started:.0f} s in all (training {result.train_wall_s:.0f} s over all "
+          f"sessions, {torch.get_num_threads()} thread(s); checkpoints in {display_path(result.run_dir)})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m analysis`` parser: every subcommand with its flags and handler."""
+    from .lm.pipeline import DEFAULT_STEPS
     from .studies.memory_study import STUDY_DTYPE, STUDY_SHAPE
     from .sweep import parse_shard
 
@@ -297,6 +315,23 @@ def build_parser() -> argparse.ArgumentParser:
     notebooks = add("notebooks", _notebooks_command, "execute every notebook from its source and write the .ipynb",
                     "Runs notebooks/NN_*.py top to bottom in a fresh kernel each (quick settings unless --full).")
     notebooks.add_argument("--full", action="store_true", help="QUICK=False: the larger settings (slow)")
+
+    lm = add("lm", _lm_command, "train the small language model and dump its head's (x, W, y)",
+             "Corpus (this Python's standard library source) -> byte-level BPE tokenizer -> a small transformer "
+             "trained on one core (about 10 minutes; resumes from its last checkpoint in analysis/cache/lm) -> "
+             "head dumps of the early and final checkpoints on held-out text (analysis/data/lm; load them with "
+             "analysis.lm.load_head_dump).")
+    lm.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
+                    help=f"training steps (default: {DEFAULT_STEPS})")
+    lm.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
+    lm.add_argument("--out", type=Path, default=LM_DATA_DIR, help=f"dump folder (default: {display_path(LM_DATA_DIR)})")
+    lm.add_argument("--cache", type=Path, default=LM_CACHE_DIR,
+                    help=f"tokenizer, tokens and checkpoints (default: {display_path(LM_CACHE_DIR)})")
+    lm.add_argument("--threads", type=int, default=1,
+                    help="intra-op threads; the result is bitwise reproducible for a fixed count (default: 1, "
+                         "which the committed dumps used: with 2, a second busy process on a 2-core machine made "
+                         "each step 4x slower, with 1 it cost nothing)")
+    lm.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     add("grids", _grids_command, "list the named grids and their sizes", "Measures nothing.")
 

@@ -7,7 +7,8 @@ import pytest
 from analysis.cli import build_parser, main
 from analysis.results_io import file_kind, read_table
 
-SUBCOMMANDS = ("sweep", "figures", "reproduce", "bench", "demo", "memory-study", "notebooks", "grids", "verdicts")
+SUBCOMMANDS = ("sweep", "figures", "reproduce", "bench", "demo", "memory-study", "notebooks", "grids", "verdicts",
+               "lm")
 
 
 def test_every_subcommand_is_registered_with_a_handler():

@@ -151,7 +151,7 @@ def test_core_dependencies_are_torch_only(pyproject):
     assert names == ["torch"], f"the library must depend on torch alone, got {names}"
 
 
-@pytest.mark.parametrize("package", ["numpy", "matplotlib", "seaborn", "jupyterlab", "pytest"])
+@pytest.mark.parametrize("package", ["numpy", "matplotlib", "seaborn", "tokenizers", "jupyterlab", "pytest"])
 def test_package_in_some_extra(pyproject, package):
     optional = pyproject["project"]["optional-dependencies"]
     where = [
