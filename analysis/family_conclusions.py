@@ -1,0 +1,73 @@
+"""The data-written conclusions of notebook 05 (realistic inputs), in the style of :mod:`analysis.conclusions`.
+
+Each function takes a table the notebook shows and returns Markdown that
+starts with :data:`analysis.conclusions.MARKER`: the finding with its numbers,
+the inputs it rests on, its limits.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .conclusions import _conclusion, _join, _shapes
+
+__all__ = ["family_portraits", "CONFIDENT_SHARE", "OUTLIER_RATIO"]
+
+CONFIDENT_SHARE = 0.01
+"""A family "has confident rows" when more than this share of its rows has p_target > 0.999."""
+
+OUTLIER_RATIO = 10.0
+"""A family "has feature outliers" when its largest feature's RMS exceeds the median feature's by this factor."""
+
+
+def _statistic(values: pd.DataFrame, family: str, name: str) -> float:
+    return float(values.loc[family, name]) if family in values.index and name in values.columns else float("nan")
+
+
+def family_portraits(stats: pd.DataFrame) -> str:
+    """What separates the families: loss, confident rows, margins, feature outliers, Zipfian targets."""
+    values = stats[stats["statistic"] != "target_count"].pivot_table(index="family", columns="statistic",
+                                                                     values="value")
+    families = list(dict.fromkeys(stats["family"]))
+    bullets = []
+    for family in families:
+        loss = _statistic(values, family, "mean_loss")
+        confident = _statistic(values, family, "share_p_target_above_0.999")
+        median_p = _statistic(values, family, "p_target_q0.5")
+        top_margin = _statistic(values, family, "max_margin")
+        outliers = _statistic(values, family, "feature_rms_max_over_median")
+        slope = _statistic(values, family, "zipf_slope")
+        bullets.append(f"`{family}`: mean loss {loss:.2f} nats, median p_target {median_p:.2g}, "
+                       f"{confident:.1%} of rows with p_target > 0.999 (largest margin {top_margin:.1f} nats), "
+                       f"largest feature {outliers:.1f}x the median feature's RMS, rank-frequency slope "
+                       f"{slope:.2f}")
+    def named(names: list[str]) -> str:
+        return _join([f"`{f}`" for f in names]) or "none"
+
+    confident = [f for f in families if _statistic(values, f, "share_p_target_above_0.999") > CONFIDENT_SHARE]
+    outliers = [f for f in families if _statistic(values, f, "feature_rms_max_over_median") > OUTLIER_RATIO]
+    zipfian = [f for f in families if _statistic(values, f, "zipf_slope") < -0.5]
+    wrong = [f for f in families if _statistic(values, f, "p_target_q0.95") < 1e-3]
+    finding = (f"Confidently wrong on almost every row (95% of rows below p_target 0.001): {named(wrong)}. "
+               f"Zipfian targets (rank-frequency slope below −0.5): {named(zipfian)}. More than "
+               f"{CONFIDENT_SHARE:.0%} of rows predicted with near certainty (p_target > 0.999): {named(confident)}. "
+               f"Feature outliers above {OUTLIER_RATIO:g}x the median feature's RMS: {named(outliers)}.")
+    seed = int(stats["seed"].iloc[0]) if "seed" in stats else 0
+    return _conclusion(
+        finding, bullets,
+        inputs=f"{_join([f'`{f}`' for f in families])} at {_shapes(stats)}, seed {seed}, statistics in fp64 on "
+               "each family's fp32 draw (`python -m analysis family-stats`).",
+        limits=f"one draw per family ({int(stats['N'].iloc[0])} rows each: a mean loss is a few tenths of a nat from "
+               f"sampling); the trained model is small ({_trained_model()}): its loss is above a production LM's 2–3 "
+               "nats and it has not learned the near-certain predictions larger models make, which the "
+               "`calibrated` family supplies synthetically.")
+
+
+def _trained_model() -> str:
+    """The trained family's model in words, from its final dump's metadata."""
+    from .lm.dumps import load_head_dump
+
+    meta = load_head_dump("final").meta
+    model, training = meta["model_config"], meta["train_config"]
+    return (f"{model['n_layers']} layers, D={model['d_model']}, {meta['step']} steps of {training['batch_size']}x"
+            f"{model['context']} tokens, held-out loss {meta['heldout_loss']:.2f} nats")
