@@ -30,7 +30,7 @@ from lce.policies import AUTO_FALLBACK, AUTO_TABLE, auto_pick
 __all__ = ["ERROR", "MEMORY", "TIME", "GROUP", "CONFIG", "PROBLEM", "VS_UNFUSED", "INTERVAL", "SEED_PERCENTILES",
            "load_table", "prepare", "front_mask", "auto_entries", "verdicts", "verdict_summary", "recommend",
            "same_numbers", "recommend_choices", "choices_summary", "TIE_RULE", "label", "verdict_lines",
-           "seed_interval", "vs_unfused_text"]
+           "seed_interval", "vs_unfused_text", "unfused_words"]
 
 ERROR = "worst_grad_in_floors"
 MEMORY = "peak_mib"
@@ -127,11 +127,16 @@ def seed_interval(table: pd.DataFrame, columns: str | list[str], by: list[str] |
     return pd.concat(parts, axis=1).reset_index()
 
 
+def unfused_words(dtype: str = "float32") -> str:
+    """What a :data:`VS_UNFUSED` ratio is a multiple of, in words: ``"the unfused fp32 computation's own error"``."""
+    return f"the unfused {dtype.replace('float', 'fp')} computation's own error"
+
+
 def vs_unfused_text(ratio: float, dtype: str = "float32") -> str:
-    """A :data:`VS_UNFUSED` value in words: ``"1.1x the unfused fp32 computation's own error"`` ("" if NaN)."""
+    """A :data:`VS_UNFUSED` value in words: ``"1.2x the unfused fp32 computation's own error"`` ("" if NaN)."""
     if ratio is None or not np.isfinite(ratio):
         return ""
-    return f"{ratio:.2g}x the unfused {dtype.replace('float', 'fp')} computation's own error"
+    return f"{ratio:.1f}x {unfused_words(dtype)}"
 
 
 def label(row) -> str:
