@@ -35,9 +35,9 @@ from .pareto import (
 )
 from .tables import NA
 
-__all__ = ["MARKER", "random_family", "family_description", "gradcheck", "parity", "policy_errors", "chunk_growth",
-           "loss_drift", "all_ignored", "memory_model", "buffer_breakdown", "memory_trace", "auto_table", "verdicts",
-           "fronts", "fp32_choice"]
+__all__ = ["MARKER", "random_family", "family_description", "spread", "gradcheck", "parity", "policy_errors",
+           "chunk_growth", "loss_drift", "all_ignored", "memory_model", "buffer_breakdown", "memory_trace",
+           "auto_table", "verdicts", "fronts", "fp32_choice"]
 
 MARKER = "**Conclusion.**"
 """How every conclusion starts (tests/test_notebooks.py requires one at the end of each section)."""
@@ -89,13 +89,16 @@ def _with_seeds(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(**defaults) if defaults else frame
 
 
-def _spread(rows: pd.DataFrame, column: str, spec: str = ".2f") -> str:
-    """``column``'s seed median per shape (a range over shapes), and with several seeds the :data:`INTERVAL` in
-    brackets (lowest 5th to highest 95th percentile over the shapes): ``"1.10 [1.00–1.30]"``."""
+def spread(rows: pd.DataFrame, column: str, spec: str = ".2f", unit: str = "") -> str:
+    """``column``'s seed median per shape of ``rows`` (a range over shapes) followed by ``unit``, and with several
+    seeds the :data:`analysis.pareto.INTERVAL` in brackets (lowest 5th to highest 95th percentile over the shapes):
+    ``"1.10 [1.00–1.30]"``; :data:`analysis.tables.NA` without rows."""
     if rows.empty or column not in rows:
         return NA
     per_shape = seed_interval(_with_seeds(rows), column, by=["N", "D", "C"])
     text = _range(per_shape[column], spec)
+    if text != NA:
+        text += unit
     if text != NA and per_shape["seeds"].max() > 1:
         text += (f" [{_number(per_shape[f'{column}_low'].min(), spec)}–"
                  f"{_number(per_shape[f'{column}_high'].max(), spec)}]")
@@ -327,8 +330,8 @@ def policy_errors(table: pd.DataFrame) -> str:
         parts = []
         for op in ("lce", "torch"):
             mine = default[default["op"] == op]
-            parts.append(f"{op} {_spread(mine, ERROR)} on its worst gradient{_unfused(mine, dtype)} and "
-                         f"{_spread(mine, 'loss_fro_in_floors')} on the loss")
+            parts.append(f"{op} {spread(mine, ERROR)} on its worst gradient{_unfused(mine, dtype)} and "
+                         f"{spread(mine, 'loss_fro_in_floors')} on the loss")
             if dtype != "float32":
                 found = low_precision.setdefault(family, {})
                 found.setdefault(op, []).extend(_seed_medians(mine, ERROR))
@@ -344,7 +347,7 @@ def policy_errors(table: pd.DataFrame) -> str:
         wide_text = ""
         if dtype != "float32" and len(wide):
             wide_text = ("; with `acc_dtype=float32`, lce " + ", ".join(
-                f"{policy} {_spread(mine, ERROR)}" for policy, mine in wide.groupby("policy")))
+                f"{policy} {spread(mine, ERROR)}" for policy, mine in wide.groupby("policy")))
         bullets.append(f"**{family}, {dtype}**, default options: " + "; ".join(parts)
                        + (f". Explicit policies without acc_dtype (computing in {dtype}): " + ", ".join(spans)
                           if spans else "") + wide_text + ".")
