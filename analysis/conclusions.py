@@ -487,7 +487,7 @@ def memory_model(table: pd.DataFrame) -> str:
     methods = _join(_values(data, "memory_method"))
     return _conclusion(
         finding, bullets,
-        inputs=(f"every lce run of the committed sweep on the CPU: {random_family()}; {_shapes(data)}; "
+        inputs=(f"every lce run of the committed sweep on the CPU: {_families(data)}; {_shapes(data)}; "
                 f"{_dtypes(data)}; {_cpus(data)}; {_seeds(data)}; measured: peak live tensor bytes of one "
                 f"forward+backward ({methods}); modeled: lce.plan's peak_extra_bytes."),
         limits=(f"{_one_seed(data)}small shapes, where fixed overheads weigh more than at LLM sizes; the CPU "

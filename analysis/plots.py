@@ -440,7 +440,8 @@ def plot_time_vs_shape(table: pd.DataFrame) -> CaptionedFigure | None:
                            "Median wall time of one forward+backward vs problem size N*D*C (each point: "
                            "median over the chunking methods and acc_dtypes of one op and policy); lce "
                            "solid, others dashed. CPU timings: one intra-op thread in each of the sweep's "
-                           "worker processes (one per core), on a shared machine.")
+                           "worker processes (one per core), on a shared machine; measured on each configuration's "
+                           "first seed (time does not depend on the values), untimed emulated-CUDA rows left out.")
 
 
 SPAN_COLOURS = dict(zip(("kept", "call", "final", "chunk"), sns.color_palette("muted", 4), strict=True))
