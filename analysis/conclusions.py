@@ -19,13 +19,25 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from .families import RANDOM_LOGIT_SCALE
-from .pareto import ERROR, MEMORY, TIE_RULE, TIME, VERDICT_TOLERANCE, recommend_choices, same_numbers
+from .families import CALIBRATION, RANDOM_LOGIT_SCALE, parse_family
+from .pareto import (
+    ERROR,
+    INTERVAL,
+    MEMORY,
+    TIE_RULE,
+    TIME,
+    VERDICT_TOLERANCE,
+    VS_UNFUSED,
+    recommend_choices,
+    same_numbers,
+    seed_interval,
+    unfused_words,
+)
 from .tables import NA
 
-__all__ = ["MARKER", "random_family", "gradcheck", "parity", "policy_errors", "chunk_growth", "loss_drift",
-           "all_ignored", "memory_model", "buffer_breakdown", "memory_trace", "auto_table", "verdicts", "fronts",
-           "fp32_choice"]
+__all__ = ["MARKER", "random_family", "family_description", "spread", "gradcheck", "parity", "policy_errors",
+           "chunk_growth", "loss_drift", "all_ignored", "memory_model", "buffer_breakdown", "memory_trace",
+           "auto_table", "verdicts", "fronts", "fp32_choice"]
 
 MARKER = "**Conclusion.**"
 """How every conclusion starts (tests/test_notebooks.py requires one at the end of each section)."""
@@ -45,6 +57,67 @@ def random_family(*, bias: bool = True) -> str:
     scale = RANDOM_LOGIT_SCALE
     parts = ["x ~ N(0, 1)", f"W ~ N(0, {scale**2:g}/D)"] + (["b ~ N(0, 1)"] if bias else []) + ["uniform targets"]
     return "`random` inputs (" + ", ".join(parts) + ")"
+
+
+def family_description(name: str, *, bias: bool = True) -> str:
+    """An input family (``random``, ``calibrated[:LOSS]``, ``trained[:CHECKPOINT]``) in words, its knobs read from
+    :mod:`analysis.families`."""
+    kind, parameter = parse_family(name)
+    if kind == "random":
+        return random_family(bias=bias)
+    if kind == "calibrated":
+        knobs = CALIBRATION
+        loss = float(parameter) if parameter else knobs.mean_loss
+        low, high = knobs.confident_margin
+        return (f"`{name}` inputs (a synthetic head with a trained one's traits: a Zipf class prior of exponent "
+                f"{knobs.zipf_exponent:g}, targets drawn from the head's own softmax at a mean loss of {loss:g} "
+                f"nats, {knobs.outlier_dims} outlier feature dimensions {knobs.outlier_scale:g}x the rest, "
+                f"{knobs.confident_share:.0%} of rows confident by {low:g}–{high:g} nats)")
+    return (f"`{name}` inputs (hidden states, head weights and targets of the small LM trained here on the CPython "
+            f"standard library, checkpoint {parameter or 'final'})")
+
+
+def _families(frame: pd.DataFrame, *, bias: bool = True) -> str:
+    """Every input family of ``frame`` in words (``random`` when the table has no family column)."""
+    names = _values(frame, "family") or ["random"]
+    return "; ".join(family_description(name, bias=bias) for name in names)
+
+
+def _with_seeds(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with ``family`` and ``seed`` columns (``random`` and 0 for tables written before them)."""
+    defaults = {column: value for column, value in (("family", "random"), ("seed", 0)) if column not in frame}
+    return frame.assign(**defaults) if defaults else frame
+
+
+def spread(rows: pd.DataFrame, column: str, spec: str = ".2f", unit: str = "") -> str:
+    """``column``'s seed median per shape of ``rows`` (a range over shapes) followed by ``unit``, and with several
+    seeds the :data:`analysis.pareto.INTERVAL` in brackets (lowest 5th to highest 95th percentile over the shapes):
+    ``"1.10 [1.00–1.30]"``; :data:`analysis.tables.NA` without rows."""
+    if rows.empty or column not in rows:
+        return NA
+    per_shape = seed_interval(_with_seeds(rows), column, by=["N", "D", "C"])
+    text = _range(per_shape[column], spec)
+    if text != NA:
+        text += unit
+    if text != NA and per_shape["seeds"].max() > 1:
+        text += (f" [{_number(per_shape[f'{column}_low'].min(), spec)}–"
+                 f"{_number(per_shape[f'{column}_high'].max(), spec)}]")
+    return text
+
+
+RATIO = ".1f"
+"""How a :data:`analysis.pareto.VS_UNFUSED` ratio is written (``1.2x``)."""
+
+
+def _unfused(rows: pd.DataFrame, dtype: str, *, brackets: bool = True) -> str:
+    """`` (1.2x the unfused fp32 computation's own error)`` (seed medians, a range over shapes) for fp32 rows with a
+    reference to compare with; ``, 1.2x ...`` without ``brackets``; "" otherwise."""
+    if dtype != "float32" or VS_UNFUSED not in rows or not np.isfinite(rows[VS_UNFUSED]).any():
+        return ""
+    per_shape = seed_interval(_with_seeds(rows), VS_UNFUSED, by=["N", "D", "C"])
+    text = f"{_range(per_shape[VS_UNFUSED], RATIO)}x {unfused_words(dtype)}"
+    return f" ({text})" if brackets else f", {text}"
+
 
 
 def _conclusion(finding: str, bullets: Sequence[str] = (), *, inputs: str, limits: str) -> str:
@@ -233,56 +306,68 @@ def parity(table: pd.DataFrame, *, cpu: str, tolerance: float | None = None) -> 
 # --- 02 · accuracy ---------------------------------------------------------------------------------------------
 
 
-def _median_over_shapes(rows: pd.DataFrame, column: str) -> float:
-    return float(rows[column].median()) if len(rows) else float("nan")
+def _seed_medians(rows: pd.DataFrame, column: str) -> list[float]:
+    """``column``'s seed median per shape of ``rows``."""
+    if rows.empty:
+        return []
+    return list(seed_interval(_with_seeds(rows), column, by=["N", "D", "C"])[column])
 
 
 def policy_errors(table: pd.DataFrame) -> str:
-    """02: errors in floors of lce's and torch's defaults and explicit policies, per dtype (prepared sweep table).
+    """02: errors in floors of lce's and torch's defaults and explicit policies, per input family and dtype
+    (prepared sweep table).
 
-    Uses the CPU rows with default ("auto") chunking; medians over shapes.
+    Uses the CPU rows with default ("auto") chunking; seed medians (ranges over shapes) with their interval.
     """
     data = table[(table["device"] == "cpu") & table["op"].isin(["lce", "torch"]) & (table["chunking"] == "auto")]
     if data.empty:
         return _conclusion("The results hold no CPU runs of lce or torch with default chunking.",
                            inputs="the committed sweep results.", limits="nothing to conclude from.")
-    bullets, low_precision = [], {"lce": [], "torch": [], "lce_loss": [], "torch_loss": []}
-    for dtype, rows in data.groupby("dtype", sort=True):
+    data = _with_seeds(data)
+    bullets, low_precision = [], {}
+    for (family, dtype), rows in data.groupby(["family", "dtype"], sort=True):
         default = rows[(rows["policy"] == "auto") & (rows["acc_dtype"] == "default")]
         parts = []
         for op in ("lce", "torch"):
             mine = default[default["op"] == op]
-            grad, loss = _median_over_shapes(mine, ERROR), _median_over_shapes(mine, "loss_fro_in_floors")
-            parts.append(f"{op} {_number(grad, '.2f')} on its worst gradient and {_number(loss, '.2f')} on the loss")
+            parts.append(f"{op} {spread(mine, ERROR)} on its worst gradient{_unfused(mine, dtype)} and "
+                         f"{spread(mine, 'loss_fro_in_floors')} on the loss")
             if dtype != "float32":
-                low_precision[op].append(grad)
-                low_precision[f"{op}_loss"].append(loss)
+                found = low_precision.setdefault(family, {})
+                found.setdefault(op, []).extend(_seed_medians(mine, ERROR))
+                found.setdefault(f"{op}_loss", []).extend(_seed_medians(mine, "loss_fro_in_floors"))
         explicit = rows[(rows["policy"] != "auto") & (rows["acc_dtype"] == "default")]
-        medians = explicit.groupby(["op", "policy"])[ERROR].median()
-        spans = [f"{op} {_range(medians[op].to_numpy())}" for op in ("lce", "torch") if op in medians.index]
+        spans = []
+        for op in ("lce", "torch"):
+            medians = [median for _, mine in explicit[explicit["op"] == op].groupby("policy")
+                       for median in _seed_medians(mine, ERROR)]
+            if medians:
+                spans.append(f"{op} {_range(medians)}")
         wide = rows[(rows["op"] == "lce") & (rows["policy"] != "auto") & (rows["acc_dtype"] == "float32")]
         wide_text = ""
         if dtype != "float32" and len(wide):
-            per_policy = wide.groupby("policy")[ERROR].median()
             wide_text = ("; with `acc_dtype=float32`, lce " + ", ".join(
-                f"{policy} {value:.2f}" for policy, value in per_policy.items()))
-        bullets.append(f"**{dtype}**, default options: " + "; ".join(parts)
+                f"{policy} {spread(mine, ERROR)}" for policy, mine in wide.groupby("policy")))
+        bullets.append(f"**{family}, {dtype}**, default options: " + "; ".join(parts)
                        + (f". Explicit policies without acc_dtype (computing in {dtype}): " + ", ".join(spans)
                           if spans else "") + wide_text + ".")
-    finding = ("Worst-gradient and loss errors in rounding floors (1 = the exact answer rounded once), medians "
-               "over shapes.")
-    if low_precision["lce"]:
-        finding = (f"With default options, lce is at {_range(low_precision['lce'])} rounding floors on its worst "
-                   f"gradient and {_range(low_precision['lce_loss'])} on the loss in bf16 and fp16; torch 2.13 is "
-                   f"at {_range(low_precision['torch'])} on its worst gradient and "
-                   f"{_range(low_precision['torch_loss'])} on the loss (medians over shapes; 1 = the exact answer "
-                   "rounded once).")
+    finding = ("Worst-gradient and loss errors in rounding floors (1 = the exact answer rounded once), seed medians "
+               "per input family.")
+    if low_precision:
+        per_family = [f"{'' if len(low_precision) == 1 else f'on {family} inputs, '}lce is at "
+                      f"{_range(found.get('lce', []))} rounding floors on its worst gradient and "
+                      f"{_range(found.get('lce_loss', []))} on the loss, torch 2.13 at "
+                      f"{_range(found.get('torch', []))} and {_range(found.get('torch_loss', []))}"
+                      for family, found in low_precision.items()]
+        finding = ("With default options in bf16 and fp16, " + "; ".join(per_family) + " (seed medians, ranges "
+                   "over shapes and dtypes; 1 = the exact answer rounded once).")
     return _conclusion(
         finding, bullets,
-        inputs=(f"{random_family()}; {_shapes(data)}; {_dtypes(data)}; {_devices(data)}; default (\"auto\") "
-                f"chunking; {_seeds(data)}; the committed sweep results."),
-        limits=(f"{_one_seed(data)}three small shapes, so a median hides the spread (the figures show every "
-                f"run); {_one_cpu(data)}; CPU layouts only here (the CUDA layouts are in notebook 04)."))
+        inputs=(f"{_families(data)}; {_shapes(data)}; {_dtypes(data)}; {_devices(data)}; default (\"auto\") "
+                f"chunking; {_seeds(data)}, medians over seeds with the {INTERVAL} in brackets; fp32 errors also as "
+                "multiples of the unfused fp32 computation's on the same inputs; the committed sweep results."),
+        limits=(f"{_one_seed(data)}{_shape_count(data)}, so a median hides the spread over shapes (the figures show "
+                f"every run); {_one_cpu(data)}; CPU layouts only here (the CUDA layouts are in notebook 04)."))
 
 
 def chunk_growth(runs: pd.DataFrame, fits: pd.DataFrame, *, cpu: str) -> str:
@@ -402,7 +487,7 @@ def memory_model(table: pd.DataFrame) -> str:
     methods = _join(_values(data, "memory_method"))
     return _conclusion(
         finding, bullets,
-        inputs=(f"every lce run of the committed sweep on the CPU: {random_family()}; {_shapes(data)}; "
+        inputs=(f"every lce run of the committed sweep on the CPU: {_families(data)}; {_shapes(data)}; "
                 f"{_dtypes(data)}; {_cpus(data)}; {_seeds(data)}; measured: peak live tensor bytes of one "
                 f"forward+backward ({methods}); modeled: lce.plan's peak_extra_bytes."),
         limits=(f"{_one_seed(data)}small shapes, where fixed overheads weigh more than at LLM sizes; the CPU "
@@ -495,8 +580,10 @@ def auto_table(entries: pd.DataFrame, verdicts_table: pd.DataFrame, drawn: Itera
         per_device = [f"{device}: {_join(list(rows.index.get_level_values('dtype')))}"
                       for device, rows in shapes.groupby(level="device")]
         entries_word = "entry" if len(shapes) == 1 else "entries"
-        bullets.append(f"the verdicts below judge {len(shapes)} {entries_word} on {_range(shapes, '.0f')} shapes each ("
-                       + "; ".join(per_device) + ")")
+        seeds = verdicts_table["seeds"] if "seeds" in verdicts_table else pd.Series([1])
+        seeds_text = f"{_range(seeds, '.0f')} seed{'' if seeds.max() == 1 else 's'}"
+        bullets.append(f"the verdicts below judge {len(shapes)} {entries_word} on {_range(shapes, '.0f')} problems "
+                       f"(input family × shape) each, {seeds_text} a problem (" + "; ".join(per_device) + ")")
     if "cuda" not in set(verdicts_table.get("device", [])):
         bullets.append("no real-GPU results are committed: the cuda entries are judged on the emulated CUDA layouts")
     return _conclusion(
@@ -506,11 +593,12 @@ def auto_table(entries: pd.DataFrame, verdicts_table: pd.DataFrame, drawn: Itera
 
 
 def _off_front(off: pd.DataFrame, everything: pd.DataFrame, axis: str) -> list[str]:
-    """One line per (device, dtype) with picks off the ``axis`` ("memory" or "time") front: on which shapes,
-    the rivals, their error next to the pick's, and what they save."""
+    """One line per (family, device, dtype) with picks off the ``axis`` ("memory" or "time") front: on which
+    shapes, in how many seeds, the rivals, their error next to the pick's, and what they save (seed medians)."""
     lines = []
-    for (device, dtype), rows in off.groupby(["device", "dtype"], sort=True):
-        total = len(everything[(everything["device"] == device) & (everything["dtype"] == dtype)])
+    for (family, device, dtype), rows in off.groupby(["family", "device", "dtype"], sort=True):
+        total = len(everything[(everything["family"] == family) & (everything["device"] == device)
+                               & (everything["dtype"] == dtype)])
         names = list(dict.fromkeys(rows[f"{axis}_dominator"]))
         rivals = _join([f"`{name}`" for name in names]) + (" reaches" if len(names) == 1 else " reach")
         if axis == "memory":
@@ -519,8 +607,10 @@ def _off_front(off: pd.DataFrame, everything: pd.DataFrame, axis: str) -> list[s
         else:
             saving = rows["time_ms"] / rows["time_dominator_ms"]
             gain = f"in {_range(1 / saving, '.2f')}x the time"
-        text = (f"{device} {dtype}, {len(rows)} of {total} shapes ({', '.join(rows['shape'])}): {rivals} "
-                f"{_range(rows[f'{axis}_dominator_error'])} floors (the pick: {_range(rows['error'])}) {gain}")
+        seeds = f"off in {_range(rows[f'{axis}_off_seeds'], '.0f')} of {_range(rows['seeds'], '.0f')} seeds"
+        text = (f"{family} {device} {dtype}, {len(rows)} of {total} shapes ({', '.join(rows['shape'])}), {seeds}: "
+                f"{rivals} {_range(rows[f'{axis}_dominator_error'])} floors (the pick: {_range(rows['error'])}) "
+                f"{gain}")
         if axis == "memory" and device != "cuda-emulated" and rows["on_time_front"].all():
             text += "; the pick is on the time front there"
         lines.append(text)
@@ -528,69 +618,102 @@ def _off_front(off: pd.DataFrame, everything: pd.DataFrame, axis: str) -> list[s
 
 
 def _sweep_inputs(data: pd.DataFrame) -> str:
-    repeats = _join([str(int(r)) for r in sorted(data["time_repeats"].dropna().unique())]) \
-        if "time_repeats" in data else NA
-    return (f"{random_family()}; {_shapes(data)}; {_dtypes(data)}; {_devices(data)}; {_seeds(data)}; "
-            f"time: median of {repeats} repeats; the committed sweep results.")
+    repeats = sorted(int(r) for r in data["time_repeats"].dropna().unique()) if "time_repeats" in data else []
+    time = ("not timed" if not repeats else
+            f"time: median of {_join([str(r) for r in repeats])} repeats (measured on the first seed: memory and "
+            "time do not depend on the values)")
+    return (f"{_families(data)}; {_shapes(data)}; {_dtypes(data)}; {_devices(data)}; {_seeds(data)}, errors are "
+            f"medians over seeds with the {INTERVAL} in brackets; {time}; the committed sweep results.")
+
+
+def _shape_count(data: pd.DataFrame) -> str:
+    """``one small shape per family`` / ``3 small shapes per family`` (the most any family has)."""
+    counts = _with_seeds(data).groupby("family")[["N", "D", "C"]].apply(lambda rows: len(rows.drop_duplicates()))
+    most = int(counts.max()) if len(counts) else 0
+    return f"{'one small shape' if most == 1 else f'{most} small shapes'} per family"
+
+
+def _pick_errors(verdicts_table: pd.DataFrame) -> list[str]:
+    """Per (family, dtype): the auto picks' seed-median worst-gradient error with its interval (fp32: against the
+    unfused computation too)."""
+    lines = []
+    for (family, dtype), rows in verdicts_table.groupby(["family", "dtype"], sort=True):
+        text = (f"{family} {dtype}: the auto picks' worst gradient at {_range(rows['error'])} floors "
+                f"[{_number(rows['error_low'].min(), '.2f')}–{_number(rows['error_high'].max(), '.2f')}] over "
+                f"{_range(rows['seeds'], '.0f')} seed{'' if rows['seeds'].max() == 1 else 's'}")
+        if dtype == "float32" and np.isfinite(rows["vs_unfused"]).any():
+            text += f", {_range(rows['vs_unfused'], RATIO)}x {unfused_words(dtype)}"
+        lines.append(text)
+    return lines
 
 
 def verdicts(verdicts_table: pd.DataFrame, table: pd.DataFrame) -> str:
-    """04: how many auto picks are on each front, and who beats the others (``pareto.verdicts`` of ``table``)."""
+    """04: how many auto picks are on each front in every seed, and who beats the others
+    (``pareto.verdicts`` of ``table``)."""
     if verdicts_table.empty:
         return _conclusion("The results hold no run of an \"auto\" pick to judge.",
                            inputs="the committed sweep results.", limits="nothing to conclude from.")
     timed = verdicts_table[verdicts_table["device"] != "cuda-emulated"]
     memory_on = int(verdicts_table["on_memory_front"].sum())
     time_on = int(timed["on_time_front"].sum())
-    finding = (f"{memory_on} of {len(verdicts_table)} auto picks (entries × shapes) are on the error–memory "
-               "front")
+    finding = (f"{memory_on} of {len(verdicts_table)} auto picks (entries × input families × shapes) are on the "
+               "error–memory front in every seed")
     finding += (f", and {time_on} of the {len(timed)} measured on the CPU on the error–time front "
                 "(emulated CUDA picks are not timed)." if len(timed) else ".")
     off_memory = verdicts_table[~verdicts_table["on_memory_front"].astype(bool)]
     off_time = timed[~timed["on_time_front"].astype(bool)]
     bullets = [f"off the memory front — {line}" for line in _off_front(off_memory, verdicts_table, "memory")]
     bullets += [f"off the time front — {line}" for line in _off_front(off_time, verdicts_table, "time")]
-    judged = table[table["device"].isin(set(verdicts_table["device"]))
-                   & table["dtype"].isin(set(verdicts_table["dtype"]))]
+    bullets += _pick_errors(verdicts_table)
+    judged = _with_seeds(table)
+    judged = judged[judged["device"].isin(set(verdicts_table["device"]))
+                    & judged["dtype"].isin(set(verdicts_table["dtype"]))
+                    & judged["family"].isin(set(verdicts_table["family"]))]
     return _conclusion(
         finding, bullets,
         inputs=_sweep_inputs(judged) + " A rival must be no worse on both axes and more than "
-                                       f"{VERDICT_TOLERANCE:.0%} better on one.",
-        limits=(f"{_one_seed(judged)}three small shapes per entry; {_emulation_limit(judged)}"
+                                       f"{VERDICT_TOLERANCE:.0%} better on one, in one seed, to knock a pick off.",
+        limits=(f"{_one_seed(judged)}{_shape_count(judged)}; {_emulation_limit(judged)}"
                 f"{_one_cpu(judged)}; times of one thread on a shared machine."))
 
 
 def fronts(table: pd.DataFrame, device: str) -> str:
-    """04: per dtype on ``device``, where the auto pick, the best lce run and torch's best run sit (prepared table)."""
+    """04: per input family and dtype on ``device``, where the auto pick, the best lce run and torch's best run
+    sit (prepared table; seed medians)."""
     from .pareto import verdicts as judge
 
-    data = table[table["device"] == device]
+    data = _with_seeds(table[table["device"] == device])
     if data.empty:
         return _conclusion(f"The results hold no {device} runs.", inputs="the committed sweep results.",
                            limits="nothing to conclude from.")
-    picks = judge(table)
-    picks = picks[picks["device"] == device] if len(picks) else picks
+    picks = judge(_with_seeds(table))
+    picks = picks[picks["device"] == device]
+    configs = seed_interval(data, [ERROR, MEMORY])
     bullets = []
-    for dtype, rows in data.groupby("dtype", sort=True):
-        best = rows.groupby(["N", "D", "C"])[ERROR].min()
-        text = f"**{dtype}**: lowest error of any run {_range(best)} floors"
-        mine = picks[picks["dtype"] == dtype] if len(picks) else picks
+    for (family, dtype), rows in configs.groupby(["family", "dtype"], sort=True):
+        shapes = ["N", "D", "C"]
+        text = f"**{family}, {dtype}**: lowest error of any run {_range(rows.groupby(shapes)[ERROR].min())} floors"
+        mine = picks[(picks["family"] == family) & (picks["dtype"] == dtype)]
         if len(mine):
-            text += f"; the auto pick {_range(mine['error'])} floors at {_range(mine['peak_mib'])} MiB"
+            unfused = ""
+            if dtype == "float32" and np.isfinite(mine["vs_unfused"]).any():
+                unfused = f", {_range(mine['vs_unfused'], RATIO)}x {unfused_words(dtype)}"
+            text += (f"; the auto pick {_range(mine['error'])} floors [{_number(mine['error_low'].min(), '.2f')}–"
+                     f"{_number(mine['error_high'].max(), '.2f')}]{unfused} at {_range(mine['peak_mib'])} MiB")
         torch = rows[rows["op"] == "torch"]
         if len(torch):
-            text += f"; torch's best run {_range(torch.groupby(['N', 'D', 'C'])[ERROR].min())} floors"
-        cheapest = rows.loc[rows.groupby(["N", "D", "C"])[MEMORY].idxmin()]
+            text += f"; torch's best run {_range(torch.groupby(shapes)[ERROR].min())} floors"
+        cheapest = rows.loc[rows.groupby(shapes)[MEMORY].idxmin()]
         text += (f"; the least memory any run needs {_range(cheapest[MEMORY])} MiB, at "
                  f"{_range(cheapest[ERROR])} floors")
         bullets.append(text + ".")
     memory_kind = "lce's modeled memory" if device == "cuda-emulated" else "measured peak memory"
-    finding = (f"On {device}, per dtype ({memory_kind}; ranges over shapes; 1 floor = the exact answer rounded "
-               "once):")
+    finding = (f"On {device}, per input family and dtype ({memory_kind}; seed medians, ranges over shapes, the "
+               f"pick's {INTERVAL} in brackets; 1 floor = the exact answer rounded once):")
     return _conclusion(
         finding, bullets,
         inputs=_sweep_inputs(data),
-        limits=f"{_one_seed(data)}three small shapes; {_emulation_limit(data)}{_one_cpu(data)}.")
+        limits=f"{_one_seed(data)}{_shape_count(data)}; {_emulation_limit(data)}{_one_cpu(data)}.")
 
 
 def _members(members: Sequence[str]) -> str:
@@ -598,62 +721,78 @@ def _members(members: Sequence[str]) -> str:
 
 
 def fp32_choice(table: pd.DataFrame) -> str:
-    """04: what fp32 should use, per device and cost, with ties named as ties (:data:`analysis.pareto.TIE_RULE`)."""
-    devices = [d for d in ("cpu", "cuda", "cuda-emulated")
-               if len(table[(table["device"] == d) & (table["dtype"] == "float32") & (table["op"] == "lce")])]
+    """04: what fp32 should use, per input family, device and cost, with ties named as ties
+    (:data:`analysis.pareto.TIE_RULE`); errors are compared across every seed."""
+    table = _with_seeds(table)
+    fp32 = table[(table["dtype"] == "float32") & (table["op"] == "lce")]
+    devices = [d for d in ("cpu", "cuda", "cuda-emulated") if len(fp32[fp32["device"] == d])]
     if not devices:
         return _conclusion("The results hold no fp32 lce runs.", inputs="the committed sweep results.",
                            limits="nothing to conclude from.")
-    bullets, answers, policy_free = [], [], []
-    for device in devices:
-        costs = [(MEMORY, "memory", "MiB", ".2f")]
-        if device != "cuda-emulated":  # its times are the CPU stand-in's, as in the verdicts
-            costs.append((TIME, "time", "ms", ".1f"))
-        rows = table[(table["device"] == device) & (table["dtype"] == "float32") & (table["op"] == "lce")]
-        chunking_of = dict(zip(rows["label"], rows["chunking"], strict=False))
-        for cost, word, unit, spec in costs:
-            choices = recommend_choices(table, device, "float32", cost=cost)
-            if choices.empty:
+    families = sorted(set(fp32["family"]))
+    bullets, answers, policy_free, judged = [], [], [], []
+    for family in families:
+        for device in devices:
+            rows = fp32[(fp32["device"] == device) & (fp32["family"] == family)]
+            if rows.empty:
                 continue
-            top = choices.iloc[0]
-            text = (f"**{device}, {word} × error**: `{top['choice']}` (score {top['score']:.2f}, "
-                    f"{top[ERROR]:.2f} floors, {format(top[cost], spec)} {unit})")
-            if len(top["members"]) > 1:
-                spread = "" if cost == MEMORY else (f"; their scores differ only by timing noise, "
-                                                    f"{top['score_low']:.2f}–{top['score_high']:.2f}")
-                text += (f" — a tie of {len(top['members'])} spellings that compute the same numbers: "
-                         f"{_members(top['members'])}{spread}")
-            if len(choices) > 1:
-                runner = choices.iloc[1]
-                text += f"; next: `{runner['choice']}` ({runner['score']:.2f})"
-            pick = choices[choices["members"].map(lambda members: "lce auto auto" in members)]
-            if len(pick):
-                rank = int(pick.index[0]) + 1
-                text += (". The current default (`lce auto auto`) is " + ("this choice" if rank == 1 else
-                         f"choice {rank} of {len(choices)} (score {pick['score'].iloc[0]:.2f})"))
-            bullets.append(text + ".")
-            chunking = chunking_of.get(top["choice"], "")
-            answers.append((device, word, "the default chunking" if chunking == "auto" else f"`{chunking}`"))
-        names = same_numbers(table, device, "float32")
-        per_chunking = rows.assign(choice=rows["label"].map(names)).groupby("chunking")["choice"].nunique()
-        if rows["policy"].nunique() > 1 and len(per_chunking) and (per_chunking == 1).all():
-            policy_free.append(device)
+            judged.append((family, device))
+            where = device if len(families) == 1 else f"{family}, {device}"
+            costs = [(MEMORY, "memory", "MiB", ".2f")]
+            if device != "cuda-emulated":  # its times are the CPU stand-in's, as in the verdicts
+                costs.append((TIME, "time", "ms", ".1f"))
+            chunking_of = dict(zip(rows["label"], rows["chunking"], strict=False))
+            for cost, word, unit, spec in costs:
+                choices = recommend_choices(table, device, "float32", cost=cost, family=family)
+                if choices.empty:
+                    continue
+                top = choices.iloc[0]
+                mine = rows[rows["label"] == top["choice"]]
+                interval = (f" [{top[f'{ERROR}_low']:.2f}–{top[f'{ERROR}_high']:.2f}]"
+                            if mine["seed"].nunique() > 1 else "")
+                unfused = _unfused(mine, "float32", brackets=False)
+                text = (f"**{where}, {word} × error**: `{top['choice']}` (score {top['score']:.2f}, "
+                        f"{top[ERROR]:.2f} floors{interval}{unfused}, {format(top[cost], spec)} {unit})")
+                if len(top["members"]) > 1:
+                    spread = "" if cost == MEMORY else (f"; their scores differ only by timing noise, "
+                                                        f"{top['score_low']:.2f}–{top['score_high']:.2f}")
+                    text += (f" — a tie of {len(top['members'])} spellings that compute the same numbers: "
+                             f"{_members(top['members'])}{spread}")
+                if len(choices) > 1:
+                    runner = choices.iloc[1]
+                    text += f"; next: `{runner['choice']}` ({runner['score']:.2f})"
+                pick = choices[choices["members"].map(lambda members: "lce auto auto" in members)]
+                if len(pick):
+                    rank = int(pick.index[0]) + 1
+                    text += (". The current default (`lce auto auto`) is " + ("this choice" if rank == 1 else
+                             f"choice {rank} of {len(choices)} (score {pick['score'].iloc[0]:.2f})"))
+                bullets.append(text + ".")
+                chunking = chunking_of.get(top["choice"], "")
+                answers.append((family, device, word, "the default chunking" if chunking == "auto" else
+                                f"`{chunking}`"))
+            names = same_numbers(table, device, "float32", family=family)
+            per_chunking = rows.assign(choice=rows["label"].map(names)).groupby("chunking")["choice"].nunique()
+            if rows["policy"].nunique() > 1 and len(per_chunking) and (per_chunking == 1).all():
+                policy_free.append((family, device))
     per_device = []
-    for device in devices:
-        mine = [f"{chunking} for {word} × error" for where, word, chunking in answers if where == device]
+    for family, device in judged:
+        mine = [f"{chunking} for {word} × error" for f, where, word, chunking in answers
+                if (f, where) == (family, device)]
         if mine:
-            per_device.append(f"on {device}, {_join(mine)}")
-    if set(policy_free) == set(devices):
+            place = f"on {device}" if len(families) == 1 else f"for {family} inputs on {device}"
+            per_device.append(f"{place}, {_join(mine)}")
+    if set(policy_free) == set(judged):
         finding = ("What should fp32 use? The policy does not matter: for a given chunking every policy gives "
-                   "bit-identical errors on every shape. The chunking does: " + "; ".join(per_device) + ".")
+                   "bit-identical errors on every shape and seed. The chunking does: " + "; ".join(per_device) + ".")
     else:
         finding = "What should fp32 use? By the data: " + "; ".join(per_device) + "."
-        bullets += [f"on {device} the policy makes no difference: for each chunking every policy gives "
-                    "bit-identical errors on every shape" for device in policy_free]
-    data = table[table["device"].isin(devices) & (table["dtype"] == "float32") & (table["op"] == "lce")]
+        bullets += [f"on {device}{'' if len(families) == 1 else f' ({family} inputs)'} the policy makes no "
+                    "difference: for each chunking every policy gives bit-identical errors on every shape and seed"
+                    for family, device in policy_free]
+    data = fp32[fp32["device"].isin(devices)]
     return _conclusion(
         finding, bullets,
-        inputs=(_sweep_inputs(data) + " Score: mean over shapes of log(cost / best cost) + log(error / best "
-                f"error), lower is better; ties: {TIE_RULE}."),
-        limits=(f"{_one_seed(data)}three small shapes, and the score weighs a factor in cost like the same factor "
+        inputs=(_sweep_inputs(data) + " Score: mean over shapes and seeds of log(cost / best cost) + log(error / "
+                f"best error), lower is better; ties: {TIE_RULE}."),
+        limits=(f"{_one_seed(data)}{_shape_count(data)}, and the score weighs a factor in cost like the same factor "
                 f"in error; {_emulation_limit(data)}{_one_cpu(data)}."))

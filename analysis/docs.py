@@ -18,8 +18,6 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-import pandas as pd
-
 from lce.policies import CPU_MIN_ROWS
 
 from .grids import GRIDS
@@ -118,30 +116,36 @@ def cpu_chunking(results: Path) -> str:
 
 
 def bf16_errors(results: Path) -> str:
-    """Errors in floors of lce's and torch's defaults on CPU bf16 (quick grid, default chunking)."""
-    from .pareto import load_table
+    """Errors in floors of lce's and torch's defaults on CPU bf16 (quick grid, default chunking), per input family:
+    seed medians with their 5th-95th percentile interval."""
+    from .conclusions import spread
+    from .pareto import INTERVAL, load_table
 
     _, table = load_table(results)
     data = table[(table["device"] == "cpu") & (table["dtype"] == "bfloat16") & (table["chunking"] == "auto")]
-
-    def spread(rows: pd.DataFrame, column: str) -> str:
-        low, high = rows[column].min(), rows[column].max()
-        return f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}x"
-
-    default = data[(data["policy"] == "auto") & (data["acc_dtype"] == "default")]
-    mine, theirs = default[default["op"] == "lce"], default[default["op"] == "torch"]
-    balanced = data[(data["op"] == "lce") & (data["policy"] == "balanced") & (data["acc_dtype"] == "float32")]
-    if mine.empty or theirs.empty or balanced.empty:
+    parts, shapes, seeds = [], set(), set()
+    for family, rows in data.groupby("family", sort=True):
+        default = rows[(rows["policy"] == "auto") & (rows["acc_dtype"] == "default")]
+        mine, theirs = default[default["op"] == "lce"], default[default["op"] == "torch"]
+        balanced = rows[(rows["op"] == "lce") & (rows["policy"] == "balanced") & (rows["acc_dtype"] == "float32")]
+        if mine.empty or theirs.empty or balanced.empty:
+            continue
+        shapes |= {f"{r.N}x{r.D}x{r.C}" for r in mine.itertuples()}
+        seeds |= set(mine["seed"])
+        parts.append(f"on `{family}` inputs lce's default is {spread(mine, 'worst_grad_in_floors', unit='x')} the "
+                     f"rounding floor on its worst gradient and {spread(mine, 'loss_fro_in_floors', unit='x')} on "
+                     f"the loss; torch's default is {spread(theirs, 'loss_fro_in_floors', unit='x')} on the loss, "
+                     f"{spread(theirs, 'grad_weight_fro_in_floors', unit='x')} on grad_weight and "
+                     f"{spread(theirs, 'grad_bias_fro_in_floors', unit='x')} on grad_bias; `balanced` with "
+                     f"`acc_dtype=torch.float32` gives {spread(balanced, 'grad_weight_fro_in_floors', unit='x')} "
+                     "on grad_weight")
+    if not parts:
         return "The quick grid has no CPU bf16 runs with default chunking yet.\n"
-    shapes = ", ".join(sorted({f"{r.N}x{r.D}x{r.C}" for r in mine.itertuples()}))
-    return (f"In bf16 on the CPU, lce's default (\"accurate\": every GEMM in fp32) is "
-            f"{spread(mine, 'worst_grad_in_floors')} the rounding floor on its worst gradient and "
-            f"{spread(mine, 'loss_fro_in_floors')} on the loss; torch's "
-            f"default is {spread(theirs, 'loss_fro_in_floors')} the floor on the loss, "
-            f"{spread(theirs, 'grad_weight_fro_in_floors')} on grad_weight and "
-            f"{spread(theirs, 'grad_bias_fro_in_floors')} on grad_bias. `balanced` with `acc_dtype=torch.float32` "
-            f"(bf16 backward GEMMs) gives {spread(balanced, 'grad_weight_fro_in_floors')} on grad_weight. Quick grid, "
-            f"default chunking, shapes {shapes} (`analysis/results/quick.csv`, one seed each).\n")
+    interval = f"; in brackets the {INTERVAL}" if len(seeds) > 1 else ""
+    return ("In bf16 on the CPU, with lce's default (\"accurate\": every GEMM in fp32) and `balanced` with bf16 "
+            "backward GEMMs: " + "; ".join(parts) + f". Quick grid, default chunking, shapes "
+            f"{', '.join(sorted(shapes))}, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}: medians over seeds"
+            f"{interval} (`analysis/results/quick.csv`).\n")
 
 
 def grid_sizes(results: Path) -> str:

@@ -31,12 +31,12 @@ from matplotlib.patches import Rectangle
 
 from lce.options import ACC_POLICIES
 
-from .pareto import ERROR, MEMORY, TIME, front_mask, verdicts
+from .pareto import ERROR, INTERVAL, MEMORY, TIME, front_mask, seed_interval, verdicts
 from .results_io import latest
 
-__all__ = ["CaptionedFigure", "SWEEP_FIGURES", "plot_error_vs_memory", "plot_error_vs_chunks", "plot_memory_model",
-           "plot_time_vs_shape", "plot_buffer_breakdown", "plot_memory_trace", "plot_bench_scaling", "plot_families",
-           "draw_all"]
+__all__ = ["CaptionedFigure", "SWEEP_FIGURES", "plot_error_vs_memory", "plot_error_vs_chunks", "plot_row_errors",
+           "plot_gradient_bias", "plot_memory_model", "plot_time_vs_shape", "plot_buffer_breakdown",
+           "plot_memory_trace", "plot_bench_scaling", "plot_families", "draw_all"]
 
 POLICY_ORDER = (*ACC_POLICIES, "")  # "": the unchunked ops
 PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER)), strict=True))
@@ -145,33 +145,78 @@ def _honest_limits(ax: Axes, axis: str, values, *, span: float, floor: float | N
     (ax.set_ylim if axis == "y" else ax.set_xlim)(low, high)
 
 
+_PROBLEM = ["family", "dtype", "N", "D", "C"]
+
+
+def _family_panels(data: pd.DataFrame, width: float = 4.2, height: float = 3.4
+                   ) -> tuple[Figure, np.ndarray, list[tuple[Axes, pd.DataFrame]]]:
+    """One row of panels per input family, one panel per (dtype, shape) of that family.
+
+    Returns the figure, its axes and ``(axis, rows of that problem)`` per panel, families and problems sorted.
+    """
+    problems = data[_PROBLEM].drop_duplicates().sort_values(["family", "dtype", "C", "N", "D"])
+    families = list(dict.fromkeys(problems["family"]))
+    columns = max(int((problems["family"] == family).sum()) for family in families)
+    fig = _figure(width * columns, height * len(families) + 0.8)
+    axes = fig.subplots(len(families), columns, squeeze=False)
+    panels, used = [], set()
+    for row, family in enumerate(families):
+        for column, problem in enumerate(problems[problems["family"] == family].itertuples(index=False)):
+            ax = axes[row, column]
+            used.add((row, column))
+            mask = np.ones(len(data), dtype=bool)
+            for key in _PROBLEM:
+                mask &= (data[key] == getattr(problem, key)).to_numpy()
+            ax.set_title(f"{family}: {problem.dtype}, {_shape_text(problem)}", fontsize=9)
+            panels.append((ax, data[mask]))
+    for (row, column), ax in np.ndenumerate(axes):
+        ax.set_visible((row, column) in used)
+    return fig, axes, panels
+
+
+def _seeds_text(data: pd.DataFrame) -> str:
+    """``random: 5 seeds; calibrated: 1 seed``: how many seeds each family's points pool."""
+    counts = data.groupby("family")["seed"].nunique()
+    return "; ".join(f"{family}: {n} seed{'s' if n != 1 else ''}" for family, n in counts.items())
+
+
+def _families_text(data: pd.DataFrame) -> str:
+    return ", ".join(sorted(set(data["family"])))
+
+
+def _seed_caption(data: pd.DataFrame) -> str:
+    return (f"Inputs: families {_families_text(data)} ({_seeds_text(data)}); points are medians over seeds, "
+            f"bars or bands the {INTERVAL}.")
+
+
 def plot_error_vs_memory(table: pd.DataFrame, device: str = "cpu") -> CaptionedFigure | None:
-    """Error vs peak memory per (dtype, shape) on ``device``, front drawn, auto pick starred."""
+    """Error vs peak memory per (family, dtype, shape) on ``device``: seed medians with their interval as bars,
+    the front of the medians drawn, the auto pick starred."""
     data = table[table["device"] == device]
     if data.empty:
         return None
     _style()
-    problems = data[["dtype", "N", "D", "C"]].drop_duplicates().sort_values(["dtype", "C", "N"])
-    fig, axes = _grid(len(problems))
+    fig, axes, panels = _family_panels(data)
     picks = verdicts(table)
-    for ax, problem in zip(axes.flat, problems.itertuples(index=False), strict=False):
-        group = data[(data["dtype"] == problem.dtype) & (data["N"] == problem.N) & (data["D"] == problem.D)
-                     & (data["C"] == problem.C)]
-        for (op, policy), points in group.groupby(["op", "policy"], sort=False):
-            ax.scatter(points[MEMORY], points[ERROR], s=22, alpha=0.75, marker=MARKERS.get(op, "o"),
-                       color=PALETTE.get(policy, "k"), label=f"{op} {policy}".strip())
-        front = group[front_mask(group[MEMORY], group[ERROR])].sort_values(MEMORY)
+    for ax, group in panels:
+        points = seed_interval(group, [ERROR, MEMORY])
+        for (op, policy), rows in points.groupby(["op", "policy"], sort=False):
+            below, above = rows[ERROR] - rows[f"{ERROR}_low"], rows[f"{ERROR}_high"] - rows[ERROR]
+            ax.errorbar(rows[MEMORY], rows[ERROR], yerr=[below, above], fmt=MARKERS.get(op, "o"), ms=4.5,
+                        alpha=0.75, color=PALETTE.get(policy, "k"), elinewidth=0.8, label=f"{op} {policy}".strip())
+        front = points[front_mask(points[MEMORY], points[ERROR])].sort_values(MEMORY)
         ax.step(front[MEMORY], front[ERROR], where="post", color="k", lw=1, alpha=0.6, label="Pareto front")
-        if len(picks):
-            mine = picks[(picks["device"] == device) & (picks["dtype"] == problem.dtype)
-                         & (picks["shape"] == f"{problem.N}x{problem.D}x{problem.C}")]
-            for pick in mine.itertuples():
-                ax.scatter([pick.peak_mib], [pick.error], marker="*", s=220, facecolor="none", edgecolor="red",
-                           linewidth=1.5, label="auto pick", zorder=5)
+        first = group.iloc[0]  # a Series: first.dtype would be its own dtype, so index by name
+        mine = picks[(picks["device"] == device) & (picks["family"] == first["family"])
+                     & (picks["dtype"] == first["dtype"])
+                     & (picks["shape"] == f"{first['N']}x{first['D']}x{first['C']}")]
+        for pick in mine.itertuples():
+            ax.scatter([pick.peak_mib], [pick.error], marker="*", s=220, facecolor="none", edgecolor="red",
+                       linewidth=1.5, label="auto pick", zorder=5)
         _log_axes(ax)
-        _honest_limits(ax, "x", group[MEMORY], span=COST_SPAN)
-        _honest_limits(ax, "y", group[ERROR], span=ERROR_SPAN, floor=1.0)
-        ax.set_title(f"{problem.dtype}, {_shape_text(problem)}", fontsize=9)
+        _honest_limits(ax, "x", points[MEMORY], span=COST_SPAN)
+        _honest_limits(ax, "y", pd.concat([points[f"{ERROR}_low"], points[f"{ERROR}_high"]]), span=ERROR_SPAN,
+                       floor=1.0)
         ax.set_xlabel("peak extra memory (MiB)")
     fig.supylabel(ERROR_LABEL, fontsize=9)
     _legend_below(fig, axes)
@@ -179,44 +224,145 @@ def plot_error_vs_memory(table: pd.DataFrame, device: str = "cpu") -> CaptionedF
     memory_source = "lce's model (CPU stand-in measured otherwise)" if device == "cuda-emulated" else "measured"
     return CaptionedFigure(fig, stem,
                            f"Gradient error (in rounding floors) vs peak extra memory ({memory_source}) on {device}, "
-                           "one panel per dtype and shape; black steps: Pareto front; red star: the \"auto\" pick. "
-                           "Error axes reach down to the rounding floor (1) and span at least a factor "
-                           f"{ERROR_SPAN:g}; memory axes at least a factor {COST_SPAN:g}.")
+                           "one row of panels per input family, one panel per dtype and shape; black steps: Pareto "
+                           "front of the medians; red star: the \"auto\" pick (seed median). "
+                           f"{_seed_caption(data)} Error axes reach down to the rounding floor (1) and span at least "
+                           f"a factor {ERROR_SPAN:g}; memory axes at least a factor {COST_SPAN:g}.")
+
+
+def _series(data: pd.DataFrame) -> pd.Series:
+    """``auto``, ``compact acc=fp32``: a run's policy and whether it asked for a wider acc_dtype."""
+    return data["policy"] + np.where(data["acc_dtype"] == "default", "", " acc=fp32")
+
+
+def _chunk_lines(ax: Axes, group: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per (op, series) of ``group``: ``column``'s seed median vs the chunk count, its interval as a band.
+
+    Solid where the resolved acc_dtype is wider than the input, dotted where it is the input's.
+    Returns the medians and intervals drawn.
+    """
+    points = seed_interval(group.assign(series=_series(group)), column,
+                           by=["op", "series", "num_chunks", "resolved_acc_dtype", "dtype"])
+    for (op, series), rows in points.groupby(["op", "series"], sort=True):
+        rows = rows.sort_values("num_chunks")
+        policy = series.split(" ")[0]
+        wide = str(rows["resolved_acc_dtype"].iloc[0]) != str(rows["dtype"].iloc[0])
+        colour = PALETTE.get(policy, "k")
+        ax.plot(rows["num_chunks"], rows[column], marker=MARKERS[op], ls="-" if wide else ":",
+                lw=1.5 if op == "lce" else 1.0, ms=5 if op == "lce" else 6, color=colour,
+                alpha=0.9 if op == "lce" else 0.55, label=f"{op} {series}")
+        ax.fill_between(rows["num_chunks"], rows[f"{column}_low"], rows[f"{column}_high"], color=colour,
+                        alpha=0.12, lw=0)
+    return points
 
 
 def plot_error_vs_chunks(table: pd.DataFrame, device: str = "cpu") -> CaptionedFigure | None:
-    """grad_weight error vs number of chunks per policy, lce (solid) next to torch (dashed)."""
-    data = table[(table["device"] == device) & table["op"].isin(["lce", "torch"])].copy()
+    """grad_weight error vs number of chunks per policy and family, lce next to torch; seed median and band."""
+    data = table[(table["device"] == device) & table["op"].isin(["lce", "torch"])]
     if data.empty:
         return None
     _style()
-    data["series"] = data["policy"] + np.where(data["acc_dtype"] == "default", "", " acc=fp32")
-    problems = data[["dtype", "N", "D", "C"]].drop_duplicates().sort_values(["dtype", "C", "N"])
-    fig, axes = _grid(len(problems))
-    for ax, problem in zip(axes.flat, problems.itertuples(index=False), strict=False):
-        group = data[(data["dtype"] == problem.dtype) & (data["N"] == problem.N) & (data["D"] == problem.D)
-                     & (data["C"] == problem.C)]
-        for (op, series), points in group.groupby(["op", "series"], sort=True):
-            points = points.sort_values("num_chunks")
-            policy = series.split(" ")[0]
-            wide = str(points["resolved_acc_dtype"].iloc[0]) != problem.dtype
-            ax.plot(points["num_chunks"], points["grad_weight_fro_in_floors"], marker=MARKERS[op],
-                    ls="-" if wide else ":", lw=1.5 if op == "lce" else 1.0, ms=5 if op == "lce" else 6,
-                    color=PALETTE.get(policy, "k"), alpha=0.9 if op == "lce" else 0.55, label=f"{op} {series}")
+    column = "grad_weight_fro_in_floors"
+    fig, axes, panels = _family_panels(data)
+    for ax, group in panels:
+        points = _chunk_lines(ax, group, column)
         _log_axes(ax, x_base=2)
-        _honest_limits(ax, "y", group["grad_weight_fro_in_floors"], span=ERROR_SPAN, floor=1.0)
-        ax.set_title(f"{problem.dtype}, {_shape_text(problem)}", fontsize=9)
+        _honest_limits(ax, "y", pd.concat([points[f"{column}_low"], points[f"{column}_high"]]), span=ERROR_SPAN,
+                       floor=1.0)
         ax.set_xlabel("number of chunks")
     fig.supylabel("grad_weight error (multiples of the rounding floor)", fontsize=9)
     _legend_below(fig, axes)
     stem = f"error_vs_chunks_{device}"
     return CaptionedFigure(fig, stem,
-                           f"Weight-gradient error (in rounding floors) vs number of chunks, per policy, on {device}: "
-                           "circles lce, crosses torch's native op; solid lines where the resolved acc_dtype is wider "
-                           "than the input, dotted where it equals it (all policies then compute the same numbers "
-                           "and their lines coincide). A policy that rounds the weight gradient per chunk grows "
-                           "with the chunk count; one that keeps a wide accumulator stays flat. Error axes reach "
-                           f"down to the rounding floor (1) and span at least a factor {ERROR_SPAN:g}.")
+                           f"Weight-gradient error (in rounding floors) vs number of chunks, per policy, on {device}, "
+                           "one row of panels per input family: circles lce, crosses torch's native op; solid lines "
+                           "where the resolved acc_dtype is wider than the input, dotted where it equals it (all "
+                           "policies then compute the same numbers and their lines coincide). A policy that rounds "
+                           "the weight gradient per chunk grows with the chunk count; one that keeps a wide "
+                           f"accumulator stays flat. {_seed_caption(data)} Error axes reach down to the rounding "
+                           f"floor (1) and span at least a factor {ERROR_SPAN:g}.")
+
+
+ROW_METRICS = {"grad_weight_fro_in_floors": ("Frobenius (whole tensor)", "o"),
+               "grad_weight_row_p99": ("99th percentile class row", "^"),
+               "grad_weight_row_max": ("worst class row", "v")}
+"""The grad_weight errors :func:`plot_row_errors` sets side by side, with their legend text and marker."""
+
+
+def plot_row_errors(table: pd.DataFrame, device: str = "cpu") -> CaptionedFigure | None:
+    """grad_weight error per implementation with default chunking: the Frobenius error next to the p99 and
+    worst class row, per (family, dtype, shape); seed medians with their interval."""
+    data = table[(table["device"] == device) & table["chunking"].isin(["auto", ""])
+                 & (table["acc_dtype"] == "default")]
+    data = data.dropna(subset=list(ROW_METRICS), how="all")
+    if data.empty:
+        return None
+    _style()
+    fig, axes, panels = _family_panels(data, width=4.8)
+    for ax, group in panels:
+        points = seed_interval(group, list(ROW_METRICS), by=["op", "policy", "label"])
+        points["order"] = [(op != "lce", op, POLICY_ORDER.index(p) if p in POLICY_ORDER else 99)
+                           for op, p in zip(points["op"], points["policy"], strict=True)]
+        points = points.sort_values("order").reset_index(drop=True)
+        offsets = np.linspace(-0.22, 0.22, len(ROW_METRICS))
+        for offset, (column, (text, marker)) in zip(offsets, ROW_METRICS.items(), strict=True):
+            for x, row in points.iterrows():
+                ax.errorbar([x + offset], [row[column]], yerr=[[row[column] - row[f"{column}_low"]],
+                                                               [row[f"{column}_high"] - row[column]]],
+                            fmt=marker, ms=5, color=PALETTE.get(row["policy"], "k"), elinewidth=0.8,
+                            mfc="none" if column != "grad_weight_fro_in_floors" else None)
+            ax.plot([], [], marker, color="0.3", mfc="none" if marker != "o" else None, ls="", label=text)
+        ax.set_xticks(range(len(points)), [f"{op}\n{policy}".strip() for op, policy in
+                                           zip(points["op"], points["policy"], strict=True)], fontsize=7)
+        values = pd.concat([points[f"{c}{s}"] for c in ROW_METRICS for s in ("_low", "_high")])
+        _log_axes(ax, x=False)
+        _honest_limits(ax, "y", values, span=ERROR_SPAN, floor=1.0)
+    fig.supylabel("grad_weight error (multiples of the rounding floor)", fontsize=9)
+    _legend_below(fig, axes)
+    return CaptionedFigure(fig, f"row_errors_{device}",
+                           f"Weight-gradient error on {device} per implementation with default options and chunking "
+                           "(colour: policy), three ways: the Frobenius error of the whole tensor (filled circle), "
+                           "and the 99th-percentile and worst class row, each row's error over its own rounding "
+                           "floor (open triangles). Rows of rarely targeted classes are tiny and can be far off "
+                           "while the Frobenius average, dominated by the frequent classes, stays near the floor. "
+                           f"One row of panels per input family. {_seed_caption(data)} Error axes reach down to the "
+                           f"rounding floor (1) and span at least a factor {ERROR_SPAN:g}.")
+
+
+BIAS_COLUMN = "grad_weight_bias_in_floors"
+"""The signed error :func:`plot_gradient_bias` draws: grad_weight's error along the exact gradient, in floors."""
+
+
+def plot_gradient_bias(table: pd.DataFrame, device: str = "cpu") -> CaptionedFigure | None:
+    """Signed bias of grad_weight (in floors) vs chunk count per policy, lce next to torch, per (family, dtype,
+    shape); seed median and band."""
+    data = table[(table["device"] == device) & table["op"].isin(["lce", "torch"])].dropna(subset=[BIAS_COLUMN])
+    if data.empty:
+        return None
+    _style()
+    fig, axes, panels = _family_panels(data)
+    for ax, group in panels:
+        points = _chunk_lines(ax, group, BIAS_COLUMN)
+        ax.axhline(0, color="k", lw=0.8)
+        reach = np.nanmax(np.abs(points[[f"{BIAS_COLUMN}_low", f"{BIAS_COLUMN}_high"]].to_numpy()))
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+        limit = max(2.0, 1.3 * reach) if np.isfinite(reach) else 2.0
+        ax.set_ylim(-limit, limit)  # symmetric: a bias of either sign reads at its true size
+        ax.set_xlabel("number of chunks")
+    fig.supylabel("grad_weight bias along the exact gradient (rounding floors)", fontsize=9)
+    _legend_below(fig, axes)
+    return CaptionedFigure(fig, "gradient_bias",
+                           f"Signed error of the weight gradient along the exact gradient, in Frobenius rounding "
+                           f"floors, vs number of chunks, per policy, on {device}: negative means the gradient comes "
+                           "out systematically shorter than the exact one (as if the learning rate were lower), "
+                           "positive longer. Independent rounding errors contribute about (Frobenius error)/"
+                           "sqrt(entries), near 0 here; a bias that does not average out over steps shows at full "
+                           "size. Circles lce, crosses torch; solid where the resolved acc_dtype is wider than the "
+                           f"input. One row of panels per input family. {_seed_caption(data)} Symmetric symlog "
+                           "axis, linear within ±1 floor.")
 
 
 def plot_memory_model(table: pd.DataFrame) -> CaptionedFigure | None:
@@ -266,8 +412,9 @@ def _model_fit_summary(data: pd.DataFrame) -> str:
 
 
 def plot_time_vs_shape(table: pd.DataFrame) -> CaptionedFigure | None:
-    """Median time vs problem size N*D*C, per op and policy, one panel per (device, dtype)."""
-    data = table.copy()
+    """Median time vs problem size N*D*C, per op and policy, one panel per (device, dtype); untimed rows
+    (``cuda-emulated``, NaN) are left out."""
+    data = table[np.isfinite(table[TIME]) & (table[TIME] > 0)].copy()
     if data.empty:
         return None
     _style()
@@ -293,7 +440,8 @@ def plot_time_vs_shape(table: pd.DataFrame) -> CaptionedFigure | None:
                            "Median wall time of one forward+backward vs problem size N*D*C (each point: "
                            "median over the chunking methods and acc_dtypes of one op and policy); lce "
                            "solid, others dashed. CPU timings: one intra-op thread in each of the sweep's "
-                           "worker processes (one per core), on a shared machine.")
+                           "worker processes (one per core), on a shared machine; measured on each configuration's "
+                           "first seed (time does not depend on the values), untimed emulated-CUDA rows left out.")
 
 
 SPAN_COLOURS = dict(zip(("kept", "call", "final", "chunk"), sns.color_palette("muted", 4), strict=True))
@@ -540,6 +688,10 @@ SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], CaptionedFigure | None], ...] = (
     lambda t: plot_error_vs_chunks(t, "cpu"),
     lambda t: plot_error_vs_chunks(t, "cuda-emulated"),
     lambda t: plot_error_vs_chunks(t, "cuda"),
+    lambda t: plot_row_errors(t, "cpu"),
+    lambda t: plot_row_errors(t, "cuda-emulated"),
+    lambda t: plot_row_errors(t, "cuda"),
+    plot_gradient_bias,
     plot_memory_model,
     plot_time_vs_shape,
 )

@@ -10,7 +10,7 @@ import pytest
 
 from analysis import conclusions
 from analysis.conclusions import MARKER
-from analysis.pareto import ERROR, prepare
+from analysis.pareto import ERROR, VS_UNFUSED, prepare
 
 PROVENANCE = {"cpu_model": "Test CPU 9000", "num_threads": 1, "seed": 0}
 
@@ -92,16 +92,45 @@ def test_policy_errors_quotes_medians_per_dtype():
         _sweep_row("lce", "auto", "bfloat16", 99.0, 99.0, chunking="aspect_ratio"),  # not default chunking
     ]
     body, inputs, limits = _sections(conclusions.policy_errors(pd.DataFrame(rows)))
-    assert "lce is at 1.10 rounding floors on its worst gradient and 1.00 on the loss in bf16 and fp16" in body
-    assert "torch 2.13 is at 5.00 on its worst gradient and 40.00 on the loss" in body
-    assert "**bfloat16**, default options: lce 1.10 on its worst gradient" in body
+    assert ("With default options in bf16 and fp16, lce is at 1.00–1.20 rounding floors on its worst gradient and "
+            "1.00 on the loss, torch 2.13 at 4.00–6.00 and 30.00–50.00") in body
+    assert "**random, bfloat16**, default options: lce 1.00–1.20 on its worst gradient" in body
     assert "Explicit policies without acc_dtype (computing in bfloat16): lce 5.00" in body
     assert "with `acc_dtype=float32`, lce balanced 1.50" in body
-    assert "**float32**, default options: lce 14.00 on its worst gradient and 1.00 on the loss; torch 19.00" in body
-    assert "99" not in body
+    assert ("**random, float32**, default options: lce 14.00 on its worst gradient and 1.00 on the loss; "
+            "torch 19.00") in body
+    assert "99" not in body and "[" not in body  # one seed: no interval to quote
     assert "shapes 64×8×256 and 128×8×256 (N×D×C)" in inputs and "Test CPU 9000, 1 thread" in inputs
-    assert "one seed (0)" in inputs
+    assert "one seed (0)" in inputs and "`random` inputs (x ~ N(0, 1)" in inputs
     assert "one seed, so no error bars" in limits and "one CPU (Test CPU 9000)" in limits
+
+
+def test_policy_errors_per_family_with_seed_intervals_and_the_unfused_ratio():
+    lce = [1.0, 1.1, 1.2, 1.3, 3.0]
+    rows = []
+    for seed, error in enumerate(lce):
+        for family, scale in (("random", 1.0), ("calibrated", 2.0)):
+            common = dict(seed=seed, family=family)
+            rows += [_sweep_row("lce", "auto", "bfloat16", error * scale, 1.0) | common,
+                     _sweep_row("torch", "auto", "bfloat16", 5.0, 40.0) | common,
+                     _sweep_row("lce", "auto", "float32", 14.0, 1.0) | common | {VS_UNFUSED: 1.1 + 0.1 * seed}]
+    body, inputs, limits = _sections(conclusions.policy_errors(pd.DataFrame(rows)))
+    low, high = np.percentile(lce, [5, 95])
+    assert f"**random, bfloat16**, default options: lce 1.20 [{low:.2f}–{high:.2f}] on its worst gradient" in body
+    assert f"**calibrated, bfloat16**, default options: lce 2.40 [{2 * low:.2f}–{2 * high:.2f}]" in body
+    assert "on calibrated inputs, lce is at 2.40 rounding floors" in body and "on random inputs, lce is at 1.20" in body
+    assert "lce 14.00 [14.00–14.00] on its worst gradient (1.3x the unfused fp32 computation's own error)" in body
+    assert "5 seeds (0, 1, 2, 3 and 4), medians over seeds with the 5th–95th percentile over seeds" in inputs
+    assert "`calibrated` inputs (a synthetic head with a trained one's traits: a Zipf class prior" in inputs
+    assert "no error bars" not in limits and "one small shape per family" in limits
+
+
+def test_family_descriptions():
+    assert conclusions.family_description("random") == conclusions.random_family()
+    assert "mean loss of 0.5 nats" in conclusions.family_description("calibrated:0.5")
+    assert conclusions.family_description("trained") == (
+        "`trained` inputs (hidden states, head weights and targets of the small LM trained here on the CPython "
+        "standard library, checkpoint final)")
 
 
 def test_chunk_growth_separates_growing_from_flat_series():
@@ -247,30 +276,34 @@ def test_fp32_choice_keeps_different_numbers_apart():
 
 
 def _verdict(**fields) -> dict:
-    base = dict(device="cpu", dtype="bfloat16", shape="64x8x256", pick="accurate aspect_ratio", listed=True,
-                error=1.0, peak_mib=12.0, time_ms=5.0, on_memory_front=True, on_time_front=True,
-                memory_dominator="", memory_dominator_error=math.nan, memory_dominator_peak_mib=math.nan,
-                time_dominator="", time_dominator_error=math.nan, time_dominator_ms=math.nan)
+    base = dict(family="random", device="cpu", dtype="bfloat16", shape="64x8x256", pick="accurate aspect_ratio",
+                listed=True, seeds=1, error=1.0, error_low=1.0, error_high=1.0, vs_unfused=math.nan, peak_mib=12.0,
+                time_ms=5.0, on_memory_front=True, memory_off_seeds=0, memory_dominator="",
+                memory_dominator_seeds=0, memory_dominator_error=math.nan, memory_dominator_peak_mib=math.nan,
+                on_time_front=True, time_off_seeds=0, time_dominator="", time_dominator_seeds=0,
+                time_dominator_error=math.nan, time_dominator_ms=math.nan)
     return {**base, **fields}
 
 
 def test_verdicts_count_fronts_and_name_rivals():
     verdict_table = pd.DataFrame([
-        _verdict(on_memory_front=False, memory_dominator="lce auto ar", memory_dominator_error=1.0,
-                 memory_dominator_peak_mib=4.0),
-        _verdict(shape="128x8x256", on_time_front=False, time_dominator="lce compact auto", time_dominator_error=0.9,
-                 time_dominator_ms=4.0),
+        _verdict(on_memory_front=False, memory_off_seeds=1, memory_dominator="lce auto ar",
+                 memory_dominator_seeds=1, memory_dominator_error=1.0, memory_dominator_peak_mib=4.0),
+        _verdict(shape="128x8x256", on_time_front=False, time_off_seeds=1, time_dominator="lce compact auto",
+                 time_dominator_seeds=1, time_dominator_error=0.9, time_dominator_ms=4.0),
         _verdict(device="cuda-emulated", pick="compact aspect_ratio:2", on_time_front=False)])
     table = _table([dict(op="lce", policy="auto", chunking="auto", chunk_size=64, dtype="bfloat16", error=1.0,
                          peak=12.0, time=5.0)])
     body, inputs, limits = _sections(conclusions.verdicts(verdict_table, table))
-    assert body.startswith(f"{MARKER} 2 of 3 auto picks (entries × shapes) are on the error–memory front, and "
-                           "1 of the 2 measured on the CPU on the error–time front")
-    assert ("- off the memory front — cpu bfloat16, 1 of 2 shapes (64x8x256): `lce auto ar` reaches 1.00 floors (the "
-            "pick: 1.00) with 3.0x less memory; the pick is on the time front there") in body
-    assert ("- off the time front — cpu bfloat16, 1 of 2 shapes (128x8x256): `lce compact auto` reaches 0.90 floors "
-            "(the pick: 1.00) in 0.80x the time") in body
-    assert "cuda-emulated" not in body.split("\n", 1)[1]  # emulated picks: time not judged
+    assert body.startswith(f"{MARKER} 2 of 3 auto picks (entries × input families × shapes) are on the error–memory "
+                           "front in every seed, and 1 of the 2 measured on the CPU on the error–time front")
+    assert ("- off the memory front — random cpu bfloat16, 1 of 2 shapes (64x8x256), off in 1 of 1 seeds: `lce auto "
+            "ar` reaches 1.00 floors (the pick: 1.00) with 3.0x less memory; the pick is on the time front "
+            "there") in body
+    assert ("- off the time front — random cpu bfloat16, 1 of 2 shapes (128x8x256), off in 1 of 1 seeds: `lce compact "
+            "auto` reaches 0.90 floors (the pick: 1.00) in 0.80x the time") in body
+    assert "off the time front — random cuda-emulated" not in body  # emulated picks: time not judged
+    assert "- random bfloat16: the auto picks' worst gradient at 1.00 floors [1.00–1.00] over 1 seed" in body
     assert "median of 3 repeats" in inputs and "more than 5% better on one" in inputs
     assert "times of one thread on a shared machine" in limits
 
@@ -283,10 +316,10 @@ def test_fronts_per_dtype():
         dict(op="torch", policy="auto", chunking="auto", chunk_size=64, dtype="bfloat16", error=3.0, peak=8.0,
              time=9)])
     body, inputs, limits = _sections(conclusions.fronts(table, "cpu"))
-    assert "On cpu, per dtype (measured peak memory" in body
-    assert ("- **bfloat16**: lowest error of any run 1.00 floors; the auto pick 1.00 floors at 10.00 MiB; torch's "
-            "best run 3.00 floors; the least memory any run needs 2.00 MiB, at 4.00 floors.") in body
-    assert "CPU (Test CPU 9000, 1 thread)" in inputs and "three small shapes" in limits
+    assert "On cpu, per input family and dtype (measured peak memory" in body
+    assert ("- **random, bfloat16**: lowest error of any run 1.00 floors; the auto pick 1.00 floors [1.00–1.00] at "
+            "10.00 MiB; torch's best run 3.00 floors; the least memory any run needs 2.00 MiB, at 4.00 floors.") in body
+    assert "CPU (Test CPU 9000, 1 thread)" in inputs and "one small shape per family" in limits
     assert "no cuda-emulated runs" in conclusions.fronts(table, "cuda-emulated")
 
 
@@ -299,7 +332,8 @@ def test_auto_table_reports_evidence_without_data():
                                                             {"error_vs_memory_cpu", "chunk_sweep"}))
     assert "has 2 entries and a fallback" in body and "3 in all, of which 2 are drawn" in body
     assert "`error_vs_chunks_cuda` has no data yet" in body
-    assert "- the verdicts below judge 1 entry on 2 shapes each (cpu: bfloat16)" in body
+    assert ("- the verdicts below judge 1 entry on 2 problems (input family × shape) each, 1 seed a problem "
+            "(cpu: bfloat16)") in body
     assert "no real-GPU results are committed" in body
     assert "lce/policies.py" in inputs and "a reason is a claim" in limits
 
@@ -308,3 +342,28 @@ def test_auto_table_reports_evidence_without_data():
 def test_no_data_still_gives_a_conclusion(function):
     empty = pd.DataFrame(columns=["op", "device", "chunking", "dtype", "peak_bytes_measured", "peak_bytes_modeled"])
     assert function(empty).startswith(MARKER)
+
+
+def test_fronts_and_fp32_choice_per_family_over_seeds():
+    rows = []
+    for seed, (auto, compact) in enumerate([(10.0, 12.0), (11.0, 12.5), (14.0, 13.0)]):
+        for family in ("random", "calibrated"):
+            bump = 0.0 if family == "random" else 1.0
+            common = dict(seed=seed, family=family, dtype="float32", N=64)
+            rows += [dict(op="lce", policy="auto", chunking="auto", chunk_size=64, error=auto + bump, peak=4.0,
+                          time=5.0, **common),
+                     dict(op="lce", policy="compact", chunking="aspect_ratio:2", chunk_size=16, error=compact + bump,
+                          peak=1.0, time=9.0, **common),
+                     dict(op="reference", policy="", chunking="", chunk_size=64, error=10.0, peak=8.0, time=2.0,
+                          **common)]
+    table = _table(rows)
+    body, inputs, limits = _sections(conclusions.fronts(table, "cpu"))
+    expected = np.percentile([10.0, 11.0, 14.0], [5, 95])
+    assert (f"- **random, float32**: lowest error of any run 10.00 floors; the auto pick 11.00 floors "
+            f"[{expected[0]:.2f}–{expected[1]:.2f}], 1.1x the unfused fp32 computation's own error at 4.00 MiB") in body
+    assert "- **calibrated, float32**: lowest error of any run 10.00 floors; the auto pick 12.00 floors" in body
+    assert "3 seeds (0, 1 and 2), errors are medians over seeds" in inputs and "no error bars" not in limits
+    body, _, _ = _sections(conclusions.fp32_choice(table))
+    assert "for calibrated inputs on cpu" in body and "for random inputs on cpu" in body
+    assert "**random, cpu, memory × error**: `lce compact ar:2` (score" in body
+    assert "12.50 floors [12.05–12.95], 1.2x the unfused fp32 computation's own error, 1.00 MiB" in body

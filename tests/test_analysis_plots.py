@@ -20,8 +20,8 @@ from analysis.results_io import COLUMNS, MEMORY_BREAKDOWN, MEMORY_TRACE, load_ki
 TESTDATA = Path(__file__).resolve().parent.parent / "analysis" / "testdata"
 FIXTURE = TESTDATA / "tiny_results.csv"
 ROOT = TESTDATA.parent.parent
-STEMS = ("error_vs_memory_cpu", "error_vs_memory_cuda-emulated", "error_vs_chunks_cpu", "memory_measured_vs_modeled",
-         "time_vs_shape", "memory_breakdown", "memory_trace")
+STEMS = ("error_vs_memory_cpu", "error_vs_memory_cuda-emulated", "error_vs_chunks_cpu", "row_errors_cpu",
+         "gradient_bias", "memory_measured_vs_modeled", "time_vs_shape", "memory_breakdown", "memory_trace")
 
 
 def test_fixture_has_the_current_columns():
@@ -125,3 +125,48 @@ def test_captions_read_as_markdown():
 
     figure = CaptionedFigure(None, "x", "time vs N*D*C for lce_auto")
     assert figure.markdown == r"*time vs N\*D\*C for lce\_auto*"
+
+
+def test_error_figures_draw_seed_medians_and_state_the_interval():
+    """The fixture has 2 seeds on the CPU: each line point is the median of its seeds, the band their percentiles."""
+    import numpy as np
+
+    from analysis.pareto import INTERVAL
+    from analysis.plots import plot_error_vs_chunks, plot_gradient_bias
+
+    table = prepare(load_results([FIXTURE]))
+    figure = plot_error_vs_chunks(table, "cpu")
+    assert "one row of panels per input family" in figure.caption and INTERVAL in figure.caption
+    assert "random: 2 seeds" in figure.caption
+    ax = figure.figure.axes[0]
+    line = next(line for line in ax.get_lines() if line.get_label() == "lce auto")
+    rows = table[(table["device"] == "cpu") & (table["dtype"] == "bfloat16") & (table["op"] == "lce")
+                 & (table["policy"] == "auto") & (table["acc_dtype"] == "default")]
+    expected = rows.groupby("num_chunks")["grad_weight_fro_in_floors"].median().sort_index()
+    assert list(line.get_xdata()) == list(expected.index) and np.allclose(line.get_ydata(), expected.to_numpy())
+    bias = plot_gradient_bias(table)
+    low, high = bias.figure.axes[0].get_ylim()
+    assert low == -high and high >= 2.0  # symmetric, at least ±2 floors
+
+
+def test_row_errors_show_the_rows_next_to_the_frobenius_error():
+    from analysis.plots import ROW_METRICS, plot_row_errors
+
+    table = prepare(load_results([FIXTURE]))
+    figure = plot_row_errors(table, "cpu")
+    assert [ax.get_title() for ax in figure.figure.axes] == ["random: bfloat16, N=16 D=8 C=64",
+                                                             "random: float32, N=16 D=8 C=64"]
+    ticks = [tick.get_text() for tick in figure.figure.axes[0].get_xticklabels()]
+    assert ticks[0] == "lce\nauto" and "reference" in ticks
+    legend = {text.get_text() for text in figure.figure.legends[0].get_texts()}
+    assert {text for text, _ in ROW_METRICS.values()} <= legend
+    assert plot_row_errors(table, "cuda") is None
+
+
+def test_untimed_rows_are_left_out_of_the_time_figure():
+    from analysis.plots import plot_time_vs_shape
+
+    table = prepare(load_results([FIXTURE]))
+    assert plot_time_vs_shape(table[table["device"] == "cuda-emulated"]) is None
+    titles = [ax.get_title() for ax in plot_time_vs_shape(table).figure.axes]
+    assert not any("cuda-emulated" in title for title in titles)

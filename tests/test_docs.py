@@ -42,3 +42,22 @@ def test_cpu_chunking_table_reads_every_cpu_in_the_chunk_sweep():
     assert "AMD EPYC" in table
     rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
     assert rows and all(line.count("|") == 8 for line in rows)
+
+
+def test_bf16_errors_per_family_with_seed_intervals(tmp_path):
+    """From the tiny fixture (2 seeds), its compact acc=fp32 rows renamed balanced: medians and percentiles."""
+    import numpy as np
+    import pandas as pd
+
+    fixture = pd.read_csv(ROOT / "analysis" / "testdata" / "tiny_results.csv")
+    wide = (fixture["policy"] == "compact") & (fixture["acc_dtype"] == "float32")
+    fixture.loc[wide, "policy"] = "balanced"
+    fixture.to_csv(tmp_path / "tiny.csv", index=False)
+    text = docs.bf16_errors(tmp_path)
+    rows = fixture[(fixture["device"] == "cpu") & (fixture["dtype"] == "bfloat16") & (fixture["op"] == "torch")
+                   & (fixture["policy"] == "auto") & (fixture["chunking"] == "auto")]
+    loss = rows["loss_fro_in_floors"]
+    low, high = np.percentile(loss, [5, 95])
+    assert f"torch's default is {loss.median():.2f}x [{low:.2f}–{high:.2f}] on the loss" in text
+    assert text.startswith("In bf16 on the CPU") and "on `random` inputs lce's default is" in text
+    assert "2 seeds: medians over seeds; in brackets the 5th–95th percentile over seeds" in text
