@@ -11,7 +11,7 @@ import pandas as pd
 
 from .conclusions import _conclusion, _join, _shapes
 
-__all__ = ["family_portraits", "CONFIDENT_SHARE", "OUTLIER_RATIO"]
+__all__ = ["family_portraits", "verdict_matrix", "verdict_changes", "CONFIDENT_SHARE", "OUTLIER_RATIO"]
 
 CONFIDENT_SHARE = 0.01
 """A family "has confident rows" when more than this share of its rows has p_target > 0.999."""
@@ -71,3 +71,67 @@ def _trained_model() -> str:
     model, training = meta["model_config"], meta["train_config"]
     return (f"{model['n_layers']} layers, D={model['d_model']}, {meta['step']} steps of {training['batch_size']}x"
             f"{model['context']} tokens, held-out loss {meta['heldout_loss']:.2f} nats")
+
+
+def _cell(rows: pd.DataFrame) -> str:
+    """One verdict cell: memory and time front marks and the error median with its interval, per shape."""
+    parts = []
+    for row in rows.sort_values("shape").itertuples():
+        memory = "✓" if row.on_memory_front else f"✗ ({row.memory_off_seeds}/{row.seeds})"
+        if row.device == "cuda-emulated":
+            time = "–"
+        else:
+            time = "✓" if row.on_time_front else f"✗ ({row.time_off_seeds}/{row.seeds})"
+        parts.append(f"{row.shape}: mem {memory} time {time}, {row.error:.2f} [{row.error_low:.2f}–"
+                     f"{row.error_high:.2f}]")
+    return "; ".join(parts)
+
+
+def verdict_matrix(verdicts_table: pd.DataFrame) -> pd.DataFrame:
+    """The verdicts of :func:`analysis.pareto.verdicts` as one row per auto entry (device, dtype, pick) and one
+    column per input family: front marks (✗ with the seeds it is off in) and the worst-gradient error in floors
+    (seed median [interval]), per shape."""
+    if verdicts_table.empty:
+        return pd.DataFrame(columns=["device", "dtype", "auto pick"])
+    rows = []
+    for (device, dtype, pick), group in verdicts_table.groupby(["device", "dtype", "pick"], sort=True):
+        row = {"device": device, "dtype": dtype, "auto pick": pick}
+        for family, cells in group.groupby("family", sort=False):
+            row[family] = _cell(cells)
+        rows.append(row)
+    families = [f for f in ("random", "calibrated", "trained") if f in verdicts_table["family"].values]
+    families += sorted(set(verdicts_table["family"]) - set(families))
+    return pd.DataFrame(rows, columns=["device", "dtype", "auto pick", *families])
+
+
+def verdict_changes(verdicts_table: pd.DataFrame) -> str:
+    """Per auto entry: do its memory/time verdicts and its error change between input families?"""
+    if verdicts_table.empty:
+        return _conclusion("The results hold no run of an \"auto\" pick to judge.",
+                           inputs="the committed sweep results.", limits="nothing to conclude from.")
+    bullets, changed = [], []
+    for (device, dtype, pick), group in verdicts_table.groupby(["device", "dtype", "pick"], sort=True):
+        per_family = group.groupby("family", sort=False).agg(
+            memory=("on_memory_front", "all"), time=("on_time_front", "all"), error=("error", "median"),
+            high=("error_high", "max"))
+        words = []
+        for family, row in per_family.iterrows():
+            time = "" if device == "cuda-emulated" else f", time front {'✓' if row.time else '✗'}"
+            words.append(f"{family}: memory front {'✓' if row.memory else '✗'}{time}, {row.error:.2f} floors "
+                         f"(up to {row.high:.2f})")
+        varies = per_family["memory"].nunique() > 1 or (device != "cuda-emulated" and per_family["time"].nunique() > 1)
+        if varies:
+            changed.append(f"{device} {dtype}")
+        bullets.append(f"**{device} {dtype} → {pick}**{' (changes with the inputs)' if varies else ''}: "
+                       + "; ".join(words))
+    finding = (f"The verdict changes between input families for {_join(changed)}." if changed else
+               "No auto entry's verdict changes between the input families measured.")
+    seeds = int(verdicts_table["seeds"].max())
+    return _conclusion(
+        finding + " Per entry (✓: on the front in every seed and shape; errors are seed medians, the "
+                  "largest 95th percentile in brackets):", bullets,
+        inputs=f"the committed quick and medium grids: {_join(sorted(set(verdicts_table['family'])))} inputs, "
+               f"shapes {_join(sorted(set(verdicts_table['shape'])))}, up to {seeds} seeds per configuration.",
+        limits="CUDA entries are judged on lce's CUDA layouts run on CPU tensors (exact products, fp32 sums in "
+               "the CPU's order; memory is lce's model, no time); CPU times are one thread on a shared 2-core "
+               "machine, so time verdicts within 10–20% are noise.")
