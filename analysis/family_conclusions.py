@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .conclusions import _conclusion, _join, _shapes
+from .conclusions import _conclusion, _format, _join, _shapes
 
-__all__ = ["family_portraits", "verdict_matrix", "verdict_changes", "CONFIDENT_SHARE", "OUTLIER_RATIO"]
+__all__ = ["family_portraits", "verdict_matrix", "verdict_changes", "rows_and_bias", "CONFIDENT_SHARE", "OUTLIER_RATIO"]
 
 CONFIDENT_SHARE = 0.01
 """A family "has confident rows" when more than this share of its rows has p_target > 0.999."""
@@ -135,3 +135,43 @@ def verdict_changes(verdicts_table: pd.DataFrame) -> str:
         limits="CUDA entries are judged on lce's CUDA layouts run on CPU tensors (exact products, fp32 sums in "
                "the CPU's order; memory is lce's model, no time); CPU times are one thread on a shared 2-core "
                "machine, so time verdicts within 10–20% are noise.")
+
+
+ROW_COLUMNS = ("grad_weight_fro_in_floors", "grad_weight_row_p99", "grad_weight_row_max", "grad_weight_bias_in_floors")
+
+
+def rows_and_bias(table: pd.DataFrame) -> str:
+    """05: per device, family and dtype, lce's default options next to torch's: grad_weight's whole-tensor error,
+    its p99 and worst class row, and its signed bias (seed medians; the largest shape of each family)."""
+    from .pareto import INTERVAL, seed_interval
+
+    data = table[(table["op"].isin(["lce", "torch"])) & (table["policy"] == "auto") & (table["chunking"] == "auto")
+                 & (table["acc_dtype"] == "default") & (table["dtype"] != "float32")]
+    if data.empty or not set(ROW_COLUMNS) <= set(data.columns):
+        return _conclusion("The results hold no per-row errors of the default options.",
+                           inputs="the committed sweep results.", limits="nothing to conclude from.")
+    largest = data.groupby("family")["N"].transform("max") == data["N"]
+    medians = seed_interval(data[largest], list(ROW_COLUMNS))
+    bullets = []
+    worst_gap = None
+    for row in medians.sort_values(["device", "family", "dtype", "op"]).itertuples():
+        values = row._asdict()
+        gap = values["grad_weight_row_max"] / values["grad_weight_fro_in_floors"]
+        if worst_gap is None or gap > worst_gap[0]:
+            worst_gap = (gap, f"{row.op} on {row.device}, {row.family} {row.dtype}")
+        bullets.append(f"{row.device} {row.family} {row.dtype} {row.N}×{row.D}×{row.C}, {row.op} defaults: "
+                       f"{values['grad_weight_fro_in_floors']:.2f} floors on the whole grad_weight, "
+                       f"{values['grad_weight_row_p99']:.2f} at the 99th-percentile class row, "
+                       f"{values['grad_weight_row_max']:.2f} at the worst (up to "
+                       f"{values['grad_weight_row_max_high']:.2f}), bias "
+                       f"{_format(values['grad_weight_bias_in_floors'], '+.2f')} floors")
+    finding = (f"The worst class row is up to {worst_gap[0]:.0f}x the whole tensor's error ({worst_gap[1]}); "
+               "a bias of a fraction of a floor is what unbiased rounding leaves, a bias of whole floors "
+               "shrinks or grows every step's update the same way.")
+    return _conclusion(
+        finding, bullets,
+        inputs=f"default options of lce and torch (policy and chunking \"auto\"), bf16 and fp16, the largest "
+               f"shape of each family in the committed grids; seed medians (intervals: {INTERVAL}).",
+        limits="row errors are each row against its own rounding floor, so a row whose entries are all tiny "
+               "reads large even when its absolute error is below the tensor's; CUDA rows are lce's CUDA "
+               "layouts on CPU tensors.")
