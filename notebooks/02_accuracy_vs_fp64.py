@@ -29,14 +29,15 @@ paths, table = pareto.load_table()
 print("data:", ", ".join(p.name for p in paths), f"({len(table)} runs)")
 
 # %% [markdown]
-# ## Errors per dtype and policy (committed quick grid, CPU, default chunking)
-# Median over shapes of the loss error and of the worst gradient error, in floors.
+# ## Errors per family, dtype and policy (committed grids, CPU, default chunking)
+# Median over shapes and seeds of the loss error and of the worst gradient error, in floors, per
+# input family (notebook 05 describes the families).
 # `acc_dtype=default` follows the options contract: fp32 accumulation only under
 # `acc_policy="auto"`; an explicit policy without `acc_dtype` accumulates in the input dtype.
 
 # %%
 runs = table[(table.device == "cpu") & table.op.isin(["lce", "torch"]) & (table.chunking == "auto")]
-medians = runs.groupby(["dtype", "policy", "acc_dtype", "op"])[["loss_fro_in_floors", pareto.ERROR]].median()
+medians = runs.groupby(["family", "dtype", "policy", "acc_dtype", "op"])[["loss_fro_in_floors", pareto.ERROR]].median()
 medians = medians.unstack("op").sort_index(axis="columns", level="op")
 medians.columns = [f"{op}: {'loss' if column == 'loss_fro_in_floors' else 'worst gradient'}"
                    for column, op in medians.columns]

@@ -9,6 +9,8 @@
 # measured on this machine; CUDA panels use lce's CUDA layouts run on CPU tensors (their
 # errors are the CUDA path's, their memory is lce's model, their times are not GPU times).
 # No data from a real GPU is committed yet; the conclusions say so while it is missing.
+# Every verdict is per input family (`random`, `calibrated`, `trained`: notebook 05 describes
+# them) and holds only if it holds in every one of the 5 seeds.
 
 # %%
 import html
@@ -63,7 +65,8 @@ Markdown(conclusions.auto_table(entries, verdicts, figures))
 # more than 5% better on one to knock the pick off a front (✗ names the strongest rival).
 
 # %%
-show(pareto.verdict_summary(verdicts), {"error (floors)": "{:.2f}", "peak MiB": "{:.2f}", "time ms": "{:.1f}"},
+show(pareto.verdict_summary(verdicts), {"error (floors)": "{:.2f}", "× unfused": "{:.2f}", "peak MiB": "{:.2f}",
+                                        "time ms": "{:.1f}"},
      wrap=["memory front", "time front"], wrap_width="32ch", name="verdicts")
 
 # %%
@@ -95,7 +98,8 @@ Markdown(conclusions.fronts(table, "cuda-emulated"))
 # Configurations that compute the same numbers are one choice (listed under "same numbers as").
 
 # %%
-show(pareto.choices_summary(table, "float32"), {"score": "{:.2f}", "worst gradient (floors)": "{:.2f}"},
+show(pareto.choices_summary(table, "float32"), {"score": "{:.2f}", "worst gradient (floors)": "{:.2f}",
+                                               "× unfused": "{:.2f}"},
      wrap=["same numbers as"], wrap_width="36ch", name="fp32-choices")
 
 # %%

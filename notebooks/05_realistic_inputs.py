@@ -15,7 +15,6 @@
 # %%
 import os
 
-import pandas as pd
 from IPython.display import Markdown, display
 
 from analysis import family_conclusions, pareto, plots
