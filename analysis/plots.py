@@ -35,7 +35,8 @@ from .pareto import ERROR, MEMORY, TIME, front_mask, verdicts
 from .results_io import latest
 
 __all__ = ["CaptionedFigure", "SWEEP_FIGURES", "plot_error_vs_memory", "plot_error_vs_chunks", "plot_memory_model",
-           "plot_time_vs_shape", "plot_buffer_breakdown", "plot_memory_trace", "plot_bench_scaling", "draw_all"]
+           "plot_time_vs_shape", "plot_buffer_breakdown", "plot_memory_trace", "plot_bench_scaling", "plot_margins",
+           "plot_rare_rows", "draw_all"]
 
 POLICY_ORDER = (*ACC_POLICIES, "")  # "": the unchunked ops
 PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER)), strict=True))
@@ -493,14 +494,119 @@ SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], CaptionedFigure | None], ...] = (
 """Every figure of the sweep table, in README order (device-specific ones are skipped without data)."""
 
 
+def _study_colours(labels) -> dict[str, tuple]:
+    """One colour per implementation label of a numerics study, in sorted order (stable across figures)."""
+    labels = sorted(set(labels))
+    return dict(zip(labels, sns.color_palette("tab20", len(labels)) if len(labels) > 10
+                    else sns.color_palette("colorblind", len(labels)), strict=True))
+
+
+MARGIN_OUTPUTS = {"grad_input_floors": "grad_input (floors)", "grad_weight_floors": "grad_weight (floors)",
+                  "loss_ulps": "loss (ulps of the dtype)"}
+
+
+def plot_margins(margins: pd.DataFrame) -> CaptionedFigure | None:
+    """Error against the target's lead (nats), one line per implementation: seed median, 5-95% band."""
+    if margins.empty:
+        return None
+    _style()
+    data = latest(margins, ["impl", "dtype", "N", "D", "C", "seed", "margin"])
+    dtypes = sorted(data["dtype"].unique())
+    fig = _figure(4.2 * len(MARGIN_OUTPUTS), 3.4 * len(dtypes) + 1.6)
+    axes = fig.subplots(len(dtypes), len(MARGIN_OUTPUTS), squeeze=False)
+    colours = _study_colours(data["impl"])
+    for row, dtype in enumerate(dtypes):
+        for column, (output, label) in enumerate(MARGIN_OUTPUTS.items()):
+            ax = axes[row, column]
+            group = data[data["dtype"] == dtype]
+            floor = 0.01 if output == "loss_ulps" else 0.5  # an exact loss is 0 ulps: clamp onto the log axis
+            values = group[output].clip(lower=floor)
+            stats = values.groupby([group["impl"], group["margin"]]).quantile([0.05, 0.5, 0.95]).unstack()
+            for impl in sorted(stats.index.get_level_values(0).unique()):
+                line = stats.loc[impl].sort_index()
+                dashed = " cuda " in impl
+                ax.plot(line.index, line[0.5], marker="o", ms=3, lw=1.1, color=colours[impl],
+                        ls="--" if dashed else "-", label=impl)
+                ax.fill_between(line.index, line[0.05], line[0.95], color=colours[impl], alpha=0.12, lw=0)
+            ax.axhline(1.0, color="k", lw=0.8, ls=":")
+            _log_axes(ax, x=False)
+            _honest_limits(ax, "y", values, span=ERROR_SPAN, floor=None if output == "loss_ulps" else 1.0)
+            ax.set_title(f"{dtype}: {label}", fontsize=9)
+            ax.set_xlabel("target's lead over every other class (nats)")
+    _legend_below(fig, axes)
+    first = data.iloc[0]
+    seeds = data["seed"].nunique()
+    return CaptionedFigure(fig, "margins",
+                           "Error against fp64 on rows whose target logit leads every other class by the margin "
+                           f"(N={first.N} D={first.D} C={first.C}, every row confident; "
+                           "analysis.families.confident_rows), per implementation: the median over "
+                           f"{seeds} seeds, the band their 5-95% range; dashed: lce's CUDA layouts, emulated on "
+                           "CPU. Gradients in multiples of their rounding floor (1 = the exact answer rounded), "
+                           "the loss in ulps of the dtype (values below 0.01 drawn at 0.01). lce \"accurate\" "
+                           "needs acc=fp32 (or \"auto\") to be at the floor: with the default acc_dtype an explicit "
+                           "policy computes in the input dtype. Data: the margins results (python -m analysis "
+                           "margins).")
+
+
+RARE_BIN_COLOURS = dict(zip(("never", "1-2", "3-15", "16+"), sns.color_palette("viridis", 4), strict=True))
+
+
+def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
+    """Per implementation (rows) and dtype (panels): grad_weight's row error per bin of the class's target count
+    (filled: p99, median over seeds; open: max over seeds) and the Frobenius error (black bar)."""
+    if rare.empty:
+        return None
+    _style()
+    data = latest(rare, ["impl", "dtype", "N", "D", "C", "seed", "bin"])
+    dtypes = sorted(data["dtype"].unique(), reverse=True)  # float16 first: its auto pick is the issue's case
+    impls = sorted(data["impl"].unique(), key=lambda name: (not name.startswith("lce"), name))
+    position = {impl: index for index, impl in enumerate(impls)}
+    fig = _figure(6.0 * len(dtypes), 0.24 * len(impls) + 2.0)
+    axes = fig.subplots(1, len(dtypes), squeeze=False, sharey=True)
+    offsets = dict(zip(RARE_BIN_COLOURS, np.linspace(-0.27, 0.27, len(RARE_BIN_COLOURS)), strict=True))
+    for ax, dtype in zip(axes.flat, dtypes, strict=True):
+        group = data[data["dtype"] == dtype]
+        p99 = group.groupby(["impl", "bin"])["row_p99"].median()
+        worst = group.groupby(["impl", "bin"])["row_max"].max()
+        fro = group[group["bin"] == "all"].groupby("impl")["grad_weight_floors"].median()
+        for name, colour in RARE_BIN_COLOURS.items():
+            here = [impl for impl in impls if (impl, name) in p99.index]
+            y = [position[impl] + offsets[name] for impl in here]
+            ax.scatter([p99[(impl, name)] for impl in here], y, s=16, color=colour,
+                       label=f"p99, class targeted {name} times" if name != "never" else "p99, class never targeted")
+            ax.scatter([worst[(impl, name)] for impl in here], y, s=16, facecolor="none", edgecolor=colour,
+                       label=f"max ({name})")
+        ax.scatter(fro.to_numpy(), [position[impl] for impl in fro.index], marker="|", s=120, color="k",
+                   label="Frobenius (median over seeds)")
+        ax.axvline(1.0, color="k", lw=0.8, ls=":")
+        _log_axes(ax, y=False)
+        _honest_limits(ax, "x", pd.concat([p99, worst, fro]), span=ERROR_SPAN, floor=1.0)
+        ax.set_yticks(range(len(impls)), impls, fontsize=7)
+        ax.set_ylim(len(impls) - 0.5, -0.5)
+        first = group.iloc[0]
+        ax.set_title(f"{dtype}, N={first.N} D={first.D} C={first.C}, {group['seed'].nunique()} seeds", fontsize=9)
+        ax.set_xlabel("grad_weight row error (multiples of the row's rounding floor)")
+    _legend_below(fig, axes)
+    return CaptionedFigure(fig, "rare_rows",
+                           "Weight-gradient rows of rarely targeted classes: each class's row error over its own "
+                           "rounding floor (analysis.metrics.row_floors), binned by how often the class is a target "
+                           "in the batch (calibrated family: Zipfian prior, targets sampled from the model), per "
+                           "implementation; filled: the 99th percentile (median over seeds), open: the maximum (over "
+                           "all seeds), black bar: the Frobenius error of the whole gradient. \"cuda\" rows are "
+                           "lce's CUDA layouts emulated on CPU; \"auto\" resolves to the AUTO_TABLE entry of its "
+                           "layout and dtype. Data: the rare_rows results (python -m analysis rare-rows).")
+
+
 def draw_all(table: pd.DataFrame, *, memory_breakdown: pd.DataFrame | None = None,
              memory_trace: pd.DataFrame | None = None, bench: pd.DataFrame | None = None,
-             chunk_sweep: pd.DataFrame | None = None) -> list[CaptionedFigure]:
-    """Every figure the given results tables have data for, in README order: sweep, memory study, bench.
+             chunk_sweep: pd.DataFrame | None = None, margins: pd.DataFrame | None = None,
+             rare_rows: pd.DataFrame | None = None) -> list[CaptionedFigure]:
+    """Every figure the given results tables have data for, in README order: sweep, memory study, bench,
+    numerics studies.
 
     ``table`` is the prepared sweep table; the others are the tables of the
-    ``memory_breakdown``, ``memory_trace``, ``bench`` and ``chunk_sweep`` results files (None or
-    empty: their figures are skipped).
+    ``memory_breakdown``, ``memory_trace``, ``bench``, ``chunk_sweep``, ``margins`` and ``rare_rows``
+    results files (None or empty: their figures are skipped).
     """
     empty = pd.DataFrame()
     breakdown = empty if memory_breakdown is None else memory_breakdown
@@ -509,4 +615,6 @@ def draw_all(table: pd.DataFrame, *, memory_breakdown: pd.DataFrame | None = Non
                                                                   breakdown)]
     drawn.append(plot_bench_scaling(empty if bench is None else bench))
     drawn.append(plot_chunk_sweep(empty if chunk_sweep is None else chunk_sweep))
+    drawn.append(plot_margins(empty if margins is None else margins))
+    drawn.append(plot_rare_rows(empty if rare_rows is None else rare_rows))
     return [figure for figure in drawn if figure is not None]
