@@ -319,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     rare = add("rare-rows", _rare_rows_command, "grad_weight's per-row error binned by class target count",
                "Calibrated inputs (Zipfian targets), fp16 and bf16; lce per policy, layout, acc_dtype and chunking, "
                "torch's op and the unfused reference; writes rare_rows.csv (row error median/p99/max per bin of "
-               "target count, Frobenius floors), moving an earlier one to .previous. Minutes.")
+               "target count, Frobenius floors), moving an earlier one to .previous. About 6 CPU-minutes.")
     study_options(rare, RARE_ROWS_SHAPE, ["float16", "bfloat16"])
 
     notebooks = add("notebooks", _notebooks_command, "execute every notebook from its source and write the .ipynb",
