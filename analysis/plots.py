@@ -87,7 +87,7 @@ def _grid(panels: int, width: float = 4.2, height: float = 3.4, columns: int = 3
     return fig, axes
 
 
-def _legend_below(fig: Figure, axes: np.ndarray) -> None:
+def _legend_below(fig: Figure, axes: np.ndarray, columns: int = 6) -> None:
     handles, labels = {}, []
     for ax in axes.flat:
         for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -95,7 +95,7 @@ def _legend_below(fig: Figure, axes: np.ndarray) -> None:
                 handles[text] = handle
                 labels.append(text)
     if handles:
-        fig.legend([handles[t] for t in labels], labels, loc="outside lower center", ncol=min(6, len(labels)),
+        fig.legend([handles[t] for t in labels], labels, loc="outside lower center", ncol=min(columns, len(labels)),
                    frameon=False, fontsize=8)
 
 
@@ -494,11 +494,25 @@ SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], CaptionedFigure | None], ...] = (
 """Every figure of the sweep table, in README order (device-specific ones are skipped without data)."""
 
 
+def _merge_identical(data: pd.DataFrame, keys: list[str], values: list[str]) -> pd.Series:
+    """Each ``impl``'s display name, implementations with identical ``values`` at every ``keys`` merged into one
+    (their names joined by " = ", in sorted order): contenders whose options resolve to the same arithmetic
+    draw one line instead of hiding each other."""
+    wide = data.pivot_table(index="impl", columns=keys, values=values, aggfunc="first", dropna=False)
+    signature = wide.apply(lambda row: tuple(np.round(row.to_numpy(dtype=float), 12)), axis=1)
+    names = {}
+    for _, members in signature.groupby(signature, sort=False):
+        group = sorted(members.index)
+        for impl in group:
+            names[impl] = " = ".join(group)
+    return data["impl"].map(names)
+
+
 def _study_colours(labels) -> dict[str, tuple]:
-    """One colour per implementation label of a numerics study, in sorted order (stable across figures)."""
+    """One colour per (merged) implementation label of a numerics study, in sorted order."""
     labels = sorted(set(labels))
-    return dict(zip(labels, sns.color_palette("tab20", len(labels)) if len(labels) > 10
-                    else sns.color_palette("colorblind", len(labels)), strict=True))
+    palette = sns.color_palette("tab20" if len(labels) > 10 else "colorblind", len(labels))
+    return dict(zip(labels, palette, strict=True))
 
 
 MARGIN_OUTPUTS = {"grad_input_floors": "grad_input (floors)", "grad_weight_floors": "grad_weight (floors)",
@@ -511,6 +525,7 @@ def plot_margins(margins: pd.DataFrame) -> CaptionedFigure | None:
         return None
     _style()
     data = latest(margins, ["impl", "dtype", "N", "D", "C", "seed", "margin"])
+    data = data.assign(impl=_merge_identical(data, ["dtype", "margin", "seed"], list(MARGIN_OUTPUTS)))
     dtypes = sorted(data["dtype"].unique())
     fig = _figure(4.2 * len(MARGIN_OUTPUTS), 3.4 * len(dtypes) + 1.6)
     axes = fig.subplots(len(dtypes), len(MARGIN_OUTPUTS), squeeze=False)
@@ -524,27 +539,30 @@ def plot_margins(margins: pd.DataFrame) -> CaptionedFigure | None:
             stats = values.groupby([group["impl"], group["margin"]]).quantile([0.05, 0.5, 0.95]).unstack()
             for impl in sorted(stats.index.get_level_values(0).unique()):
                 line = stats.loc[impl].sort_index()
-                dashed = " cuda " in impl
                 ax.plot(line.index, line[0.5], marker="o", ms=3, lw=1.1, color=colours[impl],
-                        ls="--" if dashed else "-", label=impl)
+                        ls="-" if impl.startswith("lce") else "--", label=impl)
                 ax.fill_between(line.index, line[0.05], line[0.95], color=colours[impl], alpha=0.12, lw=0)
             ax.axhline(1.0, color="k", lw=0.8, ls=":")
             _log_axes(ax, x=False)
             _honest_limits(ax, "y", values, span=ERROR_SPAN, floor=None if output == "loss_ulps" else 1.0)
             ax.set_title(f"{dtype}: {label}", fontsize=9)
             ax.set_xlabel("target's lead over every other class (nats)")
-    _legend_below(fig, axes)
+    _legend_below(fig, axes, columns=2)
     first = data.iloc[0]
     seeds = data["seed"].nunique()
     return CaptionedFigure(fig, "margins",
                            "Error against fp64 on rows whose target logit leads every other class by the margin "
                            f"(N={first.N} D={first.D} C={first.C}, every row confident; "
                            "analysis.families.confident_rows), per implementation: the median over "
-                           f"{seeds} seeds, the band their 5-95% range; dashed: lce's CUDA layouts, emulated on "
-                           "CPU. Gradients in multiples of their rounding floor (1 = the exact answer rounded), "
-                           "the loss in ulps of the dtype (values below 0.01 drawn at 0.01). lce \"accurate\" "
-                           "needs acc=fp32 (or \"auto\") to be at the floor: with the default acc_dtype an explicit "
-                           "policy computes in the input dtype. Data: the margins results (python -m analysis "
+                           f"{seeds} seeds, the band their 5-95% range; dashed: torch and the unfused formula. "
+                           "\"cuda\" is lce's CUDA layouts, emulated on CPU; implementations whose numbers are "
+                           "identical everywhere share one line (names joined by =). Gradients in multiples of "
+                           "their rounding floor (1 = the exact answer rounded), the loss in ulps of the dtype "
+                           "(values below 0.01 drawn at 0.01). lce \"accurate\" needs acc=fp32 (or \"auto\") to be "
+                           "at the floor: with the default acc_dtype an explicit policy computes in the input dtype. "
+                           "In fp16 the exact gradients of these rows fall below fp16's subnormals from about 15 "
+                           "nats on (mean over the rows), so every answer reads 1 floor there: only bf16 separates "
+                           "the implementations at large margins. Data: the margins results (python -m analysis "
                            "margins).")
 
 
@@ -558,6 +576,8 @@ def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
         return None
     _style()
     data = latest(rare, ["impl", "dtype", "N", "D", "C", "seed", "bin"])
+    data = data.assign(impl=_merge_identical(data, ["dtype", "seed", "bin"], ["row_p99", "row_max",
+                                                                               "grad_weight_floors"]))
     dtypes = sorted(data["dtype"].unique(), reverse=True)  # float16 first: its auto pick is the issue's case
     impls = sorted(data["impl"].unique(), key=lambda name: (not name.startswith("lce"), name))
     position = {impl: index for index, impl in enumerate(impls)}
@@ -594,7 +614,8 @@ def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
                            "implementation; filled: the 99th percentile (median over seeds), open: the maximum (over "
                            "all seeds), black bar: the Frobenius error of the whole gradient. \"cuda\" rows are "
                            "lce's CUDA layouts emulated on CPU; \"auto\" resolves to the AUTO_TABLE entry of its "
-                           "layout and dtype. Data: the rare_rows results (python -m analysis rare-rows).")
+                           "layout and dtype; implementations whose numbers are identical everywhere share one row "
+                           "(names joined by =). Data: the rare_rows results (python -m analysis rare-rows).")
 
 
 def draw_all(table: pd.DataFrame, *, memory_breakdown: pd.DataFrame | None = None,
