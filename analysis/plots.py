@@ -17,6 +17,7 @@ to the rounding floor (1), so a flat result looks flat.
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from collections.abc import Callable
 
 import matplotlib.pyplot as plt  # noqa: F401 -- in a kernel, importing pyplot sets up inline display of figures
@@ -494,17 +495,37 @@ SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], CaptionedFigure | None], ...] = (
 """Every figure of the sweep table, in README order (device-specific ones are skipped without data)."""
 
 
+def _brace_label(names: list[str]) -> str:
+    """Names of the same word count that differ word by word, written as one: ``lce {accurate,balanced} cpu``.
+
+    Exact only when the names are every combination of their words' values; otherwise the names are split on
+    their third word (the layout), then their last (the chunking), and the parts joined by " = "."""
+    words = [name.split(" ") for name in names]
+    if len({len(w) for w in words}) == 1:
+        columns = list(zip(*words, strict=True))
+        values = [sorted(set(column), key=column.index) for column in columns]
+        if np.prod([len(v) for v in values]) == len(names):
+            return " ".join(v[0] if len(v) == 1 else "{" + ",".join(v) + "}" for v in values)
+        for position in (2, -1):
+            parts = {}
+            for name, w in zip(names, words, strict=True):
+                parts.setdefault(w[position], []).append(name)
+            if len(parts) > 1:
+                return " = ".join(_brace_label(part) for part in parts.values())
+    return " = ".join(names)
+
+
 def _merge_identical(data: pd.DataFrame, keys: list[str], values: list[str]) -> pd.Series:
     """Each ``impl``'s display name, implementations with identical ``values`` at every ``keys`` merged into one
-    (their names joined by " = ", in sorted order): contenders whose options resolve to the same arithmetic
-    draw one line instead of hiding each other."""
+    (:func:`_brace_label`): contenders whose options resolve to the same arithmetic draw one line instead of
+    hiding each other."""
     wide = data.pivot_table(index="impl", columns=keys, values=values, aggfunc="first", dropna=False)
     signature = wide.apply(lambda row: tuple(np.round(row.to_numpy(dtype=float), 12)), axis=1)
     names = {}
     for _, members in signature.groupby(signature, sort=False):
         group = sorted(members.index)
         for impl in group:
-            names[impl] = " = ".join(group)
+            names[impl] = _brace_label(group)
     return data["impl"].map(names)
 
 
@@ -550,20 +571,18 @@ def plot_margins(margins: pd.DataFrame) -> CaptionedFigure | None:
     _legend_below(fig, axes, columns=2)
     first = data.iloc[0]
     seeds = data["seed"].nunique()
-    return CaptionedFigure(fig, "margins",
-                           "Error against fp64 on rows whose target logit leads every other class by the margin "
-                           f"(N={first.N} D={first.D} C={first.C}, every row confident; "
-                           "analysis.families.confident_rows), per implementation: the median over "
-                           f"{seeds} seeds, the band their 5-95% range; dashed: torch and the unfused formula. "
-                           "\"cuda\" is lce's CUDA layouts, emulated on CPU; implementations whose numbers are "
-                           "identical everywhere share one line (names joined by =). Gradients in multiples of "
-                           "their rounding floor (1 = the exact answer rounded), the loss in ulps of the dtype "
-                           "(values below 0.01 drawn at 0.01). lce \"accurate\" needs acc=fp32 (or \"auto\") to be "
-                           "at the floor: with the default acc_dtype an explicit policy computes in the input dtype. "
-                           "In fp16 the exact gradients of these rows fall below fp16's subnormals from about 15 "
-                           "nats on (mean over the rows), so every answer reads 1 floor there: only bf16 separates "
-                           "the implementations at large margins. Data: the margins results (python -m analysis "
-                           "margins).")
+    caption = ("Error against fp64 on rows whose target logit leads every other class by the margin "
+               f"(N={first.N} D={first.D} C={first.C}, every row confident; analysis.families.confident_rows), per "
+               f"implementation: the median over {seeds} seeds, the band their 5-95% range; dashed: torch and the "
+               "unfused formula. \"cuda\" is lce's CUDA layouts, emulated on CPU; implementations whose numbers "
+               "are identical everywhere share one line (names in braces: every combination). Gradients in "
+               "multiples of their rounding floor (1 = the exact answer rounded), the loss in ulps of the dtype "
+               "(values below 0.01 drawn at 0.01). lce \"accurate\" needs acc=fp32 (or \"auto\") to be at the "
+               "floor: with the default acc_dtype an explicit policy computes in the input dtype. In fp16 the exact "
+               "gradients of these rows fall below fp16's subnormals from about 15 nats on (mean over the rows), so "
+               "every answer reads 1 floor there: only bf16 separates the implementations at large margins. Data: "
+               "the margins results (python -m analysis margins).")
+    return CaptionedFigure(fig, "margins", caption)
 
 
 RARE_BIN_COLOURS = dict(zip(("never", "1-2", "3-15", "16+"), sns.color_palette("viridis", 4), strict=True))
@@ -581,7 +600,7 @@ def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
     dtypes = sorted(data["dtype"].unique(), reverse=True)  # float16 first: its auto pick is the issue's case
     impls = sorted(data["impl"].unique(), key=lambda name: (not name.startswith("lce"), name))
     position = {impl: index for index, impl in enumerate(impls)}
-    fig = _figure(6.0 * len(dtypes), 0.24 * len(impls) + 2.0)
+    fig = _figure(6.0 * len(dtypes) + 3.5, 0.42 * len(impls) + 2.0)
     axes = fig.subplots(1, len(dtypes), squeeze=False, sharey=True)
     offsets = dict(zip(RARE_BIN_COLOURS, np.linspace(-0.27, 0.27, len(RARE_BIN_COLOURS)), strict=True))
     for ax, dtype in zip(axes.flat, dtypes, strict=True):
@@ -601,7 +620,7 @@ def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
         ax.axvline(1.0, color="k", lw=0.8, ls=":")
         _log_axes(ax, y=False)
         _honest_limits(ax, "x", pd.concat([p99, worst, fro]), span=ERROR_SPAN, floor=1.0)
-        ax.set_yticks(range(len(impls)), impls, fontsize=7)
+        ax.set_yticks(range(len(impls)), [textwrap.fill(impl, 60) for impl in impls], fontsize=7)
         ax.set_ylim(len(impls) - 0.5, -0.5)
         first = group.iloc[0]
         ax.set_title(f"{dtype}, N={first.N} D={first.D} C={first.C}, {group['seed'].nunique()} seeds", fontsize=9)
@@ -615,7 +634,8 @@ def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
                            "all seeds), black bar: the Frobenius error of the whole gradient. \"cuda\" rows are "
                            "lce's CUDA layouts emulated on CPU; \"auto\" resolves to the AUTO_TABLE entry of its "
                            "layout and dtype; implementations whose numbers are identical everywhere share one row "
-                           "(names joined by =). Data: the rare_rows results (python -m analysis rare-rows).")
+                           "(names in braces: every combination). Data: the rare_rows results (python -m analysis "
+                           "rare-rows).")
 
 
 def draw_all(table: pd.DataFrame, *, memory_breakdown: pd.DataFrame | None = None,
