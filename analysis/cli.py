@@ -89,6 +89,18 @@ def _margins(text: str) -> tuple[float, ...]:
     return values
 
 
+def _names(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    """A parser of comma-separated names, each one of ``allowed``."""
+
+    def names(text: str) -> tuple[str, ...]:
+        chosen = tuple(part.strip() for part in text.split(",") if part.strip())
+        if not chosen or any(name not in allowed for name in chosen):
+            raise ValueError(f"expected names from {list(allowed)}, comma-separated; got {text!r}")
+        return chosen
+
+    return names
+
+
 def _grids_command(args: argparse.Namespace) -> None:
     for grid in GRIDS.values():
         print(f"{grid.name:<6} {len(grid.configs):>5} runs  {grid.description}")
@@ -165,8 +177,9 @@ def _margins_command(args: argparse.Namespace) -> None:
 def _rare_rows_command(args: argparse.Namespace) -> None:
     from .studies import rare_rows
 
-    _print_study(*rare_rows.record(args.results, shape=args.shape, dtypes=tuple(args.dtypes),
-                                   seeds=tuple(range(args.seeds))))
+    runs = rare_rows.contenders(args.policies, args.chunkings)
+    _print_study(*rare_rows.record(args.results, args.file, shape=args.shape, dtypes=tuple(args.dtypes),
+                                   seeds=tuple(range(args.seeds)), runs=runs))
 
 
 def _docs_command(args: argparse.Namespace) -> int:
@@ -202,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``python -m analysis`` parser: every subcommand with its flags and handler."""
     from .studies.margins import MARGIN_VALUES, MARGINS_SHAPE
     from .studies.memory_study import STUDY_DTYPE, STUDY_SHAPE
-    from .studies.rare_rows import RARE_ROWS_SHAPE
+    from .studies.rare_rows import CHUNKINGS, POLICIES, RARE_ROWS_SHAPE
     from .sweep import parse_shard
 
     parser = argparse.ArgumentParser(
@@ -321,6 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
                "torch's op and the unfused reference; writes rare_rows.csv (row error median/p99/max per bin of "
                "target count, Frobenius floors), moving an earlier one to .previous. About 6 CPU-minutes.")
     study_options(rare, RARE_ROWS_SHAPE, ["float16", "bfloat16"])
+    rare.add_argument("--policies", type=_argument(_names(POLICIES)), default=POLICIES, metavar="P[,P]",
+                      help=f"lce policies (default: {','.join(POLICIES)})")
+    rare.add_argument("--chunkings", type=_argument(_names(CHUNKINGS)), default=CHUNKINGS, metavar="M[,M]",
+                      help=f"lce chunking methods (default: {','.join(CHUNKINGS)})")
+    rare.add_argument("--file", default="rare_rows.csv", metavar="NAME",
+                      help="results file name in the results folder (default: rare_rows.csv; a spot check at "
+                           "another shape goes in a file of its own)")
 
     notebooks = add("notebooks", _notebooks_command, "execute every notebook from its source and write the .ipynb",
                     "Runs notebooks/NN_*.py top to bottom in a fresh kernel each (quick settings unless --full).")

@@ -595,6 +595,8 @@ def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
         return None
     _style()
     data = latest(rare, ["impl", "dtype", "N", "D", "C", "seed", "bin"])
+    main_shape = data.groupby(["N", "D", "C"]).size().idxmax()  # the study; spot checks at other shapes stay out
+    data = data[(data[["N", "D", "C"]] == main_shape).all(axis=1)]
     data = data.assign(impl=_merge_identical(data, ["dtype", "seed", "bin"], ["row_p99", "row_max",
                                                                                "grad_weight_floors"]))
     dtypes = sorted(data["dtype"].unique(), reverse=True)  # float16 first: its auto pick is the case
@@ -634,7 +636,8 @@ def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
                            "all seeds), black bar: the Frobenius error of the whole gradient. \"cuda\" rows are "
                            "lce's CUDA layouts emulated on CPU; \"auto\" resolves to the AUTO_TABLE entry of its "
                            "layout and dtype; implementations whose numbers are identical everywhere share one row "
-                           "(names in braces: every combination). Data: the rare_rows results (python -m analysis "
+                           "(names in braces: every combination). Drawn at the shape with the most rows; spot checks "
+                           "at other shapes are in the data only. Data: the rare_rows results (python -m analysis "
                            "rare-rows).")
 
 

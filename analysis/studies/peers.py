@@ -53,9 +53,10 @@ class Contender:
 
 
 def lce_contenders(policies: Sequence[str], devices: Sequence[str], acc_dtypes: Sequence[str],
-                   chunkings: Sequence[str] = ("auto",)) -> list[Contender]:
-    """Every combination, labelled ``lce <policy> <layout> acc=<acc> [<chunking>]`` (chunking named only when
-    more than one is asked for). "auto" is taken with the default ``acc_dtype`` only: it resolves its own."""
+                   chunkings: Sequence[str] = ("auto",), name_chunking: bool = False) -> list[Contender]:
+    """Every combination, labelled ``lce <policy> <layout> acc=<acc> [<chunking>]`` (chunking named when
+    ``name_chunking`` or more than one is asked for). "auto" is taken with the default ``acc_dtype`` only: it
+    resolves its own."""
     contenders = []
     for device in devices:
         for policy in policies:
@@ -65,7 +66,7 @@ def lce_contenders(policies: Sequence[str], devices: Sequence[str], acc_dtypes: 
                 for chunking in chunkings:
                     short = {"default": "default", "float32": "fp32"}.get(acc, acc)
                     label = f"lce {policy} {LAYOUT_NAMES[device]} acc={short}"
-                    if len(chunkings) > 1:
+                    if name_chunking or len(chunkings) > 1:
                         label += f" {chunking}"
                     contenders.append(Contender(label, ImplSpec("lce", policy, chunking, acc), device))
     return contenders

@@ -52,11 +52,14 @@ BINS: dict[str, tuple[int, int]] = {"never": (0, 0), "1-2": (1, 2), "3-15": (3, 
 """Bin name -> the inclusive range of a class's target count in the batch."""
 
 
-def contenders(chunkings: Sequence[str] = ("auto", "aspect_ratio:2")) -> list[Contender]:
+POLICIES: tuple[str, ...] = ("accurate", "balanced", "compact", "auto")
+CHUNKINGS: tuple[str, ...] = ("auto", "aspect_ratio:2")
+
+
+def contenders(policies: Sequence[str] = POLICIES, chunkings: Sequence[str] = CHUNKINGS) -> list[Contender]:
     """lce per policy, layout, ``acc_dtype`` and chunking; torch's native op with default options; the unfused
     reference in the input dtype."""
-    return [*lce_contenders(("accurate", "balanced", "compact", "auto"), ("cpu", "cuda-emulated"),
-                            ("default", "float32"), chunkings),
+    return [*lce_contenders(policies, ("cpu", "cuda-emulated"), ("default", "float32"), chunkings, name_chunking=True),
             Contender("torch default", ImplSpec("torch", "auto", "auto")),
             Contender("unfused", ImplSpec("reference"))]
 
@@ -130,7 +133,7 @@ def measure(shape: Shape = RARE_ROWS_SHAPE, dtypes: Sequence[str] = STUDY_DTYPES
     return pd.DataFrame(rows)
 
 
-def record(folder: Path, **settings) -> tuple[Path, float]:
-    """Measure (``settings``: :func:`measure`'s) and write ``folder/rare_rows.csv`` with provenance, an earlier
+def record(folder: Path, file_name: str = RARE_ROWS_FILE, **settings) -> tuple[Path, float]:
+    """Measure (``settings``: :func:`measure`'s) and write ``folder/<file_name>`` with provenance, an earlier
     one moved to ``.previous``; return the path and the wall time in seconds."""
-    return record_study(folder / RARE_ROWS_FILE, RARE_ROWS, measure, **settings)
+    return record_study(folder / file_name, RARE_ROWS, measure, **settings)
