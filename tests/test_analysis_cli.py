@@ -32,7 +32,9 @@ def test_usage_errors_name_the_problem(capsys):
     for argv, expected in ((["sweep", "--shard", "5/4"], "shard must be K/N"),
                            (["bench", "--shape", "64x8"], "NxDxC"),
                            (["bench", "--chunk-sweep", "--scaling"], "not allowed with"),
-                           (["sweep", "--grid", "nope"], "invalid choice")):
+                           (["sweep", "--grid", "nope"], "invalid choice"),
+                           (["rare-rows", "--policies", "auto,nope"], "expected names from"),
+                           (["margins", "--margins", "0,-5"], "non-negative")):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2
