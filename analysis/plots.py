@@ -595,8 +595,8 @@ def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
         return None
     _style()
     data = latest(rare, ["impl", "dtype", "N", "D", "C", "seed", "bin"])
-    main_shape = data.groupby(["N", "D", "C"]).size().idxmax()  # the study; spot checks at other shapes stay out
-    data = data[(data[["N", "D", "C"]] == main_shape).all(axis=1)]
+    n, d, c = data.groupby(["N", "D", "C"]).size().idxmax()  # the study; spot checks at other shapes stay out
+    data = data[(data["N"] == n) & (data["D"] == d) & (data["C"] == c)]
     data = data.assign(impl=_merge_identical(data, ["dtype", "seed", "bin"], ["row_p99", "row_max",
                                                                                "grad_weight_floors"]))
     dtypes = sorted(data["dtype"].unique(), reverse=True)  # float16 first: its auto pick is the case

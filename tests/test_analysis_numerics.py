@@ -85,7 +85,7 @@ def test_bins_partition_the_classes():
 def rare_table():
     shape = Shape(256, 64, 2048)
     chosen = [Contender("lce accurate cpu acc=fp32", ImplSpec("lce", "accurate", "auto", "float32")),
-              Contender("lce compact cuda acc=fp32", ImplSpec("lce", "compact", "aspect_ratio:2", "float32"),
+              Contender("lce compact cuda acc=fp32", ImplSpec("lce", "compact", "rows:16", "float32"),
                         "cuda-emulated"),
               Contender("unfused", ImplSpec("reference"))]
     return rare_rows.measure(shape, seeds=(0,), runs=chosen)
@@ -107,7 +107,7 @@ def test_rare_rows_against_fp64(rare_table):
         accurate = table.loc[("lce accurate cpu acc=fp32", dtype)]
         assert (accurate["row_max"] <= 1.5).all(), accurate.to_string()
         compact = table.loc[("lce compact cuda acc=fp32", dtype)]
-        assert compact.loc["all", "num_chunks"] == 64  # aspect_ratio:2 at N=256 D=64 C=2048: 4 rows a chunk
+        assert compact.loc["all", "num_chunks"] == 16
         assert compact.loc["never", "row_p99"] > 2 * accurate.loc["never", "row_p99"], compact.to_string()
 
 
