@@ -82,6 +82,25 @@ def _families(text: str) -> tuple[str, ...]:
     return names
 
 
+def _margins(text: str) -> tuple[float, ...]:
+    values = tuple(float(part) for part in text.split(",") if part.strip())
+    if not values or any(value < 0 for value in values):
+        raise ValueError(f"--margins needs non-negative numbers of nats, e.g. 0,20,40; got {text!r}")
+    return values
+
+
+def _names(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    """A parser of comma-separated names, each one of ``allowed``."""
+
+    def names(text: str) -> tuple[str, ...]:
+        chosen = tuple(part.strip() for part in text.split(",") if part.strip())
+        if not chosen or any(name not in allowed for name in chosen):
+            raise ValueError(f"expected names from {list(allowed)}, comma-separated; got {text!r}")
+        return chosen
+
+    return names
+
+
 def _grids_command(args: argparse.Namespace) -> None:
     for grid in GRIDS.values():
         print(f"{grid.name:<6} {len(grid.configs):>5} runs  {grid.description}")
@@ -158,6 +177,25 @@ def _family_stats_command(args: argparse.Namespace) -> None:
     print(display_path(path))
 
 
+def _print_study(path: Path, seconds: float) -> None:
+    print(f"{display_path(path)}: {seconds:.0f} s (an earlier one, if any, is now {path.name}.previous)")
+
+
+def _margins_command(args: argparse.Namespace) -> None:
+    from .studies import margins
+
+    _print_study(*margins.record(args.results, shape=args.shape, dtypes=tuple(args.dtypes), margins=args.margins,
+                                 seeds=tuple(range(args.seeds))))
+
+
+def _rare_rows_command(args: argparse.Namespace) -> None:
+    from .studies import rare_rows
+
+    runs = rare_rows.contenders(args.policies, args.chunkings)
+    _print_study(*rare_rows.record(args.results, args.file, shape=args.shape, dtypes=tuple(args.dtypes),
+                                   seeds=tuple(range(args.seeds)), runs=runs))
+
+
 def _docs_command(args: argparse.Namespace) -> int:
     from .docs import update
 
@@ -207,7 +245,9 @@ def _lm_command(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m analysis`` parser: every subcommand with its flags and handler."""
     from .lm.pipeline import DEFAULT_STEPS
+    from .studies.margins import MARGIN_VALUES, MARGINS_SHAPE
     from .studies.memory_study import STUDY_DTYPE, STUDY_SHAPE
+    from .studies.rare_rows import CHUNKINGS, POLICIES, RARE_ROWS_SHAPE
     from .sweep import parse_shard
 
     parser = argparse.ArgumentParser(
@@ -311,6 +351,36 @@ def build_parser() -> argparse.ArgumentParser:
                        help="these families only (default: random, calibrated at 0.5/3/6 nats, trained early/final)")
     stats.add_argument("--seed", type=int, default=0, help="seed of the draw (default: 0)")
     results_folder(stats)
+
+    def study_options(command: argparse.ArgumentParser, shape: Shape, dtypes: list[str], note: str = "") -> None:
+        command.add_argument("--shape", default=shape, type=_argument(parse_shape), metavar="NxDxC",
+                             help=f"problem size{note} (default: {shape})")
+        command.add_argument("--seeds", type=int, default=5, help="seeds 0..K-1 (default: 5)")
+        command.add_argument("--dtypes", nargs="+", default=dtypes, choices=("bfloat16", "float16"),
+                             help=f"input dtypes (default: {' '.join(dtypes)})")
+        results_folder(command)
+
+    margins = add("margins", _margins_command, "error vs fp64 on confident rows, margins 0 to 40 nats",
+                  "Every row's target leads the other classes by 0, 5, ..., 40 nats (bf16 and fp16, one input per "
+                  "seed); lce per policy and layout, torch's op and the unfused fp32 formula; writes margins.csv "
+                  "(the floors of both gradients, the loss in ulps), moving an earlier one to .previous. About 2 "
+                  "minutes here.")
+    study_options(margins, MARGINS_SHAPE, ["bfloat16", "float16"], ", N <= D")
+    margins.add_argument("--margins", type=_argument(_margins), default=MARGIN_VALUES, metavar="M[,M]",
+                         help="margins in nats (default: 0,5,...,40)")
+
+    rare = add("rare-rows", _rare_rows_command, "grad_weight's per-row error binned by class target count",
+               "Calibrated inputs (Zipfian targets), fp16 and bf16; lce per policy, layout, acc_dtype and chunking, "
+               "torch's op and the unfused reference; writes rare_rows.csv (row error median/p99/max per bin of "
+               "target count, Frobenius floors), moving an earlier one to .previous. About 6 CPU-minutes.")
+    study_options(rare, RARE_ROWS_SHAPE, ["float16", "bfloat16"])
+    rare.add_argument("--policies", type=_argument(_names(POLICIES)), default=POLICIES, metavar="P[,P]",
+                      help=f"lce policies (default: {','.join(POLICIES)})")
+    rare.add_argument("--chunkings", type=_argument(_names(CHUNKINGS)), default=CHUNKINGS, metavar="M[,M]",
+                      help=f"lce chunking methods (default: {','.join(CHUNKINGS)})")
+    rare.add_argument("--file", default="rare_rows.csv", metavar="NAME",
+                      help="results file name in the results folder (default: rare_rows.csv; a spot check at "
+                           "another shape goes in a file of its own)")
 
     notebooks = add("notebooks", _notebooks_command, "execute every notebook from its source and write the .ipynb",
                     "Runs notebooks/NN_*.py top to bottom in a fresh kernel each (quick settings unless --full).")

@@ -30,7 +30,7 @@ import torch
 
 from .inputs import Shape
 
-__all__ = ["Draw", "Calibration", "CALIBRATION", "FAMILIES", "parse_family", "draw", "family_kind"]
+__all__ = ["Draw", "Calibration", "CALIBRATION", "FAMILIES", "parse_family", "draw", "family_kind", "confident_rows"]
 
 FAMILIES: tuple[str, ...] = ("random", "calibrated", "trained")
 """The family kinds; a family name is a kind, optionally ``:parameter``."""
@@ -219,3 +219,34 @@ def _trained(shape: Shape, checkpoint: str, bias: bool) -> Draw:
                          f"got shape {shape}")
     b = torch.zeros(classes) if bias else None
     return Draw(dump.x[:shape.N].float().clone(), dump.weight.float().clone(), b, dump.target[:shape.N].clone())
+
+
+def confident_rows(margin: float, shape: Shape, dtype: torch.dtype, *, seed: int = 0) -> tuple[Draw, float]:
+    """Rows whose target logit leads every other class by about ``margin`` nats, rounded to ``dtype``.
+
+    Not a family (its shape is constrained and it returns ``dtype`` tensors): the input of the
+    confident-rows tests and of :mod:`analysis.studies.margins`, where ``p_y - 1`` and
+    ``lse - z_y`` cancel. ``x`` has orthogonal rows of norm ``sqrt(D)`` (so ``N <= D``); the other
+    classes' weights are random (logits of standard deviation 3); row ``i``'s target is class
+    ``i * (C // N)`` (distinct per row, so ``N <= C``), whose weight ``alpha_i * x_i / D`` gives it
+    the logit ``alpha_i`` on row ``i`` and 0 on the rows orthogonal to it; ``alpha_i`` is the row's
+    largest other logit plus ``margin``. Built in fp64 and rounded once, so the realized lead moves
+    by the rounding of the weights: the second value returned is the smallest lead over the rows,
+    measured in fp64 on the rounded tensors. No bias.
+    """
+    n, d, c = shape.N, shape.D, shape.C
+    if n > d or n > c:
+        raise ValueError(f"confident_rows needs N <= D (orthogonal rows) and N <= C (a target each), got {shape}")
+    f64 = torch.float64
+    generator = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(d, n, generator=generator, dtype=f64))
+    x = q.T * d**0.5
+    w = torch.randn(c, d, generator=generator, dtype=f64) * (RANDOM_LOGIT_SCALE / d**0.5)
+    y = torch.arange(n) * (c // n)
+    w[y] = 0.0
+    others = (x @ w.T).amax(1)
+    w[y] = (others + margin)[:, None] * x / d
+    x, w = x.to(dtype), w.to(dtype)
+    z = x.to(f64) @ w.to(f64).T
+    lead = z[torch.arange(n), y] - z.scatter(1, y[:, None], -math.inf).amax(1)
+    return Draw(x, w, None, y), float(lead.min())

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 from .pareto import load_table, verdict_lines
 from .paths import display_path
 from .plots import CaptionedFigure, draw_all
-from .results_io import BENCH, CHUNK_SWEEP, FAMILY_STATS, MEMORY_BREAKDOWN, MEMORY_TRACE, load_kind
+from .results_io import BENCH, CHUNK_SWEEP, FAMILY_STATS, MARGINS, MEMORY_BREAKDOWN, MEMORY_TRACE, RARE_ROWS, load_kind
 
 __all__ = ["make_figures", "save", "write_index"]
 
@@ -56,11 +56,11 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
     paths, table = load_table(results)
     if table.empty:
         raise SystemExit(f"no sweep results in {results}: run `python -m analysis sweep` first")
-    studies = [load_kind(results, kind.name) for kind in (MEMORY_BREAKDOWN, MEMORY_TRACE, BENCH, CHUNK_SWEEP,
-                                                          FAMILY_STATS)]
-    (_, breakdown), (_, trace), (_, bench), (_, chunks), (_, family_stats) = studies
+    studies = [load_kind(results, kind.name)
+               for kind in (MEMORY_BREAKDOWN, MEMORY_TRACE, BENCH, CHUNK_SWEEP, FAMILY_STATS, MARGINS, RARE_ROWS)]
+    (_, breakdown), (_, trace), (_, bench), (_, chunks), (_, family_stats), (_, margins), (_, rare) = studies
     figures = draw_all(table, memory_breakdown=breakdown, memory_trace=trace, bench=bench, chunk_sweep=chunks,
-                       family_stats=family_stats)
+                       family_stats=family_stats, margins=margins, rare_rows=rare)
     paths += [path for study_paths, frame in studies if not frame.empty for path in study_paths]
     written = [path for figure in figures for path in save(figure, out)]
     index = write_index(figures, out, [display_path(p) for p in paths], command, verdict_lines(table))

@@ -17,6 +17,7 @@ to the rounding floor (1), so a flat result looks flat.
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from collections.abc import Callable
 
 import matplotlib.pyplot as plt  # noqa: F401 -- in a kernel, importing pyplot sets up inline display of figures
@@ -36,7 +37,7 @@ from .results_io import latest
 
 __all__ = ["CaptionedFigure", "SWEEP_FIGURES", "plot_error_vs_memory", "plot_error_vs_chunks", "plot_row_errors",
            "plot_gradient_bias", "plot_memory_model", "plot_time_vs_shape", "plot_buffer_breakdown",
-           "plot_memory_trace", "plot_bench_scaling", "plot_families", "draw_all"]
+           "plot_memory_trace", "plot_bench_scaling", "plot_families", "plot_margins", "plot_rare_rows", "draw_all"]
 
 POLICY_ORDER = (*ACC_POLICIES, "")  # "": the unchunked ops
 PALETTE = dict(zip(POLICY_ORDER, sns.color_palette("colorblind", len(POLICY_ORDER)), strict=True))
@@ -87,7 +88,7 @@ def _grid(panels: int, width: float = 4.2, height: float = 3.4, columns: int = 3
     return fig, axes
 
 
-def _legend_below(fig: Figure, axes: np.ndarray) -> None:
+def _legend_below(fig: Figure, axes: np.ndarray, columns: int = 6) -> None:
     handles, labels = {}, []
     for ax in axes.flat:
         for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -95,7 +96,7 @@ def _legend_below(fig: Figure, axes: np.ndarray) -> None:
                 handles[text] = handle
                 labels.append(text)
     if handles:
-        fig.legend([handles[t] for t in labels], labels, loc="outside lower center", ncol=min(6, len(labels)),
+        fig.legend([handles[t] for t in labels], labels, loc="outside lower center", ncol=min(columns, len(labels)),
                    frameon=False, fontsize=8)
 
 
@@ -698,15 +699,162 @@ SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], CaptionedFigure | None], ...] = (
 """Every figure of the sweep table, in README order (device-specific ones are skipped without data)."""
 
 
+def _brace_label(names: list[str]) -> str:
+    """Names of the same word count that differ word by word, written as one: ``lce {accurate,balanced} cpu``.
+
+    Exact only when the names are every combination of their words' values; otherwise the names are split on
+    their third word (the layout), then their last (the chunking), and the parts joined by " = "."""
+    words = [name.split(" ") for name in names]
+    if len({len(w) for w in words}) == 1:
+        columns = list(zip(*words, strict=True))
+        values = [sorted(set(column), key=column.index) for column in columns]
+        if np.prod([len(v) for v in values]) == len(names):
+            return " ".join(v[0] if len(v) == 1 else "{" + ",".join(v) + "}" for v in values)
+        for position in (2, -1):
+            parts = {}
+            for name, w in zip(names, words, strict=True):
+                parts.setdefault(w[position], []).append(name)
+            if len(parts) > 1:
+                return " = ".join(_brace_label(part) for part in parts.values())
+    return " = ".join(names)
+
+
+def _merge_identical(data: pd.DataFrame, keys: list[str], values: list[str]) -> pd.Series:
+    """Each ``impl``'s display name, implementations with identical ``values`` at every ``keys`` merged into one
+    (:func:`_brace_label`): contenders whose options resolve to the same arithmetic draw one line instead of
+    hiding each other."""
+    wide = data.pivot_table(index="impl", columns=keys, values=values, aggfunc="first", dropna=False)
+    signature = wide.apply(lambda row: tuple(np.round(row.to_numpy(dtype=float), 12)), axis=1)
+    names = {}
+    for _, members in signature.groupby(signature, sort=False):
+        group = sorted(members.index)
+        for impl in group:
+            names[impl] = _brace_label(group)
+    return data["impl"].map(names)
+
+
+def _study_colours(labels) -> dict[str, tuple]:
+    """One colour per (merged) implementation label of a numerics study, in sorted order."""
+    labels = sorted(set(labels))
+    palette = sns.color_palette("tab20" if len(labels) > 10 else "colorblind", len(labels))
+    return dict(zip(labels, palette, strict=True))
+
+
+MARGIN_OUTPUTS = {"grad_input_floors": "grad_input (floors)", "grad_weight_floors": "grad_weight (floors)",
+                  "loss_ulps": "loss (ulps of the dtype)"}
+
+
+def plot_margins(margins: pd.DataFrame) -> CaptionedFigure | None:
+    """Error against the target's lead (nats), one line per implementation: seed median, 5-95% band."""
+    if margins.empty:
+        return None
+    _style()
+    data = latest(margins, ["impl", "dtype", "N", "D", "C", "seed", "margin"])
+    data = data.assign(impl=_merge_identical(data, ["dtype", "margin", "seed"], list(MARGIN_OUTPUTS)))
+    dtypes = sorted(data["dtype"].unique())
+    fig = _figure(4.2 * len(MARGIN_OUTPUTS), 3.4 * len(dtypes) + 1.6)
+    axes = fig.subplots(len(dtypes), len(MARGIN_OUTPUTS), squeeze=False)
+    colours = _study_colours(data["impl"])
+    for row, dtype in enumerate(dtypes):
+        for column, (output, label) in enumerate(MARGIN_OUTPUTS.items()):
+            ax = axes[row, column]
+            group = data[data["dtype"] == dtype]
+            floor = 0.01 if output == "loss_ulps" else 0.5  # an exact loss is 0 ulps: clamp onto the log axis
+            values = group[output].clip(lower=floor)
+            stats = values.groupby([group["impl"], group["margin"]]).quantile([0.05, 0.5, 0.95]).unstack()
+            for impl in sorted(stats.index.get_level_values(0).unique()):
+                line = stats.loc[impl].sort_index()
+                ax.plot(line.index, line[0.5], marker="o", ms=3, lw=1.1, color=colours[impl],
+                        ls="-" if impl.startswith("lce") else "--", label=impl)
+                ax.fill_between(line.index, line[0.05], line[0.95], color=colours[impl], alpha=0.12, lw=0)
+            ax.axhline(1.0, color="k", lw=0.8, ls=":")
+            _log_axes(ax, x=False)
+            _honest_limits(ax, "y", values, span=ERROR_SPAN, floor=None if output == "loss_ulps" else 1.0)
+            ax.set_title(f"{dtype}: {label}", fontsize=9)
+            ax.set_xlabel("target's lead over every other class (nats)")
+    _legend_below(fig, axes, columns=2)
+    first = data.iloc[0]
+    seeds = data["seed"].nunique()
+    caption = ("Error against fp64 on rows whose target logit leads every other class by the margin "
+               f"(N={first.N} D={first.D} C={first.C}, every row confident; analysis.families.confident_rows), per "
+               f"implementation: the median over {seeds} seeds, the band their 5-95% range; dashed: torch and the "
+               "unfused formula. \"cuda\" is lce's CUDA layouts, emulated on CPU; implementations whose numbers "
+               "are identical everywhere share one line (names in braces: every combination). Gradients in "
+               "multiples of their rounding floor (1 = the exact answer rounded), the loss in ulps of the dtype "
+               "(values below 0.01 drawn at 0.01). lce \"accurate\" needs acc=fp32 (or \"auto\") to be at the "
+               "floor: with the default acc_dtype an explicit policy computes in the input dtype. In fp16 the exact "
+               "gradients of these rows fall below fp16's subnormals from about 15 nats on (mean over the rows), so "
+               "every answer reads 1 floor there: only bf16 separates the implementations at large margins. Data: "
+               "the margins results (python -m analysis margins).")
+    return CaptionedFigure(fig, "margins", caption)
+
+
+RARE_BIN_COLOURS = dict(zip(("never", "1-2", "3-15", "16+"), sns.color_palette("viridis", 4), strict=True))
+
+
+def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
+    """Per implementation (rows) and dtype (panels): grad_weight's row error per bin of the class's target count
+    (filled: p99, median over seeds; open: max over seeds) and the Frobenius error (black bar)."""
+    if rare.empty:
+        return None
+    _style()
+    data = latest(rare, ["impl", "dtype", "N", "D", "C", "seed", "bin"])
+    n, d, c = data.groupby(["N", "D", "C"]).size().idxmax()  # the study; spot checks at other shapes stay out
+    data = data[(data["N"] == n) & (data["D"] == d) & (data["C"] == c)]
+    data = data.assign(impl=_merge_identical(data, ["dtype", "seed", "bin"], ["row_p99", "row_max",
+                                                                               "grad_weight_floors"]))
+    dtypes = sorted(data["dtype"].unique(), reverse=True)  # float16 first: its auto pick is the issue's case
+    impls = sorted(data["impl"].unique(), key=lambda name: (not name.startswith("lce"), name))
+    position = {impl: index for index, impl in enumerate(impls)}
+    fig = _figure(6.0 * len(dtypes) + 3.5, 0.42 * len(impls) + 2.0)
+    axes = fig.subplots(1, len(dtypes), squeeze=False, sharey=True)
+    offsets = dict(zip(RARE_BIN_COLOURS, np.linspace(-0.27, 0.27, len(RARE_BIN_COLOURS)), strict=True))
+    for ax, dtype in zip(axes.flat, dtypes, strict=True):
+        group = data[data["dtype"] == dtype]
+        p99 = group.groupby(["impl", "bin"])["row_p99"].median()
+        worst = group.groupby(["impl", "bin"])["row_max"].max()
+        fro = group[group["bin"] == "all"].groupby("impl")["grad_weight_floors"].median()
+        for name, colour in RARE_BIN_COLOURS.items():
+            here = [impl for impl in impls if (impl, name) in p99.index]
+            y = [position[impl] + offsets[name] for impl in here]
+            ax.scatter([p99[(impl, name)] for impl in here], y, s=16, color=colour,
+                       label=f"p99, class targeted {name} times" if name != "never" else "p99, class never targeted")
+            ax.scatter([worst[(impl, name)] for impl in here], y, s=16, facecolor="none", edgecolor=colour,
+                       label=f"max ({name})")
+        ax.scatter(fro.to_numpy(), [position[impl] for impl in fro.index], marker="|", s=120, color="k",
+                   label="Frobenius (median over seeds)")
+        ax.axvline(1.0, color="k", lw=0.8, ls=":")
+        _log_axes(ax, y=False)
+        _honest_limits(ax, "x", pd.concat([p99, worst, fro]), span=ERROR_SPAN, floor=1.0)
+        ax.set_yticks(range(len(impls)), [textwrap.fill(impl, 60) for impl in impls], fontsize=7)
+        ax.set_ylim(len(impls) - 0.5, -0.5)
+        first = group.iloc[0]
+        ax.set_title(f"{dtype}, N={first.N} D={first.D} C={first.C}, {group['seed'].nunique()} seeds", fontsize=9)
+        ax.set_xlabel("grad_weight row error (multiples of the row's rounding floor)")
+    _legend_below(fig, axes)
+    return CaptionedFigure(fig, "rare_rows",
+                           "Weight-gradient rows of rarely targeted classes: each class's row error over its own "
+                           "rounding floor (analysis.metrics.row_floors), binned by how often the class is a target "
+                           "in the batch (calibrated family: Zipfian prior, targets sampled from the model), per "
+                           "implementation; filled: the 99th percentile (median over seeds), open: the maximum (over "
+                           "all seeds), black bar: the Frobenius error of the whole gradient. \"cuda\" rows are "
+                           "lce's CUDA layouts emulated on CPU; \"auto\" resolves to the AUTO_TABLE entry of its "
+                           "layout and dtype; implementations whose numbers are identical everywhere share one row "
+                           "(names in braces: every combination). Drawn at the shape with the most rows; spot checks "
+                           "at other shapes are in the data only. Data: the rare_rows results (python -m analysis "
+                           "rare-rows).")
+
+
 def draw_all(table: pd.DataFrame, *, memory_breakdown: pd.DataFrame | None = None,
              memory_trace: pd.DataFrame | None = None, bench: pd.DataFrame | None = None,
-             chunk_sweep: pd.DataFrame | None = None, family_stats: pd.DataFrame | None = None
-             ) -> list[CaptionedFigure]:
-    """Every figure the given results tables have data for, in README order: sweep, memory study, bench.
+             chunk_sweep: pd.DataFrame | None = None, family_stats: pd.DataFrame | None = None,
+             margins: pd.DataFrame | None = None, rare_rows: pd.DataFrame | None = None) -> list[CaptionedFigure]:
+    """Every figure the given results tables have data for, in README order: sweep, memory study, bench,
+    input families, numerics studies.
 
     ``table`` is the prepared sweep table; the others are the tables of the
-    ``memory_breakdown``, ``memory_trace``, ``bench`` and ``chunk_sweep`` results files (None or
-    empty: their figures are skipped).
+    ``memory_breakdown``, ``memory_trace``, ``bench``, ``chunk_sweep``, ``margins`` and ``rare_rows``
+    results files (None or empty: their figures are skipped).
     """
     empty = pd.DataFrame()
     breakdown = empty if memory_breakdown is None else memory_breakdown
@@ -716,4 +864,6 @@ def draw_all(table: pd.DataFrame, *, memory_breakdown: pd.DataFrame | None = Non
     drawn.append(plot_bench_scaling(empty if bench is None else bench))
     drawn.append(plot_chunk_sweep(empty if chunk_sweep is None else chunk_sweep))
     drawn.append(plot_families(empty if family_stats is None else family_stats))
+    drawn.append(plot_margins(empty if margins is None else margins))
+    drawn.append(plot_rare_rows(empty if rare_rows is None else rare_rows))
     return [figure for figure in drawn if figure is not None]

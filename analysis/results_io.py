@@ -4,7 +4,8 @@ Every results file (``analysis/results/*.csv``) starts with a ``kind`` column
 naming what it holds, one of :data:`KINDS`: ``sweep`` rows (one run of a grid
 each), the ``bench`` and ``chunk_sweep`` measurements of
 :mod:`analysis.studies.bench`, the ``memory_breakdown`` and ``memory_trace``
-of :mod:`analysis.studies.memory_study`, and ``reproduce`` (the wall time of a
+of :mod:`analysis.studies.memory_study`, ``margins`` and ``rare_rows`` (:mod:`analysis.studies.margins`,
+:mod:`analysis.studies.rare_rows`), and ``reproduce`` (the wall time of a
 whole reproduction). Readers choose files by kind
 (:func:`paths_of_kind`), never by file name. Every kind ends with the
 provenance columns.
@@ -38,8 +39,7 @@ from .metrics import ERROR_SUFFIXES
 from .provenance import PROVENANCE_COLUMNS
 
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
-           "REPRODUCE",
-           "COLUMNS",
+           "REPRODUCE", "MARGINS", "RARE_ROWS", "COLUMNS",
            "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
            "load_kind", "done_keys", "latest", "load_results"]
 
@@ -102,12 +102,26 @@ FAMILY_STATS = Kind("family_stats", tuple(["kind", "family", "statistic", "rank"
                     "what each input family looks like: mean loss, p_target and margin quantiles, feature outliers, "
                     "target rank-frequency (python -m analysis family-stats)")
 
+_CONTENDER = ["impl", "op", "policy", "layout", "acc_dtype", "resolved_policy", "resolved_acc_dtype", "num_chunks"]
+MARGINS = Kind("margins", tuple(["kind", *_CONTENDER, "dtype", "N", "D", "C", "seed", "margin", "realized_margin",
+                                 "grad_input_floors", "grad_weight_floors", "loss_ulps", "wall_s", "cpu_s",
+                                 *PROVENANCE_COLUMNS]),
+               "error vs fp64 on rows whose target leads by a margin (nats), per implementation, dtype and seed: "
+               "Frobenius floors of both gradients, loss ulps (python -m analysis margins)")
+
+RARE_ROWS = Kind("rare_rows", tuple(["kind", *_CONTENDER, "chunking", "dtype", "family", "N", "D", "C", "seed",
+                                     "grad_weight_floors", "grad_weight_bias_in_floors", "grad_input_floors", "bin",
+                                     "rows", "row_median", "row_p99", "row_max", "wall_s", "cpu_s",
+                                     *PROVENANCE_COLUMNS]),
+                 "grad_weight's per-row error in floors, binned by how often the class is a target in the batch, "
+                 "per implementation, dtype and seed (python -m analysis rare-rows)")
+
 REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s", "memory_study_s", "figures_s",
                                      "total_s", *PROVENANCE_COLUMNS]),
                  "the wall time of one whole `python -m analysis reproduce` (the READMEs quote it)")
 
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
-                                                       FAMILY_STATS, REPRODUCE)}
+                                                       FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

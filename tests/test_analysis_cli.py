@@ -8,7 +8,7 @@ from analysis.cli import build_parser, main
 from analysis.results_io import file_kind, read_table
 
 SUBCOMMANDS = ("sweep", "figures", "reproduce", "bench", "demo", "memory-study", "notebooks", "grids", "verdicts",
-               "lm")
+               "lm", "margins", "rare-rows")
 
 
 def test_every_subcommand_is_registered_with_a_handler():
@@ -32,7 +32,9 @@ def test_usage_errors_name_the_problem(capsys):
     for argv, expected in ((["sweep", "--shard", "5/4"], "shard must be K/N"),
                            (["bench", "--shape", "64x8"], "NxDxC"),
                            (["bench", "--chunk-sweep", "--scaling"], "not allowed with"),
-                           (["sweep", "--grid", "nope"], "invalid choice")):
+                           (["sweep", "--grid", "nope"], "invalid choice"),
+                           (["rare-rows", "--policies", "auto,nope"], "expected names from"),
+                           (["margins", "--margins", "0,-5"], "non-negative")):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2
@@ -61,3 +63,12 @@ def test_memory_study_writes_its_results_files(tmp_path, capsys):
     main(["memory-study", "--shape", "64x16x512", "--results", str(tmp_path)])  # a rerun replaces, never appends
     assert len(read_table(trace)) == len(table) and (tmp_path / "memory_trace.csv.previous").exists()
     assert "memory_trace.csv" in capsys.readouterr().out
+
+
+def test_margins_writes_its_results_file(tmp_path, capsys):
+    assert main(["margins", "--shape", "8x16x128", "--seeds", "1", "--margins", "0,40", "--dtypes", "bfloat16",
+                 "--results", str(tmp_path)]) == 0
+    path = tmp_path / "margins.csv"
+    assert file_kind(path) == "margins" and "margins.csv" in capsys.readouterr().out
+    table = read_table(path)
+    assert len(table) == 17 * 2 and table["git_revision"].notna().all() and (table["cpu_s"] > 0).all()

@@ -13,7 +13,6 @@ where ``floor`` is the error of the fp64 result merely rounded to the dtype.
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import pytest
@@ -21,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 import lce
+from analysis.families import confident_rows
+from analysis.inputs import Shape
 from helpers import (
     F64,
     GRAD_NAMES,
@@ -150,26 +151,13 @@ def test_fp16_gradients_stay_normal_whatever_role_names_the_fp16_operand():
         assert torch.equal(results["accurate"][name], results["compact"][name]), name
 
 
-def _confident_rows(margin: float, dtype: torch.dtype, n: int = 32, d: int = 64, c: int = 512, seed: int = 0):
-    """Rows whose target logit leads every other by about ``margin`` nats, rounded to ``dtype``.
+CONFIDENT_SHAPE = Shape(32, 64, 512)
 
-    x has orthogonal rows of norm sqrt(D); the other classes' weights are random (logits of std 3);
-    each row's target class (distinct per row) gets the weight ``alpha_i * x_i / D``, so its logit is
-    ``alpha_i`` for row i and near 0 for the rows orthogonal to it. Returns the rounded tensors and the
-    smallest realized margin, measured in fp64 on them.
-    """
-    g = torch.Generator().manual_seed(seed)
-    q, _ = torch.linalg.qr(torch.randn(d, n, generator=g, dtype=F64))
-    x = q.T * d**0.5
-    w = torch.randn(c, d, generator=g, dtype=F64) * (3.0 / d**0.5)
-    y = torch.arange(n) * (c // n)
-    w[y] = 0.0
-    others = (x @ w.T).amax(1)
-    w[y] = (others + margin)[:, None] * x / d
-    x, w = x.to(dtype), w.to(dtype)
-    z = x.to(F64) @ w.to(F64).T
-    lead = z[torch.arange(n), y] - z.scatter(1, y[:, None], -math.inf).amax(1)
-    return x, w, y, float(lead.min())
+
+def _confident_rows(margin: float, dtype: torch.dtype):
+    """x, W, y of :func:`analysis.families.confident_rows` and the smallest realized margin."""
+    drawn, lead = confident_rows(margin, CONFIDENT_SHAPE, dtype)
+    return drawn.x, drawn.weight, drawn.target, lead
 
 
 def _confident_reference(x: torch.Tensor, w: torch.Tensor, y: torch.Tensor):

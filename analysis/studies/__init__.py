@@ -11,7 +11,11 @@
 * :mod:`analysis.studies.defects` -- torch's loss drift and all-ignored gradients next to lce's
   (notebook 02);
 * :mod:`analysis.studies.memory_study` -- lce's planned buffers and a measured memory trace
-  (``memory_breakdown.csv``, ``memory_trace.csv``; notebook 03).
+  (``memory_breakdown.csv``, ``memory_trace.csv``; notebook 03);
+* :mod:`analysis.studies.margins` -- error on confident rows against the target's lead, 0-40 nats
+  (``margins.csv``);
+* :mod:`analysis.studies.rare_rows` -- weight-gradient row error binned by how often the class is a
+  target (``rare_rows.csv``); both run their contenders through :mod:`analysis.studies.peers`.
 
 Every study runs its implementations through :mod:`analysis.implementations`.
 """
