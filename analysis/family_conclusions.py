@@ -8,10 +8,12 @@ the inputs it rests on, its limits.
 from __future__ import annotations
 
 import pandas as pd
+import torch
 
-from .conclusions import _conclusion, _format, _join, _shapes
+from .conclusions import _conclusion, _format, _join, _range, _shapes
 
-__all__ = ["family_portraits", "verdict_matrix", "verdict_changes", "rows_and_bias", "CONFIDENT_SHARE", "OUTLIER_RATIO"]
+__all__ = ["family_portraits", "margins", "rare_rows", "verdict_matrix", "verdict_changes", "rows_and_bias",
+           "CONFIDENT_SHARE", "OUTLIER_RATIO"]
 
 CONFIDENT_SHARE = 0.01
 """A family "has confident rows" when more than this share of its rows has p_target > 0.999."""
@@ -175,3 +177,109 @@ def rows_and_bias(table: pd.DataFrame) -> str:
         limits="row errors are each row against its own rounding floor, so a row whose entries are all tiny "
                "reads large even when its absolute error is below the tensor's; CUDA rows are lce's CUDA "
                "layouts on CPU tensors.")
+
+
+def _worst_over_margins(margins: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype and implementation: the largest seed-median worst-gradient floors over the margins, the margin
+    where it occurs, the same restricted to margins <= 10 nats, and the largest loss distance in ulps."""
+    data = margins.assign(worst=margins[["grad_input_floors", "grad_weight_floors"]].max(axis=1))
+    medians = data.groupby(["dtype", "impl", "margin"], sort=True)["worst"].median().reset_index()
+    rows = []
+    for (dtype, impl), group in medians.groupby(["dtype", "impl"], sort=True):
+        top = group.loc[group["worst"].idxmax()]
+        rows.append({"dtype": dtype, "impl": impl, "worst": top["worst"], "at_margin": top["margin"],
+                     "worst_to_10": group[group["margin"] <= 10]["worst"].max(),
+                     "loss_ulps": data[(data["dtype"] == dtype) & (data["impl"] == impl)]["loss_ulps"].max()})
+    return pd.DataFrame(rows)
+
+
+MARGIN_BULLETS = ("lce auto cpu acc=default", "lce auto cuda acc=default", "lce accurate cpu acc=fp32",
+                  "lce accurate cuda acc=fp32", "torch accurate acc=fp32", "torch compact acc=fp32", "unfused fp32")
+"""The implementations the margins conclusion lists one by one (the figure shows every one)."""
+
+
+def margins(margins: pd.DataFrame) -> str:
+    """05: lce's cancellation-free target terms against the unfused fp32 formula and torch's op, 0-40 nats."""
+    if margins.empty:
+        return _conclusion("No margins results yet (`python -m analysis margins`).",
+                           inputs="the committed results.", limits="nothing to conclude from.")
+    worst = _worst_over_margins(margins)
+    ours = worst[worst["impl"].str.startswith("lce accurate") & worst["impl"].str.endswith("acc=fp32")]
+    peers = worst[~worst["impl"].str.startswith("lce")]
+    bf16_peers = peers[peers["dtype"] == "bfloat16"]
+    finding = (f"lce's `accurate` with fp32 accumulation (CPU and CUDA layouts) stays within "
+               f"{ours['worst'].max():.2f} floors on both gradients at every margin from "
+               f"{margins['margin'].min():g} to {margins['margin'].max():g} nats in bf16 and fp16, its loss within "
+               f"{ours['loss_ulps'].max():.2f} ulp of fp64. The peers that form `p_y − 1` reach "
+               f"{_range(bf16_peers['worst'], '.0f')} floors in bf16 (at {_range(bf16_peers['at_margin'], 'g')} "
+               f"nats) and {_range(bf16_peers['loss_ulps'], '.0f')} ulps on the loss, while being within "
+               f"{bf16_peers['worst_to_10'].max():.2f} floors up to 10 nats.")
+    bullets = []
+    shown = worst[worst["impl"].isin(MARGIN_BULLETS)]
+    for row in shown.sort_values(["dtype", "worst"]).itertuples():
+        bullets.append(f"{row.dtype}, {row.impl}: worst {row.worst:.2f} floors (at {row.at_margin:g} nats; "
+                       f"{row.worst_to_10:.2f} up to 10 nats), loss within {row.loss_ulps:.2f} ulps")
+    first = margins.iloc[0]
+    return _conclusion(
+        finding, bullets,
+        inputs=f"rows whose target leads by 0–40 nats (`families.confident_rows`), {first.N}×{first.D}×{first.C}, "
+               f"{margins['seed'].nunique()} seeds (seed medians), bf16 and fp16, errors against the "
+               "cancellation-free fp64 reference (`python -m analysis margins`).",
+        limits="in fp16 past about 15 nats the exact gradients are below fp16's subnormals, so every "
+               "implementation reads 1 floor there: fp16 cannot judge large margins. An explicit policy without "
+               "acc_dtype accumulates in the input dtype (torch's options contract): those rows measure bf16/fp16 "
+               "accumulation, not the target terms.")
+
+
+def _rare_summary(rare: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype and implementation: Frobenius floors (seed median), the worst bin's p99 row (seed median) and the
+    worst row over seeds, with the bin they occur in."""
+    rows = []
+    for (dtype, impl), group in rare.groupby(["dtype", "impl"], sort=True):
+        bins = group[group["bin"] != "all"]
+        p99 = bins.groupby("bin")["row_p99"].median()
+        top = bins.loc[bins["row_max"].idxmax()]
+        rows.append({"dtype": dtype, "impl": impl,
+                     "frobenius": group.groupby("seed")["grad_weight_floors"].first().median(),
+                     "p99": p99.max(), "p99_bin": p99.idxmax(), "max": top["row_max"], "max_bin": top["bin"]})
+    return pd.DataFrame(rows)
+
+
+def rare_rows(rare: pd.DataFrame) -> str:
+    """05: the weight-gradient rows of rarely targeted classes, per policy and layout, fp16 and bf16."""
+    if rare.empty:
+        return _conclusion("No rare-rows results yet (`python -m analysis rare-rows`).",
+                           inputs="the committed results.", limits="nothing to conclude from.")
+    summary = _rare_summary(rare)
+
+    def line(impl_prefix: str) -> list[str]:
+        picked = summary[summary["impl"] == impl_prefix]
+        return [f"{r.dtype}: {r.frobenius:.2f} floors Frobenius, p99 row {r.p99:.1f} (classes targeted "
+                f"{r.p99_bin}), worst row {r.max:.0f} ({r.max_bin})" for r in picked.itertuples()]
+
+    compact = summary[summary["impl"] == "lce compact cuda acc=fp32 aspect_ratio:2"]
+    balanced = summary[summary["impl"] == "lce balanced cuda acc=fp32 aspect_ratio:2"]
+    from lce.policies import auto_pick
+
+    picks = _join(sorted({f"{dtype} → {auto_pick('cuda', getattr(torch, dtype)).acc_policy}"
+                          for dtype in summary["dtype"]}))
+    finding = (f"On the CUDA layouts, compact's once-per-chunk rounding of the weight gradient costs "
+               f"{_range(compact['frobenius'])} floors on the whole grad_weight and up to "
+               f"{compact['max'].max():.0f} floors on single class rows; balanced, with the same chunks and an fp32 "
+               f"sum, is {_range(balanced['frobenius'])} floors with no row above {balanced['max'].max():.1f}. "
+               f"lce's CUDA \"auto\" entries: {picks}.")
+    bullets = []
+    for name, impl in (("CPU auto", "lce auto cpu acc=default auto"), ("CUDA auto", "lce auto cuda acc=default auto"),
+                       ("compact, CUDA layout, fp32, aspect_ratio:2", "lce compact cuda acc=fp32 aspect_ratio:2"),
+                       ("balanced, CUDA layout, fp32, aspect_ratio:2", "lce balanced cuda acc=fp32 aspect_ratio:2"),
+                       ("torch's default", "torch default"), ("unfused in the input dtype", "unfused")):
+        bullets += [f"{name}, {text}" for text in line(impl)]
+    first = rare.iloc[0]
+    return _conclusion(
+        finding, bullets,
+        inputs=f"`{first.family}` inputs (Zipfian targets), {first.N}×{first.D}×{first.C}, "
+               f"{rare['seed'].nunique()} seeds (medians; the worst row over seeds), fp16 and bf16, each class row "
+               "of grad_weight against its own rounding floor (`python -m analysis rare-rows`).",
+        limits="one shape (the cost of emulating the CUDA layouts on CPU grows as C² with aspect_ratio:2); "
+               "`rare_rows_c32768.csv` holds a 2-seed spot check at C=32768 (`rare-rows --shape 2048x256x32768`); "
+               "CUDA numbers are lce's CUDA layouts on CPU tensors.")
