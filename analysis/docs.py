@@ -154,12 +154,38 @@ def grid_sizes(results: Path) -> str:
     return "\n".join(lines) + "\n\n" + reproduce_time(results)
 
 
+def _finding(conclusion: str) -> str:
+    """The finding of a notebook conclusion: its first paragraph without the marker."""
+    from .conclusions import MARKER
+
+    return conclusion.split("\n\n", 1)[0].removeprefix(MARKER).strip()
+
+
+def realistic_inputs(results: Path) -> str:
+    """Notebook 05's findings, one bullet each: the families, confident rows, rare rows, the verdicts per family."""
+    from . import family_conclusions as realistic
+    from .pareto import load_table, verdicts
+    from .results_io import FAMILY_STATS, MARGINS, RARE_ROWS
+
+    studies = {kind.name: load_kind(results, kind.name)[1] for kind in (FAMILY_STATS, MARGINS, RARE_ROWS)}
+    _, table = load_table(results)
+    findings = [
+        ("The families", realistic.family_portraits(studies[FAMILY_STATS.name])
+         if len(studies[FAMILY_STATS.name]) else ""),
+        ("Confident rows", realistic.margins(studies[MARGINS.name])),
+        ("Rare classes' rows", realistic.rare_rows(studies[RARE_ROWS.name])),
+        ("The verdicts per family", realistic.verdict_changes(verdicts(table)) if len(table) else ""),
+    ]
+    return "\n".join(f"- **{name}.** {_finding(text)}" for name, text in findings if text) + "\n"
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "reproduce-time": reproduce_time,
     "bench-table": bench_table,
     "cpu-chunking": cpu_chunking,
     "bf16-errors": bf16_errors,
     "grid-sizes": grid_sizes,
+    "realistic-inputs": realistic_inputs,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""
 

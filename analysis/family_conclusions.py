@@ -120,7 +120,7 @@ def verdict_changes(verdicts_table: pd.DataFrame) -> str:
         for family, row in per_family.iterrows():
             time = "" if device == "cuda-emulated" else f", time front {'✓' if row.time else '✗'}"
             words.append(f"{family}: memory front {'✓' if row.memory else '✗'}{time}, {row.error:.2f} floors "
-                         f"(up to {row.high:.2f})")
+                         f"[up to {row.high:.2f}]")
         varies = per_family["memory"].nunique() > 1 or (device != "cuda-emulated" and per_family["time"].nunique() > 1)
         if varies:
             changed.append(f"{device} {dtype}")
@@ -130,10 +130,11 @@ def verdict_changes(verdicts_table: pd.DataFrame) -> str:
                "No auto entry's verdict changes between the input families measured.")
     seeds = int(verdicts_table["seeds"].max())
     return _conclusion(
-        finding + " Per entry (✓: on the front in every seed and shape; errors are seed medians, the "
-                  "largest 95th percentile in brackets):", bullets,
+        finding, bullets,
         inputs=f"the committed quick and medium grids: {_join(sorted(set(verdicts_table['family'])))} inputs, "
-               f"shapes {_join(sorted(set(verdicts_table['shape'])))}, up to {seeds} seeds per configuration.",
+               f"shapes {_join(sorted(set(verdicts_table['shape'])))}, up to {seeds} seeds per configuration "
+               "(✓: on the front in every seed and shape; errors are seed medians, in brackets the largest 95th "
+               "percentile over seeds).",
         limits="CUDA entries are judged on lce's CUDA layouts run on CPU tensors (exact products, fp32 sums in "
                "the CPU's order; memory is lce's model, no time); CPU times are one thread on a shared 2-core "
                "machine, so time verdicts within 10–20% are noise.")
