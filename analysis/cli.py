@@ -148,7 +148,14 @@ def _bench_command(args: argparse.Namespace) -> None:
     from .studies import bench
 
     dtypes = tuple(args.dtypes)
-    if args.chunk_sweep:
+    if args.baseline:
+        table = bench.against_baseline(args.shape, dtypes, args.baseline, rounds=args.repeats)
+        path = args.results / "bench_baseline.csv"
+        append_rows(path, BENCH.rows(table))
+        times = table.set_index(["dtype", "impl"])["value"].unstack("impl")
+        times["ratio"] = times["lce now"] / times[f"lce@{args.baseline}"]
+        print(times.to_string(float_format="%.3f"))
+    elif args.chunk_sweep:
         table = bench.chunk_sweep(args.shape, dtypes, repeats=args.repeats, policies=bench.CHUNK_SWEEP_POLICIES)
         path = args.results / "bench_chunks.csv"
         append_rows(path, CHUNK_SWEEP.rows(table))
@@ -316,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "precision) and chunk size (bench_chunks.csv)")
     mode.add_argument("--scaling", action="store_true",
                       help="instead: lce, torch and unfused with N and C divided by 1, 2 and 4 (bench.csv)")
+    mode.add_argument("--baseline", metavar="REV",
+                      help="instead: lce's default options here against git revision REV, one fresh process per "
+                           "version, alternating (bench_baseline.csv)")
     results_folder(bench)
 
     docs = add("docs", _docs_command, "rewrite the generated passages of the READMEs from the results files",

@@ -18,6 +18,19 @@ def test_parse_shape():
         parse_shape("64x8")
 
 
+def test_against_a_baseline_revision_times_both_in_fresh_processes_and_cleans_up():
+    import subprocess
+
+    from analysis.paths import ROOT
+
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+    table = bench.against_baseline(Shape(32, 8, 64), ("float32",), "HEAD", rounds=2, calls=1)
+    assert sorted(table["impl"]) == ["lce now", "lce@HEAD"]
+    assert (table["metric"] == "time_s").all() and (table["value"] > 0).all() and (table["repeats"] == 2).all()
+    assert len(BENCH.rows(table)) == len(table)
+    assert subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout == worktrees
+
+
 def test_tiny_bench_measures_time_memory_and_floor():
     table = bench.run_bench(Shape(64, 16, 512), ("float32",), repeats=1, impls=("lce", "torch", "unfused"))
     value = {(row.impl, row.metric): row.value for row in table.itertuples()}

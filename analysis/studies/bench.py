@@ -42,7 +42,7 @@ from ..paths import ROOT
 from ..provenance import provenance
 
 __all__ = ["BENCH_IMPLS", "SCALING_IMPLS", "CHUNK_SWEEP_POLICIES", "gemm_floor_s", "run_bench", "run_scaling",
-           "chunk_sweep", "ratios"]
+           "chunk_sweep", "ratios", "against_baseline"]
 
 BENCH_IMPLS: dict[str, ImplSpec] = {
     "lce": ImplSpec("lce", "auto", "auto"),
@@ -192,6 +192,62 @@ def chunk_sweep(shape: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
                             resolved_policy=plan.acc_policy, resolved_acc_dtype=dtype_name(plan.acc_dtype),
                             repeats=len(values)))
     return pd.DataFrame(out)
+
+
+_TIME_CHILD = """
+import statistics, sys, time, torch, lce
+n, d, c = (int(v) for v in sys.argv[1].split("x"))
+dtype, calls = getattr(torch, sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(int(sys.argv[4]))
+g = torch.Generator().manual_seed(0)
+x = torch.randn(n, d, generator=g).to(dtype).requires_grad_()
+w = (torch.randn(c, d, generator=g) * (3.0 / d**0.5)).to(dtype).requires_grad_()
+y = torch.randint(0, c, (n,), generator=g)
+options = lce.LinearCrossEntropyOptions()
+samples = []
+for call in range(calls + 1):
+    start = time.perf_counter()
+    lce.linear_cross_entropy(x, w, y, options=options).backward()
+    if call:
+        samples.append(time.perf_counter() - start)
+print(statistics.median(samples))
+"""
+
+
+def against_baseline(shape: Shape, dtypes: tuple[str, ...], revision: str, *, rounds: int = 3,
+                     calls: int = 2) -> pd.DataFrame:
+    """lce's default options here and at git ``revision``, each timed in its own fresh process, alternating.
+
+    ``rounds`` alternations of one process per version (each: one warm-up call, then the median of
+    ``calls``), so a busy spell on a shared machine hits both alike; the median over rounds is kept. The
+    baseline runs from a temporary ``git worktree`` of ``revision``. Rows: impl ``lce now`` (this checkout)
+    and ``lce@<revision>``, metric ``time_s`` (not ``lce``: the bench table's own rows keep that name).
+    """
+    import os
+    import tempfile
+
+    threads = torch.get_num_threads()
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        baseline = f"{folder}/baseline"
+        subprocess.run(["git", "worktree", "add", "--detach", baseline, revision], cwd=ROOT, check=True,
+                       capture_output=True)
+        try:
+            for dtype in dtypes:
+                samples: dict[str, list[float]] = {"lce now": [], f"lce@{revision}": []}
+                for _ in range(rounds):
+                    for name, root in (("lce now", str(ROOT)), (f"lce@{revision}", baseline)):
+                        command = [sys.executable, "-c", _TIME_CHILD, str(shape), dtype, str(calls), str(threads)]
+                        done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=3600,
+                                              env={**os.environ, "PYTHONPATH": root}, cwd=folder)
+                        samples[name].append(float(done.stdout.strip().splitlines()[-1]))
+                for name, values in samples.items():
+                    rows.append(_row(shape, dtype, name, "time_s", statistics.median(values),
+                                     spread_s=max(values) - min(values), repeats=len(values)))
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", baseline], cwd=ROOT, check=False,
+                           capture_output=True)
+    return pd.DataFrame(rows)
 
 
 def main(argv: list[str] | None = None) -> None:
