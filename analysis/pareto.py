@@ -490,7 +490,7 @@ def verdict_lines(table: pd.DataFrame) -> list[str]:
         unfused = vs_unfused_text(v.vs_unfused, v.dtype) if v.dtype == "float32" else ""
         facts = (f"error {v.error:.2f} floors [{v.error_low:.2f}–{v.error_high:.2f}], {v.seeds} seed"
                  f"{'s' if v.seeds != 1 else ''}{f' ({unfused})' if unfused else ''}, {v.peak_mib:.2f} "
-                 f"{memory_kind}, {v.time_ms:.1f} ms")
+                 f"{memory_kind}" + ("" if v.device == "cuda-emulated" else f", {v.time_ms:.1f} ms"))
         memory = ("on the memory front" + (" in every seed" if v.seeds > 1 else "") if v.on_memory_front else
                   f"off the memory front in {v.memory_off_seeds} of {v.seeds} seeds: {v.memory_dominator} (in "
                   f"{v.memory_dominator_seeds}) has {v.memory_dominator_error:.2f} floors at "
