@@ -154,6 +154,27 @@ def grid_sizes(results: Path) -> str:
     return "\n".join(lines) + "\n\n" + reproduce_time(results)
 
 
+def baseline_bench(results: Path) -> str:
+    """lce here against an earlier revision (``bench --baseline``), as time ratios per dtype."""
+    _, bench = load_kind(results, BENCH.name)
+    rows = bench[bench["impl"].astype(str).str.startswith("lce@") | (bench["impl"] == "lce now")]
+    if rows.empty:
+        return "No baseline comparison has been run yet (`python -m analysis bench --baseline REV`).\n"
+    last = rows.sort_values("date").groupby(["dtype", "impl"]).tail(1)
+    baseline = next(impl for impl in last["impl"] if impl.startswith("lce@"))
+    parts = []
+    for dtype, group in last.groupby("dtype", sort=True):
+        value = dict(zip(group["impl"], group["value"], strict=True))
+        parts.append(f"{dtype} {value['lce now']:.2f} s against {value[baseline]:.2f} s "
+                     f"({value['lce now'] / value[baseline]:.2f}x)")
+    first = last.iloc[0]
+    return (f"lce's default options at N={first.N} D={first.D} C={first.C}, one forward+backward, against "
+            f"{baseline.removeprefix('lce@')}, fresh processes "
+            f"alternating, {int(first.repeats)} rounds, median: {'; '.join(parts)} on an {first.cpu_model}, "
+            f"{str(first.date)[:10]} (`python -m analysis bench --baseline "
+            f"{baseline.removeprefix('lce@')}`).\n")
+
+
 def _finding(conclusion: str) -> str:
     """The finding of a notebook conclusion: its first paragraph without the marker."""
     from .conclusions import MARKER
@@ -186,6 +207,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "bf16-errors": bf16_errors,
     "grid-sizes": grid_sizes,
     "realistic-inputs": realistic_inputs,
+    "baseline-bench": baseline_bench,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""
 
