@@ -16,7 +16,8 @@ import torch
 from lce.options import dtype_name
 from lce.reference import DEFAULT_IGNORE_INDEX
 
-__all__ = ["Shape", "Inputs", "Outputs", "outputs_of", "make_inputs", "parse_shape", "OUTPUT_NAMES", "DTYPES"]
+__all__ = ["Shape", "Inputs", "Outputs", "outputs_of", "make_inputs", "rounded_inputs", "parse_shape", "OUTPUT_NAMES",
+           "DTYPES"]
 
 OUTPUT_NAMES: tuple[str, ...] = ("loss", "grad_input", "grad_weight", "grad_bias")
 """The outputs compared against fp64, in CSV column order."""
@@ -145,14 +146,19 @@ def make_inputs(shape: Shape, dtype: torch.dtype, *, family: str = "random", see
     """Seeded inputs of ``family`` (:mod:`analysis.families`) rounded once to ``dtype``.
 
     The family draws fp32 tensors on the CPU, so the same seed gives the same
-    values on every device; they are rounded to ``dtype`` and moved to
-    ``device`` as fresh leaves.
+    values on every device; :func:`rounded_inputs` rounds them to ``dtype`` and
+    moves them to ``device`` as fresh leaves.
     """
     from .families import draw  # families builds on Shape, defined here
 
     if dtype not in DTYPES.values():
         raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype}")
-    drawn = draw(family, shape, seed=seed, bias=bias)
+    return rounded_inputs(draw(family, shape, seed=seed, bias=bias), dtype, device=device, reduction=reduction)
+
+
+def rounded_inputs(drawn, dtype: torch.dtype, *, device: str | torch.device = "cpu",
+                   reduction: str = "mean") -> Inputs:
+    """A family's fp32 draw (:class:`analysis.families.Draw`) rounded once to ``dtype`` on ``device``, as leaves."""
 
     def leaf(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.to(device=device, dtype=dtype).requires_grad_(True)

@@ -39,8 +39,8 @@ import torch
 
 from .inputs import OUTPUT_NAMES, Outputs
 
-__all__ = ["rel_fro", "rounding_floor", "in_floors", "row_floors", "bias_in_floors", "ulp", "ulps", "ErrorReport",
-           "report", "compare", "ERROR_SUFFIXES", "ROW_QUANTILES"]
+__all__ = ["rel_fro", "rounding_floor", "in_floors", "row_floors", "row_summary", "bias_in_floors", "ulp", "ulps",
+           "ErrorReport", "report", "compare", "ERROR_SUFFIXES", "ROW_QUANTILES"]
 
 ROW_QUANTILES: dict[str, float] = {"row_median": 0.5, "row_p99": 0.99, "row_max": 1.0}
 """The summaries of the per-row errors each 2-D gradient reports (column suffix -> quantile)."""
@@ -94,6 +94,18 @@ def row_floors(value: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype 
     error, floor = error[keep], floor[keep]
     exact_rows = torch.where(error == 0, torch.ones_like(error), torch.full_like(error, math.inf))
     return torch.where(floor == 0, exact_rows, error / floor)
+
+
+def row_summary(per_row: torch.Tensor) -> dict[str, float]:
+    """:data:`ROW_QUANTILES` of per-row errors (e.g. :func:`row_floors`); ``{}`` without rows; an inf row stays
+    inf in ``row_max``."""
+    if not per_row.numel():
+        return {}
+    quantiles = torch.quantile(per_row.clamp_max(torch.finfo(torch.float64).max),
+                               torch.tensor(list(ROW_QUANTILES.values()), dtype=torch.float64))
+    summary = dict(zip(ROW_QUANTILES, quantiles.tolist(), strict=True))
+    summary["row_max"] = per_row.max().item()
+    return summary
 
 
 def bias_in_floors(value: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype | None = None) -> float:
@@ -158,14 +170,7 @@ def report(value: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype | No
     2-D outputs get the row summaries; ``with_ulps`` adds the distance in ulps.
     """
     dtype = dtype or value.dtype
-    rows: dict[str, float] = {}
-    if value.dim() == 2:
-        per_row = row_floors(value, reference, dtype)
-        if per_row.numel():
-            quantiles = torch.quantile(per_row.clamp_max(torch.finfo(torch.float64).max),
-                                       torch.tensor(list(ROW_QUANTILES.values()), dtype=torch.float64))
-            rows = dict(zip(ROW_QUANTILES, quantiles.tolist(), strict=True))
-            rows["row_max"] = per_row.max().item()  # inf stays inf
+    rows = row_summary(row_floors(value, reference, dtype)) if value.dim() == 2 else {}
     return ErrorReport(rel_fro(value, reference), rounding_floor(reference, dtype),
                        bias_in_floors(value, reference, dtype), **rows,
                        ulps=ulps(value, reference, dtype) if with_ulps else math.nan)

@@ -31,8 +31,8 @@ import torch
 
 from ..families import draw
 from ..implementations import ImplSpec
-from ..inputs import DTYPES, Inputs, Shape
-from ..metrics import ROW_QUANTILES, report, row_floors
+from ..inputs import DTYPES, Shape, rounded_inputs
+from ..metrics import report, row_floors, row_summary
 from ..reference import reference_outputs
 from ..results_io import RARE_ROWS
 from .peers import Contender, lce_contenders, record_study, run_contenders
@@ -85,21 +85,8 @@ def bin_summaries(value: torch.Tensor, exact: torch.Tensor, counts: torch.Tensor
     for name in [*BINS, "all"]:
         mask = torch.tensor([name in ("all", row) for row in names], dtype=torch.bool)
         rows = per_row[mask]
-        summary: dict[str, object] = {"bin": name, "rows": int(mask.sum())}
-        if rows.numel():
-            finite = rows.clamp_max(torch.finfo(torch.float64).max)
-            quantiles = torch.quantile(finite, torch.tensor(list(ROW_QUANTILES.values()), dtype=torch.float64))
-            summary.update(zip(ROW_QUANTILES, quantiles.tolist(), strict=True))
-            summary["row_max"] = rows.max().item()
-        summaries.append(summary)
+        summaries.append({"bin": name, "rows": int(mask.sum()), **row_summary(rows)})
     return summaries
-
-
-def _rounded_inputs(drawn, dtype: torch.dtype) -> Inputs:
-    def leaf(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.to(dtype).requires_grad_(True)
-
-    return Inputs(leaf(drawn.x), leaf(drawn.weight), leaf(drawn.bias), drawn.target)
 
 
 def measure(shape: Shape = RARE_ROWS_SHAPE, dtypes: Sequence[str] = STUDY_DTYPES, seeds: Sequence[int] = SEEDS,
@@ -112,7 +99,7 @@ def measure(shape: Shape = RARE_ROWS_SHAPE, dtypes: Sequence[str] = STUDY_DTYPES
         counts = torch.bincount(drawn.target, minlength=shape.C)
         for dtype_text in dtypes:
             dtype = DTYPES[dtype_text]
-            inputs = _rounded_inputs(drawn, dtype)
+            inputs = rounded_inputs(drawn, dtype)
             exact = reference_outputs(inputs)
             results = run_contenders(runs, inputs)
             for contender in runs:
