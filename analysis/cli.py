@@ -8,6 +8,8 @@ studies are imported inside the handlers that need them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -99,6 +101,12 @@ def _names(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
         return chosen
 
     return names
+
+
+def _arms(text: str) -> tuple:
+    from .studies.training import ARM_NAMES
+
+    return tuple(ARM_NAMES[name] for name in _names(tuple(ARM_NAMES))(text))
 
 
 def _grids_command(args: argparse.Namespace) -> None:
@@ -203,6 +211,63 @@ def _rare_rows_command(args: argparse.Namespace) -> None:
                                    seeds=tuple(range(args.seeds)), runs=runs))
 
 
+def _noise_command(args: argparse.Namespace) -> None:
+    from .studies import noise
+
+    device = "cuda" if args.device == "cuda" else "cuda-emulated"
+    file_name = args.file or ("noise_cuda.csv" if device == "cuda" else noise.NOISE_FILE)
+    _print_study(*noise.record(args.results, file_name, shape=args.shape, families=args.families,
+                               dtypes=tuple(args.dtypes), seeds=tuple(range(args.seeds)), device=device,
+                               progress=not args.no_progress))
+
+
+def _train_command(args: argparse.Namespace) -> None:
+    import torch
+
+    from .lm.model import ModelConfig
+    from .lm.pipeline import DEFAULT_VOCAB
+    from .provenance import provenance
+    from .results_io import NOISE, TRAINING, append_rows, set_aside
+    from .studies import training
+
+    started = time.monotonic()
+    setting = training.SETTINGS["quick" if args.quick else args.setting]
+    if args.seeds is not None:
+        setting = dataclasses.replace(setting, seeds=tuple(range(args.seeds)))
+    torch.set_num_threads(args.threads)
+    suffix = "" if args.device == "cpu" else f"_{args.device}"
+    path = args.results / (args.file or f"training{'_quick' if args.quick else ''}{suffix}.csv")
+    args.results.mkdir(parents=True, exist_ok=True)
+    cache = args.cache / "study"
+    model_config = ModelConfig(DEFAULT_VOCAB)
+    set_aside(path)
+
+    def write(table) -> None:
+        partial = path.with_name(path.name + ".partial")
+        partial.unlink(missing_ok=True)
+        append_rows(partial, TRAINING.rows(table.assign(device=args.device, **provenance(args.device))))
+        partial.replace(path)
+
+    deadline = None if args.budget_s is None else started + args.budget_s
+    workers = args.workers or (len(os.sched_getaffinity(0)) if args.device == "cpu" else 1)
+    table = training.run_study(setting, model_config, cache, arms=args.arms, device=args.device, workers=workers,
+                               tokens_file=args.tokens, progress=not args.no_progress, on_run_done=write,
+                               deadline=deadline)
+    if not table.empty:
+        write(table)
+        print(training.summary(table).to_string(float_format="%.4f"))
+    print(f"{display_path(path)}: {len(table)} rows, {time.monotonic() - started:.0f} s")
+    if setting.snapshot_steps and not args.no_checkpoint_errors:
+        errors = training.checkpoint_errors(cache, setting, training.load_streams(args.cache, args.tokens),
+                                            model_config, device=args.device)
+        if not errors.empty:
+            errors_path = args.results / f"noise_checkpoints{suffix}.csv"
+            set_aside(errors_path)
+            noise_device = "cuda" if args.device == "cuda" else "cuda-emulated"
+            append_rows(errors_path, NOISE.rows(errors.assign(**provenance(noise_device))))
+            print(f"{display_path(errors_path)}: {len(errors)} rows")
+
+
 def _docs_command(args: argparse.Namespace) -> int:
     from .docs import update
 
@@ -254,7 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .lm.pipeline import DEFAULT_STEPS
     from .studies.margins import MARGIN_VALUES, MARGINS_SHAPE
     from .studies.memory_study import STUDY_DTYPE, STUDY_SHAPE
+    from .studies.noise import FAMILIES as NOISE_FAMILIES
+    from .studies.noise import NOISE_SHAPE
+    from .studies.noise import STUDY_DTYPES as NOISE_DTYPES
     from .studies.rare_rows import CHUNKINGS, POLICIES, RARE_ROWS_SHAPE
+    from .studies.training import ARMS as TRAIN_ARMS
+    from .studies.training import SETTINGS as TRAIN_SETTINGS
     from .sweep import parse_shard
 
     parser = argparse.ArgumentParser(
@@ -412,6 +482,51 @@ def build_parser() -> argparse.ArgumentParser:
                          "which the committed dumps used: with 2, a second busy process on a 2-core machine made "
                          "each step 4x slower, with 1 it cost nothing)")
     lm.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    noise = add("noise", _noise_command, "gradient error against the sampling noise of the same batch",
+                "Per input family, dtype (bf16, fp16) and seed: lce's CUDA-layout policies (fp32 acc_dtype) at chunk "
+                "counts 1 to 256 and the unfused op; writes noise.csv (floors, error/noise and bias/noise ratios, "
+                "steps until a bias matters). Emulated CUDA layouts on CPU tensors unless --device cuda. About 10 "
+                "CPU-minutes.")
+    study_options(noise, NOISE_SHAPE, list(NOISE_DTYPES))
+    noise.add_argument("--families", type=_argument(_families), default=NOISE_FAMILIES, metavar="NAME[,NAME]",
+                       help=f"input families (default: {','.join(NOISE_FAMILIES)})")
+    noise.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                       help="cpu: the CUDA layouts emulated on CPU tensors (default); cuda: a real GPU")
+    noise.add_argument("--file", default=None, metavar="NAME",
+                       help="results file name (default: noise.csv, noise_cuda.csv with --device cuda)")
+    noise.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    train_study = add("train", _train_command, "train the small language model with each head arm, several seeds",
+                      "Arms: the fp32 head, the unfused bf16 head, lce accurate/balanced/compact in bf16 and fp16 "
+                      "(loss-scaled) on the CUDA layouts (emulated on a CPU), aspect_ratio:2 chunks. Same "
+                      "initialisation and batches per seed. Writes training.csv (train and held-out loss per step) "
+                      "as runs finish, and noise_checkpoints.csv (gradient error vs noise on the fp32 arm's "
+                      "snapshots). "
+                      "Resumable (checkpoints in analysis/cache/lm/study). --quick: about 2 minutes (CI, notebook); "
+                      "full: about 100 minutes on 2 cores.")
+    train_study.add_argument("--quick", action="store_true", help="the quick setting (writes training_quick.csv)")
+    train_study.add_argument("--setting", choices=sorted(TRAIN_SETTINGS), default="full",
+                             help="which setting without --quick (default: full)")
+    train_study.add_argument("--seeds", type=int, default=None, metavar="K",
+                             help="seeds 0..K-1 (default: the setting's)")
+    train_study.add_argument("--arms", type=_argument(_arms), default=TRAIN_ARMS, metavar="NAME[,NAME]",
+                             help="arms to train (default: all): " + ",".join(arm.name for arm in TRAIN_ARMS))
+    train_study.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train (default: cpu)")
+    workers_option(train_study)
+    train_study.add_argument("--threads", type=int, default=1,
+                             help="intra-op threads of the main process (default: 1)")
+    train_study.add_argument("--budget-s", type=float, default=None, metavar="S",
+                             help="start no run after S seconds (the runs done are written; a rerun resumes)")
+    train_study.add_argument("--tokens", type=Path, default=None, metavar="FILE",
+                             help="token streams file ({'train','heldout'}), e.g. carried to a GPU machine")
+    train_study.add_argument("--file", default=None, metavar="NAME", help="results file name")
+    train_study.add_argument("--cache", type=Path, default=LM_CACHE_DIR,
+                             help=f"token streams and run folders (default: {display_path(LM_CACHE_DIR)})")
+    train_study.add_argument("--no-checkpoint-errors", action="store_true",
+                             help="skip the gradient errors on the fp32 arm's snapshots")
+    results_folder(train_study)
+    train_study.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     add("grids", _grids_command, "list the named grids and their sizes", "Measures nothing.")
 

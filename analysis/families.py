@@ -16,8 +16,10 @@ optional parameter after a colon (``"calibrated:0.5"``):
 * ``trained[:CHECKPOINT]`` -- hidden states, head weight and next-token targets
   of the small language model trained in this repo on the CPython standard
   library (:mod:`analysis.lm`), at checkpoint ``final`` (default) or ``early``.
-  Its shape is the model's: D and C must match the dump, N at most its rows
-  (the first N are taken). The model's head has no bias: with ``bias=True``
+  Its shape is the model's: D and C must match the dump, N at most its rows.
+  Seed 0 takes the first N rows; another seed takes N rows drawn without
+  replacement by that seed (in dump order), so seeds are distinct samples of
+  the model's tokens whenever N is below the dump's rows. The model's head has no bias: with ``bias=True``
   the family supplies a zero bias, so the bias gradient is still measured.
 """
 
@@ -117,7 +119,7 @@ def draw(family: str, shape: Shape, *, seed: int = 0, bias: bool = True) -> Draw
     if kind == "calibrated":
         knobs = CALIBRATION if not parameter else dataclasses.replace(CALIBRATION, mean_loss=float(parameter))
         return _calibrated(shape, generator, bias, knobs)
-    return _trained(shape, parameter or "final", bias)
+    return _trained(shape, parameter or "final", bias, generator if seed else None)
 
 
 RANDOM_LOGIT_SCALE = 3.0
@@ -208,7 +210,7 @@ def _calibrated(shape: Shape, generator: torch.Generator, bias: bool, knobs: Cal
     return Draw(x, w, prior.clone() if bias else None, target)
 
 
-def _trained(shape: Shape, checkpoint: str, bias: bool) -> Draw:
+def _trained(shape: Shape, checkpoint: str, bias: bool, generator: torch.Generator | None) -> Draw:
     from .lm.dumps import load_head_dump
 
     dump = load_head_dump(checkpoint)
@@ -218,7 +220,11 @@ def _trained(shape: Shape, checkpoint: str, bias: bool) -> Draw:
         raise ValueError(f"the trained:{checkpoint} family has D={features}, C={classes} and at most {rows} rows; "
                          f"got shape {shape}")
     b = torch.zeros(classes) if bias else None
-    return Draw(dump.x[:shape.N].float().clone(), dump.weight.float().clone(), b, dump.target[:shape.N].clone())
+    if generator is None:
+        rows_taken = torch.arange(shape.N)
+    else:
+        rows_taken = torch.randperm(rows, generator=generator)[:shape.N].sort().values
+    return Draw(dump.x[rows_taken].float(), dump.weight.float().clone(), b, dump.target[rows_taken].clone())
 
 
 def confident_rows(margin: float, shape: Shape, dtype: torch.dtype, *, seed: int = 0) -> tuple[Draw, float]:

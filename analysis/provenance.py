@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import os
 import platform
 import subprocess
 
@@ -47,7 +48,8 @@ def git_revision() -> str:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *_GENERATED],
                                cwd=ROOT, capture_output=True, text=True, check=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        # a copy of the working tree without .git (a lent GPU machine): the revision it was sent from
+        return os.environ.get("LCE_LAB_REVISION", "unknown")
     return revision + ("-dirty" if dirty else "")
 
 

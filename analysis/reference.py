@@ -27,6 +27,7 @@ hands out are the derivatives of the loss it returns.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import torch
 
@@ -35,7 +36,7 @@ from lce.reference import reference_linear_cross_entropy
 from .implementations import ImplSpec, make_implementation
 from .inputs import Inputs, Outputs, outputs_of
 
-__all__ = ["reference_outputs", "fp64_loss", "gradcheck", "REFERENCE_BLOCK_ELEMENTS"]
+__all__ = ["reference_outputs", "residual_blocks", "fp64_loss", "gradcheck", "REFERENCE_BLOCK_ELEMENTS"]
 
 F64 = torch.float64
 
@@ -69,28 +70,24 @@ def reference_outputs(inputs: Inputs, *, block_elements: int = REFERENCE_BLOCK_E
     return _closed_form(exact, target, valid, row_weight, block_elements)
 
 
-def _closed_form(exact: Inputs, target: torch.Tensor, valid: torch.Tensor, row_weight: torch.Tensor,
-                 block_elements: int) -> Outputs:
-    x, w, b = exact.input.detach(), exact.weight.detach(), exact.bias
+def residual_blocks(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, target: torch.Tensor,
+                    block_elements: int = REFERENCE_BLOCK_ELEMENTS
+                    ) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:
+    """``(rows, softmax - onehot, row losses)`` of fp64 ``x @ w.T + b`` one block of rows at a time.
+
+    ``target`` holds a class index for every row (callers map ignored rows to a valid class and drop
+    them themselves). Both the residual's target entry and the loss are formed without cancellation
+    (see the module docstring). The residual is a fresh ``(rows, C)`` block the caller may overwrite.
+    """
     n, c = x.shape[0], w.shape[0]
-    if exact.reduction == "none":
-        coefficient = row_weight if exact.grad_output is None else row_weight * exact.grad_output
-    else:
-        scale = 1.0 if exact.grad_output is None else exact.grad_output
-        total_weight = row_weight.sum() if exact.reduction == "mean" else torch.ones((), dtype=F64)
-        coefficient = row_weight * (scale / total_weight)
-    losses = torch.empty(n, dtype=F64)
-    grad_input = torch.empty_like(x)
-    grad_weight = torch.zeros_like(w)
-    grad_bias = torch.zeros(c, dtype=F64) if b is not None else None
     rows_per_block = max(1, block_elements // c)
     for start in range(0, n, rows_per_block):
-        block = slice(start, start + rows_per_block)
-        rows = torch.arange(min(n, start + rows_per_block) - start)
-        y = target[block].where(valid[block], 0)
+        block = slice(start, min(n, start + rows_per_block))
+        rows = torch.arange(block.stop - start, device=x.device)
+        y = target[block]
         z = x[block] @ w.T
         if b is not None:
-            z += b.detach()
+            z += b
         z -= z.amax(1, keepdim=True)
         shifted_target = z[rows, y]
         z.exp_()  # z now holds each class's exponential, relative to the row's max
@@ -98,10 +95,29 @@ def _closed_form(exact: Inputs, target: torch.Tensor, valid: torch.Tensor, row_w
         z[rows, y] = 0.0
         other = z.sum(1)
         total = exp_target + other
-        losses[block] = torch.where(exp_target >= other, torch.log1p(other / exp_target),
-                                    total.log() - shifted_target)
+        losses = torch.where(exp_target >= other, torch.log1p(other / exp_target), total.log() - shifted_target)
         z /= total[:, None]
         z[rows, y] = -other / total
+        yield block, z, losses
+
+
+def _closed_form(exact: Inputs, target: torch.Tensor, valid: torch.Tensor, row_weight: torch.Tensor,
+                 block_elements: int) -> Outputs:
+    x, w = exact.input.detach(), exact.weight.detach()
+    b = None if exact.bias is None else exact.bias.detach()
+    n, c, device = x.shape[0], w.shape[0], x.device
+    if exact.reduction == "none":
+        coefficient = row_weight if exact.grad_output is None else row_weight * exact.grad_output
+    else:
+        scale = 1.0 if exact.grad_output is None else exact.grad_output
+        total_weight = row_weight.sum() if exact.reduction == "mean" else torch.ones((), dtype=F64, device=device)
+        coefficient = row_weight * (scale / total_weight)
+    losses = torch.empty(n, dtype=F64, device=device)
+    grad_input = torch.empty_like(x)
+    grad_weight = torch.zeros_like(w)
+    grad_bias = torch.zeros(c, dtype=F64, device=device) if b is not None else None
+    for block, z, block_losses in residual_blocks(x, w, b, target.where(valid, 0), block_elements):
+        losses[block] = block_losses
         z *= coefficient[block, None]  # rows that are ignored (coefficient 0) drop out here
         grad_input[block] = z @ w
         grad_weight.addmm_(z.T, x[block])

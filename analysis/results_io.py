@@ -39,7 +39,7 @@ from .metrics import ERROR_SUFFIXES
 from .provenance import PROVENANCE_COLUMNS
 
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
-           "REPRODUCE", "MARGINS", "RARE_ROWS", "COLUMNS",
+           "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "COLUMNS",
            "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
            "load_kind", "done_keys", "latest", "load_results"]
 
@@ -116,12 +116,29 @@ RARE_ROWS = Kind("rare_rows", tuple(["kind", *_CONTENDER, "chunking", "dtype", "
                  "grad_weight's per-row error in floors, binned by how often the class is a target in the batch, "
                  "per implementation, dtype and seed (python -m analysis rare-rows)")
 
+NOISE = Kind("noise", tuple(["kind", "impl", "op", "policy", "chunking", "num_chunks", "layout", "device", "dtype",
+                             "family", "N", "D", "C", "seed", "step", "grad_weight_floors",
+                             "grad_weight_bias_in_floors", "grad_input_floors", "weight_noise", "weight_noise_along",
+                             "input_noise", "weight_error_over_noise", "weight_bias_over_noise", "steps_to_matter",
+                             "input_error_over_noise", "weight_floor_over_noise", "input_floor_over_noise", "wall_s",
+                             "cpu_s", *PROVENANCE_COLUMNS]),
+             "gradient error against the sampling noise of the same batch, per policy, chunk count, family, dtype "
+             "and seed; step is the training step of a checkpoint's hidden states (python -m analysis noise, "
+             "python -m analysis train)")
+
+TRAINING = Kind("training", tuple(["kind", "setting", "arm", "dtype", "op", "policy", "chunking", "seed", "step",
+                                   "steps", "batch_rows", "split", "loss", "skipped_steps", "elapsed_s", "device",
+                                   *PROVENANCE_COLUMNS]),
+                "train and held-out loss of the small language model per head arm, seed and step "
+                "(python -m analysis train)")
+
 REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s", "memory_study_s", "figures_s",
                                      "total_s", *PROVENANCE_COLUMNS]),
                  "the wall time of one whole `python -m analysis reproduce` (the READMEs quote it)")
 
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
-                                                       FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS)}
+                                                       FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
+                                                       TRAINING)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

@@ -65,3 +65,16 @@ def test_family_names_are_checked():
             parse_family(bad)
     with pytest.raises(TypeError, match="family"):
         parse_family(3)
+
+
+def test_trained_seeds_sample_distinct_rows_of_the_dump():
+    shape = Shape(256, 128, 16384)
+    first, again, other = (draw("trained", shape, seed=s, bias=False) for s in (0, 0, 3))
+    whole = draw("trained", Shape(2048, 128, 16384), seed=0, bias=False)
+    assert torch.equal(first.x, whole.x[:256]) and torch.equal(first.target, whole.target[:256])
+    assert torch.equal(first.x, again.x)
+    assert not torch.equal(first.x, other.x)
+    # every row of another seed is a row of the dump, with its own target
+    matches = (other.x[:, None, :] == whole.x[None, :, :]).all(-1)
+    assert matches.any(1).all()
+    assert torch.equal(other.target, whole.target[matches.float().argmax(1)])

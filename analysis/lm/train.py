@@ -13,7 +13,13 @@ weights alone in ``weights-step-NNNNNN.pt``, for the head dumps.
 
 The head's loss is pluggable: ``head_loss(hidden (N, D), weight (C, D), targets (N,)) -> scalar``;
 :func:`fp32_head_loss` (the unfused fp32 formula) is the default. Held-out evaluation always uses
-the fp32 formula, so runs with different head losses are compared on the same yardstick.
+the fp32 formula, so runs with different head losses are compared on the same yardstick. A head
+loss in fp16 needs ``loss_scaling=True``: a dynamic loss scale (``torch.amp.GradScaler``) keeps the
+small gradients of rare classes above fp16's underflow, and steps whose gradients overflow are
+skipped and logged (``skipped`` column).
+
+``device`` runs the model there (``"cuda"`` on a GPU); batches are drawn on the CPU either way, so
+the data order does not depend on the device.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ __all__ = ["HeadLoss", "fp32_head_loss", "TrainConfig", "TrainResult", "train", 
 
 HeadLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-LOG_COLUMNS = ("step", "learning_rate", "train_loss", "heldout_loss", "elapsed_s")
+LOG_COLUMNS = ("step", "learning_rate", "train_loss", "heldout_loss", "elapsed_s", "skipped")
 """Columns of ``log.csv`` in the run folder; ``heldout_loss`` is empty on steps without an evaluation."""
 
 
@@ -129,10 +135,11 @@ def position_losses(model: TinyLM, windows: torch.Tensor, windows_per_pass: int 
     """``(len(windows), context)`` fp64 next-token losses (nats) of ``model`` at every position of
     ``windows`` (fp32 logits), a few windows at a time so the ``(positions, vocab)`` logits stay small."""
     losses = []
-    for part in windows.split(windows_per_pass):
+    device = next(model.parameters()).device
+    for part in windows.to(device).split(windows_per_pass):
         logits = model(part[:, :-1]).double()  # (B, T, C)
         losses.append(F.cross_entropy(logits.transpose(1, 2), part[:, 1:], reduction="none"))
-    return torch.cat(losses)
+    return torch.cat(losses).cpu()
 
 
 def heldout_loss(model: TinyLM, windows: torch.Tensor) -> float:
@@ -191,7 +198,7 @@ def _loss_name(head_loss: HeadLoss) -> str:
 
 def train(model_config: ModelConfig, config: TrainConfig, train_tokens: torch.Tensor, heldout_tokens: torch.Tensor,
           run_dir: Path | str, head_loss: HeadLoss = fp32_head_loss, progress: bool = True,
-          stop_after: int | None = None) -> TrainResult:
+          stop_after: int | None = None, *, loss_scaling: bool = False, device: str = "cpu") -> TrainResult:
     """Train (or resume training) a model in ``run_dir`` up to ``config.steps`` updates.
 
     ``train_tokens`` and ``heldout_tokens`` are 1-D int64 streams. ``stop_after`` ends this session
@@ -206,13 +213,14 @@ def train(model_config: ModelConfig, config: TrainConfig, train_tokens: torch.Te
     run_dir.mkdir(parents=True, exist_ok=True)
     latest, log_path = run_dir / "latest.pt", run_dir / "log.csv"
     identity = {"model_config": model_config.as_dict(), "train_config": config.as_dict(),
-                "head_loss": _loss_name(head_loss)}
-    model = _new_model(model_config, config.seed)
+                "head_loss": _loss_name(head_loss), "loss_scaling": loss_scaling}
+    model = _new_model(model_config, config.seed).to(device)
     optimizer = _optimizer(model, config)
+    scaler = torch.amp.GradScaler(torch.device(device).type, enabled=loss_scaling)
     step, elapsed = 0, 0.0
     if latest.exists():
-        state = torch.load(latest, map_location="cpu", weights_only=True)
-        saved = {key: state[key] for key in identity}
+        state = torch.load(latest, map_location=device, weights_only=True)
+        saved = {key: state.get(key, False) for key in identity}
         if saved != identity:
             raise ValueError(f"{latest} was written by a run with another configuration ({saved}, now {identity}); "
                              "delete the folder or train in another one")
@@ -222,6 +230,8 @@ def train(model_config: ModelConfig, config: TrainConfig, train_tokens: torch.Te
                           "uninterrupted run", stacklevel=2)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        if loss_scaling:
+            scaler.load_state_dict(state["scaler"])
         step, elapsed = state["step"], state["elapsed_s"]
     rows: list[dict[str, object]] = list(_read_log(log_path, step))
     windows = heldout_windows(heldout_tokens, model_config.context, config.eval_windows)
@@ -229,30 +239,36 @@ def train(model_config: ModelConfig, config: TrainConfig, train_tokens: torch.Te
 
     def checkpoint() -> None:
         _save_atomically({**identity, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                          "step": step, "elapsed_s": elapsed, "num_threads": torch.get_num_threads()}, latest)
+                          "scaler": scaler.state_dict(), "step": step, "elapsed_s": elapsed,
+                          "num_threads": torch.get_num_threads()}, latest)
         _write_log(log_path, rows)
 
     if step == 0 and not rows:
         rows.append({"step": 0, "learning_rate": "", "train_loss": "", "heldout_loss": heldout_loss(model, windows),
-                     "elapsed_s": 0.0})
+                     "elapsed_s": 0.0, "skipped": ""})
     end = config.steps if stop_after is None else min(config.steps, stop_after)
     started = time.perf_counter() - elapsed
     bar = tqdm(total=config.steps, initial=step, desc="train", unit="step", disable=not progress, dynamic_ncols=True)
     last_heldout = "-"
     model.train()
     while step < end:
-        batch = _batch(train_tokens, model_config.context, config.batch_size, config.seed, step)
+        batch = _batch(train_tokens, model_config.context, config.batch_size, config.seed, step).to(device)
         hidden = model.hidden(batch[:, :-1])
         loss = head_loss(hidden.reshape(-1, model_config.d_model), model.head.weight, batch[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)  # clip the true gradients (a no-op without loss scaling)
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         rate = learning_rate(config, step)
         for group in optimizer.param_groups:
             group["lr"] = rate
-        optimizer.step()
+        scale_before = scaler.get_scale() if loss_scaling else 1.0
+        scaler.step(optimizer)  # skipped when a gradient overflowed
+        scaler.update()
+        skipped = int(loss_scaling and scaler.get_scale() < scale_before)
         step += 1
-        row: dict[str, object] = {"step": step, "learning_rate": rate, "train_loss": loss.item(), "heldout_loss": ""}
+        row: dict[str, object] = {"step": step, "learning_rate": rate, "train_loss": loss.item(), "heldout_loss": "",
+                                  "skipped": skipped}
         if step % config.eval_every == 0 or step in snapshots:
             model.eval()
             row["heldout_loss"] = heldout_loss(model, windows)

@@ -121,7 +121,8 @@ def run_contenders(contenders: Sequence[Contender], inputs: Inputs) -> dict[str,
     return results
 
 
-def record_study(path: Path, kind: Kind, measure: Callable[..., pd.DataFrame], **settings) -> tuple[Path, float]:
+def record_study(path: Path, kind: Kind, measure: Callable[..., pd.DataFrame], *, provenance_device: str = "cpu",
+                 **settings) -> tuple[Path, float]:
     """Run ``measure(**settings)`` and write its table to ``path`` as ``kind`` rows, with its wall time
     (``wall_s``), the CPU time of this process (``cpu_s``: on a shared machine, what the study costs one
     core) and provenance; an earlier file is moved to ``.previous`` (a study's file holds one
@@ -130,5 +131,5 @@ def record_study(path: Path, kind: Kind, measure: Callable[..., pd.DataFrame], *
     table = measure(**settings)
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     set_aside(path)
-    append_rows(path, kind.rows(table.assign(wall_s=seconds, cpu_s=cpu_seconds, **provenance("cpu"))))
+    append_rows(path, kind.rows(table.assign(wall_s=seconds, cpu_s=cpu_seconds, **provenance(provenance_device))))
     return path, seconds

@@ -1,0 +1,195 @@
+"""Numerical error against sampling noise: can a policy's gradient error be told apart from SGD's own noise?
+
+A minibatch gradient already differs from the full-data gradient by sampling noise. For the mean
+loss over N rows, the weight gradient is ``G = mean_i g_i`` with per-example gradients
+``g_i = r_i x_i^T`` (``r_i`` = softmax - onehot of row i), so its standard error is
+
+* ``weight_noise = sqrt(tr Cov(g_i) / N)`` (Frobenius; ``tr Cov`` from ``sum ||g_i||^2 - N ||G||^2``,
+  with ``||g_i||^2 = ||r_i||^2 ||x_i||^2``), the typical distance between the gradients of two
+  independent batches of N rows divided by sqrt(2);
+* ``weight_noise_along = std_i <g_i, u> / sqrt(N)``, the same along the exact gradient's direction
+  ``u = G / ||G||``.
+
+A policy's numerical error ``E = G_policy - G`` is compared with them twice:
+
+* ``weight_error_over_noise = ||E|| / weight_noise``: below 1 the error hides in the noise of one step;
+* ``weight_bias_over_noise = |<E, u>| / weight_noise_along``: a *systematic* error does not average out
+  as steps go by while the noise does (as 1/sqrt(steps)), so the error becomes visible after about
+  ``steps_to_matter = weight_bias_over_noise ** -2`` steps of averaging (Adam's moment windows are
+  10-20 steps; a training run is 1e4-1e6).
+
+The input gradient's rows are per-example (``dx_i = r_i W / N``); what training sees of them is
+their sum through the layers below, in which independent per-row errors and the per-row spread
+both grow as sqrt(N). ``input_error_over_noise = ||E_x|| / ||dX - mean row||`` compares the two
+(an approximation that treats the layers below as the identity; stated in notebook 06).
+
+``floor_over_noise`` is the ratio of a perfect answer rounded once to the output dtype: no policy
+can go below it.
+
+The contenders are lce's policies with ``acc_dtype=float32`` (what "auto" resolves to; an explicit
+policy would keep the input dtype) on the **CUDA** layouts (emulated on CPU tensors, or a real GPU
+with ``device="cuda"``) at chunk counts :data:`CHUNK_COUNTS` (explicit chunk sizes), and the unfused
+computation in the input dtype. :func:`chunk_rules` gives the chunk counts of the rules that pick
+chunk sizes: lce's "auto", torch 2.13's CUDA default (compact, ``aspect_ratio:2``), and the rule of
+torch's later pull request 187838 (compact, factor-1 aspect ratio capped at ``N*C/(4*D)`` rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+import lce
+from lce.plan import aspect_ratio_chunk_size
+from lce.testing import emulate_device_kind
+
+from ..families import draw
+from ..implementations import ImplSpec
+from ..inputs import DTYPES, Inputs, Outputs, Shape, rounded_inputs
+from ..metrics import report, rounding_floor
+from ..reference import reference_outputs, residual_blocks
+from ..results_io import NOISE
+from .peers import Contender, record_study, run_contenders
+
+__all__ = ["NOISE_SHAPE", "FAMILIES", "STUDY_DTYPES", "POLICIES", "CHUNK_COUNTS", "SEEDS", "NOISE_FILE",
+           "SamplingNoise", "sampling_noise", "contenders", "chunk_rules", "measure_inputs", "measure", "record"]
+
+NOISE_SHAPE = Shape(1024, 128, 16384)
+"""The trained model's head (D=128, C=16384) at half its dump's rows, so seeds draw distinct row samples."""
+FAMILIES: tuple[str, ...] = ("random", "calibrated", "trained:early", "trained:final")
+STUDY_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
+POLICIES: tuple[str, ...] = ("accurate", "balanced", "compact")
+CHUNK_COUNTS: tuple[int, ...] = (1, 4, 16, 64, 128, 256)
+SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4)
+NOISE_FILE = "noise.csv"
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingNoise:
+    """The sampling noise of one batch's exact gradients (see the module docstring)."""
+
+    weight: float
+    weight_along: float
+    input: float
+
+
+def sampling_noise(exact_inputs: Inputs, exact: Outputs) -> SamplingNoise:
+    """Sampling noise of the mean-reduced, unweighted loss of ``exact_inputs`` (fp64) with exact gradients ``exact``."""
+    if exact_inputs.dtype != torch.float64:
+        raise ValueError(f"sampling_noise needs the fp64 inputs, got {exact_inputs.dtype}")
+    if (exact_inputs.reduction != "mean" or exact_inputs.class_weight is not None or exact_inputs.label_smoothing
+            or bool((exact_inputs.target == exact_inputs.ignore_index).any())):
+        raise ValueError("sampling_noise needs reduction='mean' without class weights, ignored rows or smoothing")
+    x, w = exact_inputs.input.detach(), exact_inputs.weight.detach()
+    b = None if exact_inputs.bias is None else exact_inputs.bias.detach()
+    n = x.shape[0]
+    gradient = exact.grad_weight.double()
+    direction = gradient / torch.linalg.vector_norm(gradient)
+    squared_norms = torch.zeros((), dtype=torch.float64, device=x.device)
+    along = []
+    for block, residual, _ in residual_blocks(x, w, b, exact_inputs.target):
+        rows = x[block]
+        squared_norms += (residual.square().sum(1) * rows.square().sum(1)).sum()
+        along.append((residual * (rows @ direction.T)).sum(1))
+    spread = (squared_norms - n * gradient.square().sum()).clamp_min(0.0) / (n - 1)
+    grad_input = exact.grad_input.double()
+    return SamplingNoise(weight=math.sqrt(spread.item() / n),
+                         weight_along=(torch.cat(along).std() / math.sqrt(n)).item(),
+                         input=torch.linalg.vector_norm(grad_input - grad_input.mean(0)).item())
+
+
+def contenders(device: str, policies: Sequence[str] = POLICIES, chunk_counts: Sequence[int] = CHUNK_COUNTS,
+               num_rows: int = NOISE_SHAPE.N) -> list[Contender]:
+    """lce per policy and chunk count on ``device`` ("cuda-emulated" or "cuda"), and the unfused op in the
+    input dtype; chunk counts above ``num_rows`` are dropped."""
+    runs = [Contender(f"lce {policy} chunks={count}",
+                      ImplSpec("lce", policy, f"rows:{-(-num_rows // count)}", "float32"), device)
+            for policy in policies for count in chunk_counts if count <= num_rows]
+    unfused_device = "cpu" if device == "cuda-emulated" else device
+    return [*runs, Contender("unfused", ImplSpec("reference"), unfused_device)]
+
+
+def chunk_rules(shape: Shape, dtype: torch.dtype) -> dict[str, tuple[str, int]]:
+    """``rule -> (policy, number of chunks)`` of the rules that choose chunks on CUDA at ``shape``.
+
+    ``lce auto`` is lce's plan; ``torch 2.13 auto`` is compact with ``aspect_ratio:2`` (torch 2.13's
+    CUDA default, from its documentation); ``torch #187838`` is compact with rows
+    ``min(aspect_ratio factor 1, largest power of two <= N*C/(4*D))`` (from that pull request's text).
+    """
+    n, d, c = shape.N, shape.D, shape.C
+    with emulate_device_kind("cuda"):
+        x = torch.empty(n, d, dtype=dtype, device="meta")
+        w = torch.empty(c, d, dtype=dtype, device="meta")
+        auto = lce.plan(lce.LinearCrossEntropyOptions(), x, w)
+    cap = max(1, n * c // (4 * d))
+    rows_next = min(aspect_ratio_chunk_size(n, d, c, 1), 1 << (cap.bit_length() - 1))
+    rows_213 = aspect_ratio_chunk_size(n, d, c, 2)
+    return {"lce auto": (auto.acc_policy, auto.num_chunks),
+            "torch 2.13 auto": ("compact", -(-n // rows_213)),
+            "torch #187838": ("compact", -(-n // rows_next))}
+
+
+def measure_inputs(inputs: Inputs, runs: Sequence[Contender]) -> list[dict[str, object]]:
+    """One row per contender: errors in floors and against the sampling noise of ``inputs``."""
+    dtype = inputs.dtype
+    exact_inputs = inputs.to(torch.float64)
+    exact = reference_outputs(exact_inputs)
+    noise = sampling_noise(exact_inputs, exact)
+    direction = exact.grad_weight / torch.linalg.vector_norm(exact.grad_weight)
+    floors = {name: rounding_floor(gradient, dtype) * torch.linalg.vector_norm(gradient).item()
+              for name, gradient in (("weight", exact.grad_weight), ("input", exact.grad_input))}
+    results = run_contenders(runs, inputs)
+    rows = []
+    for contender in runs:
+        result = results[contender.label]
+        out = result.outputs
+        weight_error = out.grad_weight.double() - exact.grad_weight
+        input_error = out.grad_input.double() - exact.grad_input
+        bias = abs(float((weight_error * direction).sum()))
+        bias_ratio = bias / noise.weight_along
+        weight = report(out.grad_weight, exact.grad_weight, dtype)
+        rows.append({
+            "impl": contender.label, "op": contender.spec.op, "policy": contender.spec.policy or "unfused",
+            "chunking": contender.spec.chunking, "num_chunks": result.num_chunks or 1,
+            "grad_weight_floors": weight.fro_in_floors, "grad_weight_bias_in_floors": weight.bias_in_floors,
+            "grad_input_floors": report(out.grad_input, exact.grad_input, dtype).fro_in_floors,
+            "weight_noise": noise.weight, "weight_noise_along": noise.weight_along, "input_noise": noise.input,
+            "weight_error_over_noise": torch.linalg.vector_norm(weight_error).item() / noise.weight,
+            "weight_bias_over_noise": bias_ratio,
+            "steps_to_matter": math.inf if bias_ratio == 0 else bias_ratio ** -2,
+            "input_error_over_noise": torch.linalg.vector_norm(input_error).item() / noise.input,
+            "weight_floor_over_noise": floors["weight"] / noise.weight,
+            "input_floor_over_noise": floors["input"] / noise.input,
+        })
+    return rows
+
+
+def measure(shape: Shape = NOISE_SHAPE, families: Sequence[str] = FAMILIES, dtypes: Sequence[str] = STUDY_DTYPES,
+            seeds: Sequence[int] = SEEDS, device: str = "cuda-emulated", policies: Sequence[str] = POLICIES,
+            chunk_counts: Sequence[int] = CHUNK_COUNTS, progress: bool = True) -> pd.DataFrame:
+    """One row per (family, dtype, seed, contender); ``device`` "cuda-emulated" (CPU) or "cuda"."""
+    from tqdm.auto import tqdm
+
+    runs = contenders(device, policies, chunk_counts, shape.N)
+    tensor_device = "cpu" if device == "cuda-emulated" else device
+    rows = []
+    cases = [(family, seed) for family in families for seed in seeds]
+    for family, seed in tqdm(cases, desc="noise", unit="draw", disable=not progress, dynamic_ncols=True):
+        drawn = draw(family, shape, seed=seed, bias=False)
+        for dtype_text in dtypes:
+            inputs = rounded_inputs(drawn, DTYPES[dtype_text], device=tensor_device)
+            common = {"family": family, "dtype": dtype_text, "seed": seed, "N": shape.N, "D": shape.D, "C": shape.C,
+                      "layout": "cuda", "device": device}
+            rows.extend({**common, **row} for row in measure_inputs(inputs, runs))
+    return pd.DataFrame(rows)
+
+
+def record(folder: Path, file_name: str = NOISE_FILE, **settings) -> tuple[Path, float]:
+    """Measure (``settings``: :func:`measure`'s) and write ``folder/<file_name>`` with provenance."""
+    device = settings.get("device", "cuda-emulated")
+    return record_study(folder / file_name, NOISE, measure, provenance_device=device, **settings)

@@ -1,0 +1,309 @@
+"""Does a head policy change training? The small language model trained with its head loss under each arm.
+
+Every *arm* (:data:`ARMS`) trains :class:`~analysis.lm.model.TinyLM` from the same initialisation on
+the same batches (both follow the seed, :mod:`analysis.lm.train`); only the head's loss differs:
+
+* ``fp32`` -- the unfused fp32 head, the baseline every gap is measured against;
+* ``bf16 unfused`` -- ``cross_entropy(hidden @ W.T)`` with hidden states and weight rounded to bf16;
+* ``<dtype> <policy>`` -- lce with that ``acc_policy`` and ``acc_dtype=float32`` (what "auto" resolves to;
+  an explicit policy would otherwise keep the input dtype) on hidden states and weight rounded to bf16
+  or fp16 (fp16 with a dynamic loss scale), chunked with ``aspect_ratio:2``: at the study's 2048 rows,
+  D=128 and C=16384 that is 256 chunks of 8 rows, the chunk count of LLM heads (64-256) and where
+  compact's once-per-chunk rounding of the weight gradient is largest.
+
+The body of the model stays fp32 and its master weights too (the rounding happens in the head
+op, as under autocast). lce runs its **CUDA** layouts: on a CPU they are emulated
+(:func:`lce.testing.emulate_device_kind`; exact products, fp32 sums), on a GPU they are the real
+cuBLAS kernels. The CUDA table is where torch's claim that compact matches balanced was made
+(on the CPU table compact with an fp32 ``acc_dtype`` runs balanced's arithmetic).
+
+Each run writes ``log.csv`` in its folder under ``cache/``; :func:`collect` turns the logs into
+tidy rows (arm, dtype, policy, seed, step, split, loss) for a ``training`` results file. Runs are
+resumable (the trainer's checkpoints), so an interrupted study continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+import lce
+from lce.testing import emulate_device_kind
+
+from ..inputs import DTYPES
+from ..lm.model import ModelConfig
+from ..lm.train import HeadLoss, TrainConfig, fp32_head_loss, train
+
+__all__ = ["Arm", "ARMS", "Setting", "SETTINGS", "head_loss_of", "run_arm", "collect", "run_study",
+           "STUDY_CHUNKING"]
+
+STUDY_CHUNKING = "aspect_ratio:2"
+"""The chunking of every lce arm: torch 2.13's CUDA default, and lce's since notebook 05."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One way of computing the head's loss: ``op`` "unfused" or "lce", in ``dtype``, with ``policy`` (lce)."""
+
+    name: str
+    dtype: str
+    op: str
+    policy: str = ""
+
+    @property
+    def loss_scaling(self) -> bool:
+        """fp16 heads train with a dynamic loss scale; bf16 and fp32 need none."""
+        return self.dtype == "float16"
+
+    @property
+    def slug(self) -> str:
+        """The arm's name as a folder name."""
+        return self.name.replace(" ", "-")
+
+
+ARMS: tuple[Arm, ...] = (
+    Arm("fp32", "float32", "unfused"),
+    Arm("bf16 unfused", "bfloat16", "unfused"),
+    *(Arm(f"bf16 {policy}", "bfloat16", "lce", policy) for policy in ("accurate", "balanced", "compact")),
+    *(Arm(f"fp16 {policy}", "float16", "lce", policy) for policy in ("accurate", "balanced", "compact")),
+)
+ARM_NAMES: dict[str, Arm] = {arm.name: arm for arm in ARMS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """How long and how large the study's runs are; ``model`` sizes the model (vocab from the tokenizer)."""
+
+    name: str
+    steps: int
+    batch_size: int
+    seeds: tuple[int, ...]
+    eval_every: int
+    eval_windows: int = 16
+    snapshot_steps: tuple[int, ...] = ()
+
+    def train_config(self, seed: int) -> TrainConfig:
+        return TrainConfig(steps=self.steps, batch_size=self.batch_size, seed=seed, eval_every=self.eval_every,
+                           eval_windows=self.eval_windows, checkpoint_every=self.eval_every,
+                           snapshot_steps=self.snapshot_steps)
+
+
+SETTINGS: dict[str, Setting] = {
+    # what CI and the notebook run: every arm, 2 seeds, a few steps of 4 windows (512 rows)
+    "quick": Setting("quick", steps=12, batch_size=4, seeds=(0, 1), eval_every=6, eval_windows=4),
+    # the committed study: 16 windows of 128 tokens (2048 rows) per step, 3 seeds
+    "full": Setting("full", steps=300, batch_size=16, seeds=(0, 1, 2), eval_every=50,
+                    snapshot_steps=(25, 100, 300)),
+}
+
+
+def head_loss_of(arm: Arm) -> HeadLoss:
+    """The ``(hidden, weight, targets) -> mean loss`` function of ``arm`` (a named function: the trainer keys
+    its checkpoints on the name)."""
+    if arm.op == "unfused" and arm.dtype == "float32":
+        return fp32_head_loss
+    dtype = DTYPES[arm.dtype]
+    if arm.op == "unfused":
+        def unfused_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(F.linear(hidden.to(dtype), weight.to(dtype)), targets)
+
+        unfused_head_loss.__qualname__ = f"unfused_head_loss[{arm.dtype}]"
+        return unfused_head_loss
+    # an explicit policy keeps acc_dtype = input dtype unless told (the options contract): fp32, as "auto" resolves
+    options = lce.LinearCrossEntropyOptions(acc_policy=arm.policy, chunking_method=STUDY_CHUNKING,
+                                            acc_dtype=torch.float32)
+
+    def lce_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with _cuda_layouts(hidden.device):
+            return lce.linear_cross_entropy(hidden.to(dtype), weight.to(dtype), targets, options=options)
+
+    lce_head_loss.__qualname__ = f"lce_head_loss[{arm.dtype},{arm.policy},{STUDY_CHUNKING},acc=float32]"
+    return lce_head_loss
+
+
+def _cuda_layouts(device: torch.device) -> contextlib.AbstractContextManager:
+    """lce's CUDA layouts: real on a GPU, emulated on CPU tensors."""
+    return contextlib.nullcontext() if device.type == "cuda" else emulate_device_kind("cuda")
+
+
+def run_arm(arm: Arm, seed: int, setting: Setting, streams: tuple[torch.Tensor, torch.Tensor],
+            model_config: ModelConfig, cache: Path, *, device: str = "cpu", progress: bool = False,
+            stop_after: int | None = None) -> Path:
+    """Train (or resume) one run; returns its folder (``cache/<setting>/<device>/<arm>/seed-<seed>``)."""
+    run_dir = cache / setting.name / device / arm.slug / f"seed-{seed}"
+    train(model_config, setting.train_config(seed), *streams, run_dir, head_loss=head_loss_of(arm),
+          progress=progress, stop_after=stop_after, loss_scaling=arm.loss_scaling, device=device)
+    return run_dir
+
+
+def runs(arms: Sequence[Arm], setting: Setting) -> Iterator[tuple[Arm, int]]:
+    """The study's runs in the order they are trained: seed-major, so a partial study has whole seeds."""
+    for seed in setting.seeds:
+        for arm in arms:
+            yield arm, seed
+
+
+def collect(cache: Path, arms: Sequence[Arm], setting: Setting, device: str = "cpu") -> pd.DataFrame:
+    """Tidy rows of every finished or partial run's log: one row per (arm, seed, step, split)."""
+    frames = []
+    for arm, seed in runs(arms, setting):
+        log = cache / setting.name / device / arm.slug / f"seed-{seed}" / "log.csv"
+        if not log.exists():
+            continue
+        table = pd.read_csv(log)
+        long = table.melt(id_vars=["step", "elapsed_s"], value_vars=["train_loss", "heldout_loss"],
+                          var_name="split", value_name="loss").dropna(subset=["loss"])
+        long["split"] = long["split"].str.removesuffix("_loss")
+        skipped = table.set_index("step")["skipped"] if "skipped" in table else None
+        long["skipped_steps"] = (0 if skipped is None else
+                                 long["step"].map(skipped.fillna(0).cumsum()).fillna(0).astype(int))
+        frames.append(long.assign(arm=arm.name, dtype=arm.dtype, op=arm.op, policy=arm.policy,
+                                  chunking=STUDY_CHUNKING if arm.op == "lce" else "", seed=seed,
+                                  setting=setting.name, steps=setting.steps, batch_rows=0))
+    if not frames:
+        return pd.DataFrame()
+    table = pd.concat(frames, ignore_index=True)
+    table["batch_rows"] = setting.batch_size * 128
+    return table
+
+
+def _run_in_worker(arm: Arm, seed: int, setting: Setting, model_config: ModelConfig, cache: Path,
+                   tokens_file: Path | None, threads: int) -> None:
+    torch.set_num_threads(threads)
+    run_arm(arm, seed, setting, load_streams(cache.parent, tokens_file), model_config, cache)
+
+
+def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms: Sequence[Arm] = ARMS,
+              device: str = "cpu", workers: int = 1, tokens_file: Path | None = None, progress: bool = True,
+              on_run_done: Callable[[pd.DataFrame], None] | None = None,
+              deadline: float | None = None) -> pd.DataFrame:
+    """Train every (arm, seed) of ``setting`` (resuming finished or partial runs) and return :func:`collect`'s
+    rows. ``cache`` is the study's folder (its parent holds the pipeline's token streams, unless
+    ``tokens_file`` names them). On the CPU, ``workers`` processes train runs side by side with one
+    thread each; on a GPU one process trains them in turn. ``on_run_done`` receives the rows so far after
+    each run (to write results as they come); ``deadline`` (a ``time.monotonic()`` value) starts no run after it.
+    """
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from multiprocessing import get_context
+
+    from tqdm.auto import tqdm
+
+    pending = list(runs(arms, setting))
+    bar = tqdm(total=len(pending), desc=f"train {setting.name} on {device}", unit="run", disable=not progress,
+               dynamic_ncols=True)
+
+    def finished() -> None:
+        bar.update(1)
+        if on_run_done is not None:
+            on_run_done(collect(cache, arms, setting, device))
+
+    def out_of_time() -> bool:
+        return deadline is not None and time.monotonic() > deadline
+
+    if device != "cpu" or workers <= 1:
+        streams = load_streams(cache.parent, tokens_file)
+        for arm, seed in pending:
+            if out_of_time():
+                break
+            bar.set_postfix(arm=arm.name, seed=seed, refresh=True)
+            run_arm(arm, seed, setting, streams, model_config, cache, device=device)
+            finished()
+    else:
+        load_streams(cache.parent, tokens_file)  # build the cached streams once, before the workers read them
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            running = set()
+            while pending or running:
+                while pending and len(running) < workers and not out_of_time():
+                    arm, seed = pending.pop(0)
+                    running.add(pool.submit(_run_in_worker, arm, seed, setting, model_config, cache, tokens_file, 1))
+                if not running:
+                    break
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    future.result()
+                    finished()
+    bar.close()
+    return collect(cache, arms, setting, device)
+
+
+def final_losses(table: pd.DataFrame, split: str = "heldout") -> pd.DataFrame:
+    """Each (arm, seed)'s loss at its last logged step of ``split``, and its gap to the fp32 arm of the same
+    seed (``gap``, nats; positive = worse than fp32)."""
+    rows = table[table["split"] == split]
+    last = rows.loc[rows.groupby(["arm", "seed"])["step"].idxmax()]
+    baseline = last[last["arm"] == ARMS[0].name].set_index("seed")["loss"]
+    last = last.assign(gap=last["loss"] - last["seed"].map(baseline))
+    return last[["arm", "seed", "step", "loss", "gap"]].reset_index(drop=True)
+
+
+def summary(table: pd.DataFrame, split: str = "heldout") -> pd.DataFrame:
+    """Per arm: final ``split`` loss (mean over seeds), its gap to the fp32 head (mean, min, max over seeds)
+    and the seed-to-seed spread of the loss itself (max - min)."""
+    last = final_losses(table, split)
+    grouped = last.groupby("arm", sort=False)
+    result = pd.DataFrame({"seeds": grouped["seed"].nunique(), "step": grouped["step"].max(),
+                           "loss": grouped["loss"].mean(), "gap_mean": grouped["gap"].mean(),
+                           "gap_min": grouped["gap"].min(), "gap_max": grouped["gap"].max(),
+                           "seed_spread": grouped["loss"].max() - grouped["loss"].min()})
+    order = [arm.name for arm in ARMS if arm.name in result.index]
+    return result.loc[order]
+
+
+def load_streams(cache: Path, tokens_file: Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (train, held-out) int64 token streams: from ``tokens_file`` (a ``{"train", "heldout"}`` file, any
+    integer dtype: a GPU machine gets them carried, as its Python's standard library differs), else the
+    language-model pipeline's cached streams (built from the corpus if missing, about 30 s)."""
+    if tokens_file is not None:
+        saved = torch.load(tokens_file, weights_only=True)
+        return saved["train"].long(), saved["heldout"].long()
+    from ..lm.corpus import HELDOUT_FRACTION, load_corpus
+    from ..lm.pipeline import DEFAULT_VOCAB, token_streams
+    from ..lm.tokenizer import load_or_train_tokenizer
+
+    cache.mkdir(parents=True, exist_ok=True)
+    corpus = load_corpus(None, HELDOUT_FRACTION)
+    tokenizer, path = load_or_train_tokenizer([f.text for f in corpus.train_files], DEFAULT_VOCAB, cache)
+    return token_streams(corpus, tokenizer, path, cache)
+
+
+def checkpoint_errors(cache: Path, setting: Setting, streams: tuple[torch.Tensor, torch.Tensor],
+                      model_config: ModelConfig, *, device: str = "cpu", dtypes: Sequence[str] = ("bfloat16",),
+                      chunk_counts: Sequence[int] = (1, 16, 256)) -> pd.DataFrame:
+    """Gradient error against sampling noise on the fp32 arm's snapshots (:attr:`Setting.snapshot_steps`):
+    the head's inputs are the model's hidden states on ``setting.batch_size`` held-out windows, its weight and
+    the next tokens (family ``trained@step``), one row per (seed, step, dtype, contender) as
+    :func:`analysis.studies.noise.measure_inputs` writes them."""
+    from ..inputs import Inputs
+    from ..lm.train import heldout_windows, load_snapshot
+    from .noise import contenders, measure_inputs
+
+    windows = heldout_windows(streams[1], model_config.context, setting.batch_size)
+    noise_device = "cuda" if device == "cuda" else "cuda-emulated"
+    rows = []
+    for seed in setting.seeds:
+        run_dir = cache / setting.name / device / ARMS[0].slug / f"seed-{seed}"
+        for step in setting.snapshot_steps:
+            path = run_dir / f"weights-step-{step:06d}.pt"
+            if not path.exists():
+                continue
+            model = load_snapshot(path)
+            with torch.no_grad():
+                hidden = model.hidden(windows[:, :-1]).reshape(-1, model_config.d_model)
+            targets = windows[:, 1:].reshape(-1)
+            for dtype_text in dtypes:
+                dtype = DTYPES[dtype_text]
+                inputs = Inputs(*(t.detach().to(device=device, dtype=dtype).requires_grad_(True)
+                                  for t in (hidden, model.head.weight)), None, targets.to(device))
+                runs = contenders(noise_device, chunk_counts=chunk_counts, num_rows=hidden.shape[0])
+                common = {"family": "trained@step", "dtype": dtype_text, "seed": seed, "step": step,
+                          "N": hidden.shape[0], "D": hidden.shape[1], "C": model.head.weight.shape[0],
+                          "layout": "cuda", "device": noise_device}
+                rows.extend({**common, **row} for row in measure_inputs(inputs, runs))
+    return pd.DataFrame(rows)
