@@ -103,6 +103,13 @@ def _names(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
     return names
 
 
+def _seed_list(text: str) -> tuple[int, ...]:
+    seeds = tuple(int(part) for part in text.split(",") if part.strip())
+    if not seeds or min(seeds) < 0:
+        raise ValueError(f"expected non-negative seeds, comma-separated; got {text!r}")
+    return seeds
+
+
 def _arms(text: str) -> tuple:
     from .studies.training import ARM_NAMES
 
@@ -234,6 +241,8 @@ def _train_command(args: argparse.Namespace) -> None:
     setting = training.SETTINGS["quick" if args.quick else args.setting]
     if args.seeds is not None:
         setting = dataclasses.replace(setting, seeds=tuple(range(args.seeds)))
+    if args.seed_list is not None:
+        setting = dataclasses.replace(setting, seeds=args.seed_list)
     torch.set_num_threads(args.threads)
     suffix = "" if args.device == "cpu" else f"_{args.device}"
     path = args.results / (args.file or f"training{'_quick' if args.quick else ''}{suffix}.csv")
@@ -510,6 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
                              help="which setting without --quick (default: full)")
     train_study.add_argument("--seeds", type=int, default=None, metavar="K",
                              help="seeds 0..K-1 (default: the setting's)")
+    train_study.add_argument("--seed-list", type=_argument(_seed_list), default=None, metavar="S[,S]",
+                             help="exactly these seeds (e.g. 1,2 to add seeds to a study whose seed 0 is done)")
     train_study.add_argument("--arms", type=_argument(_arms), default=TRAIN_ARMS, metavar="NAME[,NAME]",
                              help="arms to train (default: all): " + ",".join(arm.name for arm in TRAIN_ARMS))
     train_study.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train (default: cpu)")

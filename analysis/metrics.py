@@ -102,7 +102,8 @@ def row_summary(per_row: torch.Tensor) -> dict[str, float]:
     if not per_row.numel():
         return {}
     quantiles = torch.quantile(per_row.clamp_max(torch.finfo(torch.float64).max),
-                               torch.tensor(list(ROW_QUANTILES.values()), dtype=torch.float64))
+                               torch.tensor(list(ROW_QUANTILES.values()), dtype=torch.float64,
+                                            device=per_row.device))
     summary = dict(zip(ROW_QUANTILES, quantiles.tolist(), strict=True))
     summary["row_max"] = per_row.max().item()
     return summary
