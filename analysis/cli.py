@@ -441,11 +441,12 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--seed", type=int, default=0, help="seed of the draw (default: 0)")
     results_folder(stats)
 
-    def study_options(command: argparse.ArgumentParser, shape: Shape, dtypes: list[str], note: str = "") -> None:
+    def study_options(command: argparse.ArgumentParser, shape: Shape, dtypes: list[str], note: str = "",
+                      allowed: tuple[str, ...] = ("bfloat16", "float16")) -> None:
         command.add_argument("--shape", default=shape, type=_argument(parse_shape), metavar="NxDxC",
                              help=f"problem size{note} (default: {shape})")
         command.add_argument("--seeds", type=int, default=5, help="seeds 0..K-1 (default: 5)")
-        command.add_argument("--dtypes", nargs="+", default=dtypes, choices=("bfloat16", "float16"),
+        command.add_argument("--dtypes", nargs="+", default=dtypes, choices=allowed,
                              help=f"input dtypes (default: {' '.join(dtypes)})")
         results_folder(command)
 
@@ -497,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "counts 1 to 256 and the unfused op; writes noise.csv (floors, error/noise and bias/noise ratios, "
                 "steps until a bias matters). Emulated CUDA layouts on CPU tensors unless --device cuda. About 10 "
                 "CPU-minutes.")
-    study_options(noise, NOISE_SHAPE, list(NOISE_DTYPES))
+    study_options(noise, NOISE_SHAPE, list(NOISE_DTYPES), allowed=NOISE_DTYPES)
     noise.add_argument("--families", type=_argument(_families), default=NOISE_FAMILIES, metavar="NAME[,NAME]",
                        help=f"input families (default: {','.join(NOISE_FAMILIES)})")
     noise.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

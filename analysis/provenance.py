@@ -40,16 +40,20 @@ _GENERATED = (":!analysis/results", ":!figures", ":!notebooks/*.ipynb")
 
 @functools.cache
 def git_revision() -> str:
-    """``git rev-parse --short HEAD``, with ``-dirty`` if tracked files other than generated
-    outputs (results, figures, executed notebooks) changed; ``unknown`` outside git."""
+    """``$LCE_LAB_REVISION`` when set (a copy of the tree sent to another machine: a lent GPU's copy carried a
+    stale ``.git`` that named the session's first commit), else ``git rev-parse --short HEAD`` with
+    ``-dirty`` if tracked files other than generated outputs (results, figures, executed notebooks)
+    changed; ``unknown`` outside git."""
+    sent = os.environ.get("LCE_LAB_REVISION")
+    if sent:
+        return sent
     try:
         revision = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
                                   text=True, check=True, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *_GENERATED],
                                cwd=ROOT, capture_output=True, text=True, check=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        # a copy of the working tree without .git (a lent GPU machine): the revision it was sent from
-        return os.environ.get("LCE_LAB_REVISION", "unknown")
+        return "unknown"
     return revision + ("-dirty" if dirty else "")
 
 

@@ -62,11 +62,13 @@ __all__ = ["NOISE_SHAPE", "FAMILIES", "STUDY_DTYPES", "POLICIES", "CHUNK_COUNTS"
 NOISE_SHAPE = Shape(1024, 128, 16384)
 """The trained model's head (D=128, C=16384) at half its dump's rows, so seeds draw distinct row samples."""
 FAMILIES: tuple[str, ...] = ("random", "calibrated", "trained:early", "trained:final")
-STUDY_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
+STUDY_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
 POLICIES: tuple[str, ...] = ("accurate", "balanced", "compact")
 CHUNK_COUNTS: tuple[int, ...] = (1, 4, 16, 64, 128, 256)
 SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4)
 NOISE_FILE = "noise.csv"
+AUTO_CPU = "lce auto cpu"
+"""The label of the CPU table's "auto" pick (its own chunking) in a CPU run."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +113,17 @@ def contenders(device: str, policies: Sequence[str] = POLICIES, chunk_counts: Se
                       ImplSpec("lce", policy, f"rows:{-(-num_rows // count)}", "float32"), device)
             for policy in policies for count in chunk_counts if count <= num_rows]
     unfused_device = "cpu" if device == "cuda-emulated" else device
-    return [*runs, Contender("unfused", ImplSpec("reference"), unfused_device)]
+    runs.append(Contender("unfused", ImplSpec("reference"), unfused_device))
+    if device == "cuda-emulated":  # a CPU run also measures the CPU table's "auto" pick
+        runs.append(Contender(AUTO_CPU, ImplSpec("lce", "auto", "auto"), "cpu"))
+    return runs
+
+
+def dtype_contenders(runs: Sequence[Contender], dtype: str) -> list[Contender]:
+    """fp32 inputs leave every CUDA-layout policy with the same arithmetic: only "auto" and the unfused op run."""
+    if dtype != "float32":
+        return list(runs)
+    return [run for run in runs if run.label in (AUTO_CPU, "unfused")]
 
 
 def chunk_rules(shape: Shape, dtype: torch.dtype) -> dict[str, tuple[str, int]]:
@@ -154,8 +166,9 @@ def measure_inputs(inputs: Inputs, runs: Sequence[Contender]) -> list[dict[str, 
         bias_ratio = bias / noise.weight_along
         weight = report(out.grad_weight, exact.grad_weight, dtype)
         rows.append({
-            "impl": contender.label, "op": contender.spec.op, "policy": contender.spec.policy or "unfused",
-            "chunking": contender.spec.chunking, "num_chunks": result.num_chunks or 1,
+            "impl": contender.label, "op": contender.spec.op,
+            "policy": result.resolved_policy or contender.spec.policy or "unfused",
+            "chunking": contender.spec.chunking, "num_chunks": result.num_chunks or 1, "layout": contender.layout,
             "grad_weight_floors": weight.fro_in_floors, "grad_weight_bias_in_floors": weight.bias_in_floors,
             "grad_input_floors": report(out.grad_input, exact.grad_input, dtype).fro_in_floors,
             "weight_noise": noise.weight, "weight_noise_along": noise.weight_along, "input_noise": noise.input,
@@ -184,8 +197,8 @@ def measure(shape: Shape = NOISE_SHAPE, families: Sequence[str] = FAMILIES, dtyp
         for dtype_text in dtypes:
             inputs = rounded_inputs(drawn, DTYPES[dtype_text], device=tensor_device)
             common = {"family": family, "dtype": dtype_text, "seed": seed, "N": shape.N, "D": shape.D, "C": shape.C,
-                      "layout": "cuda", "device": device}
-            rows.extend({**common, **row} for row in measure_inputs(inputs, runs))
+                      "device": device}
+            rows.extend({**common, **row} for row in measure_inputs(inputs, dtype_contenders(runs, dtype_text)))
     return pd.DataFrame(rows)
 
 

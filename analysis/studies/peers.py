@@ -32,7 +32,7 @@ from ..results_io import Kind, append_rows, set_aside
 
 __all__ = ["Contender", "lce_contenders", "run_contenders", "Result", "LAYOUT_NAMES", "record_study"]
 
-LAYOUT_NAMES: dict[str, str] = {"cpu": "cpu", "cuda-emulated": "cuda"}
+LAYOUT_NAMES: dict[str, str] = {"cpu": "cpu", "cuda-emulated": "cuda", "cuda": "cuda"}
 """Device of a contender -> the name of the lce layout table it runs (``cuda-emulated``: CUDA's on CPU tensors)."""
 
 

@@ -304,6 +304,6 @@ def checkpoint_errors(cache: Path, setting: Setting, streams: tuple[torch.Tensor
                 runs = contenders(noise_device, chunk_counts=chunk_counts, num_rows=hidden.shape[0])
                 common = {"family": "trained@step", "dtype": dtype_text, "seed": seed, "step": step,
                           "N": hidden.shape[0], "D": hidden.shape[1], "C": model.head.weight.shape[0],
-                          "layout": "cuda", "device": noise_device}
+                          "device": noise_device}
                 rows.extend({**common, **row} for row in measure_inputs(inputs, runs))
     return pd.DataFrame(rows)
