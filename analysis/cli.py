@@ -260,8 +260,8 @@ def _train_command(args: argparse.Namespace) -> None:
     deadline = None if args.budget_s is None else started + args.budget_s
     workers = args.workers or (len(os.sched_getaffinity(0)) if args.device == "cpu" else 1)
     table = training.run_study(setting, model_config, cache, arms=args.arms, device=args.device, workers=workers,
-                               tokens_file=args.tokens, progress=not args.no_progress, on_run_done=write,
-                               deadline=deadline)
+                               token_cache=args.cache, tokens_file=args.tokens, progress=not args.no_progress,
+                               on_run_done=write, deadline=deadline)
     if not table.empty:
         write(table)
         print(training.summary(table).to_string(float_format="%.4f"))
@@ -300,10 +300,15 @@ def _notebooks_command(args: argparse.Namespace) -> None:
 
 
 def _verdicts_command(args: argparse.Namespace) -> None:
+    from .decision import rule_lines
     from .pareto import load_table, verdict_lines
+    from .results_io import NOISE, load_kind
 
     _, table = load_table(args.results)
     print("\n".join(verdict_lines(table)))
+    _, noise = load_kind(args.results, NOISE.name)
+    if not noise.empty:
+        print("\n".join(f"error/noise rule: {line}" for line in rule_lines(noise)))
 
 
 def _lm_command(args: argparse.Namespace) -> None:

@@ -200,6 +200,21 @@ def realistic_inputs(results: Path) -> str:
     return "\n".join(f"- **{name}.** {_finding(text)}" for name, text in findings if text) + "\n"
 
 
+def does_it_matter(results: Path) -> str:
+    """Notebook 06's findings, one bullet each: torch's claim, error against noise, training, the rule."""
+    from . import matter_conclusions as matter
+    from .results_io import NOISE, TRAINING
+
+    noise, training = (load_kind(results, kind.name)[1] for kind in (NOISE, TRAINING))
+    findings = [("Compact against balanced on CUDA", matter.torch_claim(noise)),
+                ("Error against sampling noise", matter.error_against_noise(noise)),
+                *((f"Training ({'one H200' if device == 'cuda' else 'CPU, emulated CUDA layouts'})",
+                   matter.training(training, noise, device)) for device in ("cuda", "cpu")
+                  if (training["device"] == device).any()),
+                ("The rule", matter.rule(noise))]
+    return "\n".join(f"- **{name}.** {_finding(text)}" for name, text in findings) + "\n"
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "reproduce-time": reproduce_time,
     "bench-table": bench_table,
@@ -208,6 +223,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "grid-sizes": grid_sizes,
     "realistic-inputs": realistic_inputs,
     "baseline-bench": baseline_bench,
+    "does-it-matter": does_it_matter,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""
 

@@ -2,7 +2,7 @@
 
 :func:`make_figures` is what ``python -m analysis figures`` (and ``reproduce``)
 runs: it reads the results files by kind (:mod:`analysis.results_io`), draws
-with :func:`analysis.plots.draw_all` (which measures nothing) and writes
+with :func:`analysis.plots.draw_all` and :func:`analysis.plots_matter.draw_all` (which measure nothing) and writes
 ``<stem>.png`` and ``<stem>.svg`` per figure and ``README.md``: each figure,
 its caption, the data files it was drawn from, the command, the verdicts.
 """
@@ -14,10 +14,23 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from . import plots_matter
+from .decision import rule_lines
 from .pareto import load_table, verdict_lines
 from .paths import display_path
 from .plots import CaptionedFigure, draw_all
-from .results_io import BENCH, CHUNK_SWEEP, FAMILY_STATS, MARGINS, MEMORY_BREAKDOWN, MEMORY_TRACE, RARE_ROWS, load_kind
+from .results_io import (
+    BENCH,
+    CHUNK_SWEEP,
+    FAMILY_STATS,
+    MARGINS,
+    MEMORY_BREAKDOWN,
+    MEMORY_TRACE,
+    NOISE,
+    RARE_ROWS,
+    TRAINING,
+    load_kind,
+)
 
 __all__ = ["make_figures", "save", "write_index"]
 
@@ -64,7 +77,12 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
     (_, breakdown), (_, trace), (_, bench), (_, chunks), (_, family_stats), (_, margins), (_, rare) = studies
     figures = draw_all(table, memory_breakdown=breakdown, memory_trace=trace, bench=bench, chunk_sweep=chunks,
                        family_stats=family_stats, margins=margins, rare_rows=rare)
-    paths += [path for study_paths, frame in studies if not frame.empty for path in study_paths]
+    matter = [load_kind(results, kind.name) for kind in (NOISE, TRAINING)]
+    figures += plots_matter.draw_all(matter[0][1], matter[1][1])
+    paths += [path for study_paths, frame in [*studies, *matter] if not frame.empty for path in study_paths]
     written = [path for figure in figures for path in save(figure, out)]
-    index = write_index(figures, out, [display_path(p) for p in paths], command, verdict_lines(table))
+    verdicts = verdict_lines(table)
+    if not matter[0][1].empty:
+        verdicts += [f"error/noise rule (analysis.decision), {line}" for line in rule_lines(matter[0][1])]
+    index = write_index(figures, out, [display_path(p) for p in paths], command, verdicts)
     return [*written, index]

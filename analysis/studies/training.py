@@ -40,6 +40,7 @@ from lce.testing import emulate_device_kind
 from ..inputs import DTYPES
 from ..lm.model import ModelConfig
 from ..lm.train import HeadLoss, TrainConfig, fp32_head_loss, train
+from ..paths import LM_CACHE_DIR
 
 __all__ = ["Arm", "ARMS", "Setting", "SETTINGS", "head_loss_of", "run_arm", "collect", "run_study",
            "STUDY_CHUNKING"]
@@ -175,18 +176,19 @@ def collect(cache: Path, arms: Sequence[Arm], setting: Setting, device: str = "c
 
 
 def _run_in_worker(arm: Arm, seed: int, setting: Setting, model_config: ModelConfig, cache: Path,
-                   tokens_file: Path | None, threads: int) -> None:
+                   token_cache: Path, tokens_file: Path | None, threads: int) -> None:
     torch.set_num_threads(threads)
-    run_arm(arm, seed, setting, load_streams(cache.parent, tokens_file), model_config, cache)
+    run_arm(arm, seed, setting, load_streams(token_cache, tokens_file), model_config, cache)
 
 
 def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms: Sequence[Arm] = ARMS,
-              device: str = "cpu", workers: int = 1, tokens_file: Path | None = None, progress: bool = True,
+              device: str = "cpu", workers: int = 1, token_cache: Path = LM_CACHE_DIR,
+              tokens_file: Path | None = None, progress: bool = True,
               on_run_done: Callable[[pd.DataFrame], None] | None = None,
               deadline: float | None = None) -> pd.DataFrame:
     """Train every (arm, seed) of ``setting`` (resuming finished or partial runs) and return :func:`collect`'s
-    rows. ``cache`` is the study's folder (its parent holds the pipeline's token streams, unless
-    ``tokens_file`` names them). On the CPU, ``workers`` processes train runs side by side with one
+    rows. ``cache`` is the study's folder; the token streams come from ``tokens_file`` or the pipeline's
+    cache ``token_cache``. On the CPU, ``workers`` processes train runs side by side with one
     thread each; on a GPU one process trains them in turn. ``on_run_done`` receives the rows so far after
     each run (to write results as they come); ``deadline`` (a ``time.monotonic()`` value) starts no run after it.
     """
@@ -208,7 +210,7 @@ def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms:
         return deadline is not None and time.monotonic() > deadline
 
     if device != "cpu" or workers <= 1:
-        streams = load_streams(cache.parent, tokens_file)
+        streams = load_streams(token_cache, tokens_file)
         for arm, seed in pending:
             if out_of_time():
                 break
@@ -216,13 +218,14 @@ def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms:
             run_arm(arm, seed, setting, streams, model_config, cache, device=device)
             finished()
     else:
-        load_streams(cache.parent, tokens_file)  # build the cached streams once, before the workers read them
+        load_streams(token_cache, tokens_file)  # build the cached streams once, before the workers read them
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
             running = set()
             while pending or running:
                 while pending and len(running) < workers and not out_of_time():
                     arm, seed = pending.pop(0)
-                    running.add(pool.submit(_run_in_worker, arm, seed, setting, model_config, cache, tokens_file, 1))
+                    running.add(pool.submit(_run_in_worker, arm, seed, setting, model_config, cache, token_cache,
+                                             tokens_file, 1))
                 if not running:
                     break
                 done, running = wait(running, return_when=FIRST_COMPLETED)
@@ -234,10 +237,11 @@ def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms:
 
 
 def final_losses(table: pd.DataFrame, split: str = "heldout") -> pd.DataFrame:
-    """Each (arm, seed)'s loss at its last logged step of ``split``, and its gap to the fp32 arm of the same
-    seed (``gap``, nats; positive = worse than fp32)."""
-    rows = table[table["split"] == split]
+    """Each finished (arm, seed) run's ``split`` loss at its last step, and its gap to the fp32 arm of the same
+    seed (``gap``, nats; positive = worse than fp32; NaN where that fp32 run is not finished)."""
+    rows = table[(table["split"] == split) & (table["step"] <= table["steps"])].reset_index(drop=True)
     last = rows.loc[rows.groupby(["arm", "seed"])["step"].idxmax()]
+    last = last[last["step"] == last["steps"]]  # finished runs only: a run in progress is not compared
     baseline = last[last["arm"] == ARMS[0].name].set_index("seed")["loss"]
     last = last.assign(gap=last["loss"] - last["seed"].map(baseline))
     return last[["arm", "seed", "step", "loss", "gap"]].reset_index(drop=True)
