@@ -37,7 +37,7 @@ from .pareto import seed_interval
 from .studies.noise import AUTO_CPU, NOISE_SHAPE, chunk_rules
 
 __all__ = ["BIAS_LIMIT", "ERROR_LIMIT", "LLM_SHAPES", "RATIO_COLUMNS", "study_rows", "pick_rows", "rule_table",
-           "rule_lines", "rule_checks", "peer_table", "checkpoint_bias", "memory_at_llm_shapes"]
+           "rule_lines", "rule_checks", "peer_table", "checkpoint_bias", "memory_at_llm_shapes", "policy_costs"]
 
 BIAS_LIMIT = 0.01
 ERROR_LIMIT = 0.1
@@ -171,3 +171,34 @@ def memory_at_llm_shapes(shapes: tuple[Shape, ...] = LLM_SHAPES, dtype: torch.dt
         row["compact_saves_vs_balanced_gib"] = row["balanced_gib"] - row["compact_gib"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def policy_costs(noise: pd.DataFrame, training: pd.DataFrame, chunks: int = 256) -> pd.DataFrame:
+    """Per CUDA policy in bf16: what it costs at the LLM shapes (predicted peak GiB, lce's memory model), its
+    worst-family bias/noise at ``chunks`` chunks, and the training study's final held-out gap to the fp32 head
+    (mean over seeds, and the seeds' range) on each device that trained it."""
+    from .studies.training import final_losses
+
+    memory = memory_at_llm_shapes()
+    source, rows = _source(study_rows(noise), "cuda")
+    rows = rows[(rows["dtype"] == "bfloat16") & (rows["layout"] == "cuda") & (rows["num_chunks"] == chunks)]
+    full = training[training["setting"] == "full"] if "setting" in training else training.iloc[:0]
+    table = []
+    for policy in ("accurate", "balanced", "compact"):
+        row: dict[str, object] = {"policy": policy}
+        for shape, gib in zip(memory["shape"], memory[f"{policy}_gib"], strict=True):
+            row[f"GiB at {shape}"] = gib
+        picked = rows[rows["policy"] == policy]
+        if not picked.empty:
+            row[f"bias/noise ({'H200' if source == 'cuda' else 'emulated'})"] = \
+                _ratios(picked)["weight_bias_over_noise"].max()
+        for device in ("cuda", "cpu"):
+            here = full[full["device"] == device]
+            gaps = final_losses(here) if not here.empty else pd.DataFrame(columns=["arm", "gap"])
+            gaps = gaps[(gaps["arm"] == f"bf16 {policy}") & gaps["gap"].notna()]["gap"]
+            label = "H200" if device == "cuda" else "CPU"
+            row[f"gap vs fp32, {label} (nats)"] = (f"{gaps.mean():+.3f} [{gaps.min():+.3f}, {gaps.max():+.3f}], "
+                                                   f"{len(gaps)} seed{'s' if len(gaps) != 1 else ''}"
+                                                   if len(gaps) else "not run")
+        table.append(row)
+    return pd.DataFrame(table)

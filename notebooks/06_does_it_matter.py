@@ -111,12 +111,15 @@ Markdown(matter_conclusions.training(training, noise, "cuda") + "\n\n"
 # A pick must lie on the error–memory front (notebook 04) and keep its weight-gradient bias
 # below 0.01 of the sampling noise along the gradient (10⁴ steps before it could stand out)
 # and its whole errors below 0.1 of the noise (1% more gradient variance), on the worst input
-# family (`analysis.decision`). What compact saves is real: lce's memory model at LLM heads,
-# bf16 on CUDA, `aspect_ratio:2`, predicted peak extra bytes of one forward+backward.
+# family (`analysis.decision`). What compact saves is real: the table gives, per policy in
+# bf16 on CUDA with `aspect_ratio:2`, lce's predicted peak extra memory of one forward+backward
+# at three LLM heads (N×D×C), next to its worst bias/noise at 256 chunks and the training
+# study's final-loss gap to the fp32 head.
 
 # %%
-show(decision.memory_at_llm_shapes(), {c: "{:.2f}" for c in ("accurate_gib", "balanced_gib", "compact_gib",
-                                                             "compact_saves_vs_balanced_gib")}, name="llm-memory")
+costs = decision.policy_costs(noise, training)
+show(costs, {c: ("{:.2f}" if c.startswith("GiB") else "{:.3g}") for c in costs.columns
+             if c.startswith(("GiB", "bias"))}, name="policy-costs")
 show(decision.rule_table(noise)[["device", "dtype", "pick", "source", "worst_family", "weight_bias_over_noise",
                                  "weight_error_over_noise", "input_error_over_noise", "passes"]],
      {c: "{:.3g}" for c in ("weight_bias_over_noise", "weight_error_over_noise", "input_error_over_noise")},

@@ -8,7 +8,7 @@ from analysis.cli import build_parser, main
 from analysis.results_io import file_kind, read_table
 
 SUBCOMMANDS = ("sweep", "figures", "reproduce", "bench", "demo", "memory-study", "notebooks", "grids", "verdicts",
-               "lm", "family-stats", "margins", "rare-rows")
+               "lm", "family-stats", "margins", "rare-rows", "noise", "train")
 
 
 def test_every_subcommand_is_registered_with_a_handler():
@@ -34,7 +34,10 @@ def test_usage_errors_name_the_problem(capsys):
                            (["bench", "--chunk-sweep", "--scaling"], "not allowed with"),
                            (["sweep", "--grid", "nope"], "invalid choice"),
                            (["rare-rows", "--policies", "auto,nope"], "expected names from"),
-                           (["margins", "--margins", "0,-5"], "non-negative")):
+                           (["margins", "--margins", "0,-5"], "non-negative"),
+                           (["train", "--arms", "fp32,fp8 compact"], "expected names from"),
+                           (["train", "--seed-list", "0,-1"], "non-negative seeds"),
+                           (["noise", "--families", "nope"], "family")):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2
