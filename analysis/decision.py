@@ -61,14 +61,15 @@ def _source(rows: pd.DataFrame, kind: str) -> tuple[str, pd.DataFrame]:
 
 
 def pick_rows(noise: pd.DataFrame, kind: str, dtype: torch.dtype) -> tuple[str, pd.DataFrame]:
-    """``(source device, rows)`` of the "auto" pick for ``(kind, dtype)`` in the noise study: on CUDA the
-    policy and chunk count "auto" resolves to at the study's shape, on the CPU the CPU table's own run."""
+    """``(source, rows)`` of the "auto" pick for ``(kind, dtype)`` in the noise study: on CUDA the policy and
+    chunk count "auto" resolves to at the study's shape (source "cuda" on a GPU, else "cuda-emulated"), on
+    the CPU the CPU table's own run (source "cpu")."""
     from lce.options import dtype_name
 
     source, rows = _source(study_rows(noise), kind)
     rows = rows[rows["dtype"] == dtype_name(dtype)]
     if kind == "cpu":
-        return source, rows[rows["impl"] == AUTO_CPU]
+        return "cpu", rows[rows["impl"] == AUTO_CPU]
     policy, chunks = chunk_rules(NOISE_SHAPE, dtype)["lce auto"]
     return source, rows[(rows["policy"] == policy) & (rows["num_chunks"] == chunks) & (rows["layout"] == "cuda")]
 
@@ -135,7 +136,8 @@ def rule_lines(noise: pd.DataFrame) -> list[str]:
             lines.append(f"{row.device} {row.dtype} ({row.pick}): no noise-study data")
             continue
         verdict = "meets" if row.passes else "FAILS"
-        lines.append(f"{row.device} {row.dtype} ({row.pick}, {'H200' if row.source == 'cuda' else 'emulated'}): "
+        where = {"cuda": "H200", "cpu": "CPU"}.get(row.source, "CUDA layouts emulated on CPU")
+        lines.append(f"{row.device} {row.dtype} ({row.pick}, {where}): "
                      f"bias/noise {row.weight_bias_over_noise:.2g} (limit {BIAS_LIMIT}), error/noise "
                      f"{max(row.weight_error_over_noise, row.input_error_over_noise):.2g} (limit {ERROR_LIMIT}), "
                      f"worst on {row.worst_family} over {int(row.seeds)} seeds: {verdict} the rule")
