@@ -13,7 +13,7 @@ from .decision import BIAS_LIMIT, ERROR_LIMIT, checkpoint_bias, peer_table, rule
 from .studies.noise import NOISE_SHAPE
 from .studies.training import ARMS, final_losses
 
-__all__ = ["torch_claim", "error_against_noise", "training", "rule", "SOURCE_WORDS"]
+__all__ = ["emulation_agreement", "torch_claim", "error_against_noise", "training", "rule", "SOURCE_WORDS"]
 
 SOURCE_WORDS = {"cuda": "on one H200 (cuBLAS, torch 2.11)", "cuda-emulated": "on the CUDA layouts emulated on CPU"}
 NO_DATA = "No noise-study results yet (`python -m analysis noise`)."
@@ -35,6 +35,25 @@ def _best_source(noise: pd.DataFrame) -> tuple[str, pd.DataFrame]:
     return device, rows[(rows["device"] == device) & rows["dtype"].isin(["bfloat16", "float16"])]
 
 
+def emulation_agreement(noise: pd.DataFrame) -> tuple[float, float, str] | None:
+    """How closely the CPU emulation of the CUDA layouts reproduces the H200: the median and the largest relative
+    difference of the seed-median weight-gradient floors over the (dtype, family, policy, chunk count) both
+    measured on the same seeds, and where the largest is; None without both."""
+    rows = study_rows(noise)
+    rows = rows[rows["layout"] == "cuda"]
+    seeds = set(rows[rows["device"] == "cuda"]["seed"]) & set(rows[rows["device"] == "cuda-emulated"]["seed"])
+    if not seeds:
+        return None
+    rows = rows[rows["seed"].isin(seeds)]
+    medians = rows.groupby(["dtype", "family", "policy", "num_chunks", "device"])["grad_weight_floors"].median()
+    both = medians.unstack("device").dropna()
+    if both.empty:
+        return None
+    difference = (both["cuda-emulated"] - both["cuda"]).abs() / both["cuda"]
+    dtype, family, policy, chunks = difference.idxmax()
+    return float(difference.median()), float(difference.max()), f"{policy} at {chunks} chunks, {family}, {dtype}"
+
+
 def torch_claim(noise: pd.DataFrame) -> str:
     """06: does compact match balanced on CUDA (torch's reason to drop balanced)?"""
     if noise.empty:
@@ -49,6 +68,12 @@ def torch_claim(noise: pd.DataFrame) -> str:
         c, b = compact.xs(dtype, level="dtype"), balanced.xs(dtype, level="dtype")
         bullets.append(f"{dtype}: compact {_range(one.xs(dtype, level='dtype'))} floors at 1 chunk, "
                        f"{_range(c)} at {most} chunks (per family); balanced {_range(b)} at {most} chunks")
+    agreement = emulation_agreement(noise)
+    if agreement is not None:
+        typical, largest, where = agreement
+        bullets.append(f"the CPU emulation of the CUDA layouts (`noise.csv`) reproduces the H200's floors: median "
+                       f"relative difference {100 * typical:.2g}% over every policy, chunk count, family and dtype "
+                       f"(seed medians, the seeds both ran), largest {100 * largest:.0f}% ({where})")
     if (compact / balanced).min() > 1.5:
         finding = (f"No: {SOURCE_WORDS[device]}, compact's per-chunk `addmm_` into the bf16/fp16 gradient rounds "
                    f"the running sum once per chunk whatever cuBLAS accumulates inside one product, and its "
