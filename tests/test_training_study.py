@@ -82,3 +82,18 @@ def test_train_command_writes_tidy_rows_with_provenance(tmp_path):
     assert rows["step"].max() == training.SETTINGS["quick"].steps
     assert list(rows.columns) == list(TRAINING.columns) and rows["torch_version"].notna().all()
     assert rows["loss"].between(5, 12).all()
+
+
+def test_collect_reads_every_run_of_the_setting_whichever_call_trained_it(tmp_path):
+    setting = training.SETTINGS["quick"]
+    log = ("step,learning_rate,train_loss,heldout_loss,elapsed_s,skipped\n"
+           "0,,,9.7,0.0,\n1,0.1,9.6,,1.0,1\n2,0.1,9.5,9.4,2.0,0\n")
+    for arm, seed in (("fp32", 0), ("fp16-compact", 3)):
+        folder = tmp_path / setting.name / "cpu" / arm / f"seed-{seed}"
+        folder.mkdir(parents=True)
+        (folder / "log.csv").write_text(log)
+    rows = training.collect(tmp_path, setting)
+    assert set(zip(rows["arm"], rows["seed"], strict=True)) == {("fp32", 0), ("fp16 compact", 3)}
+    heldout = rows[(rows["arm"] == "fp16 compact") & (rows["split"] == "heldout")]
+    assert list(heldout["step"]) == [0, 2] and list(heldout["skipped_steps"]) == [0, 1]
+    assert training.collect(tmp_path, setting, device="cuda").empty

@@ -151,13 +151,21 @@ def runs(arms: Sequence[Arm], setting: Setting) -> Iterator[tuple[Arm, int]]:
             yield arm, seed
 
 
-def collect(cache: Path, arms: Sequence[Arm], setting: Setting, device: str = "cpu") -> pd.DataFrame:
-    """Tidy rows of every finished or partial run's log: one row per (arm, seed, step, split)."""
+def _logs(cache: Path, setting: Setting, device: str) -> Iterator[tuple[Arm, int, Path]]:
+    """``(arm, seed, log path)`` of every run of ``setting`` on ``device`` in ``cache``, in :data:`ARMS` and seed
+    order, whichever call trained it (a study can be trained in parts: some arms or seeds at a time)."""
+    for arm in ARMS:
+        folder = cache / setting.name / device / arm.slug
+        seeds = sorted(int(path.name.removeprefix("seed-")) for path in folder.glob("seed-*"))
+        for seed in seeds:
+            if (folder / f"seed-{seed}" / "log.csv").exists():
+                yield arm, seed, folder / f"seed-{seed}" / "log.csv"
+
+
+def collect(cache: Path, setting: Setting, device: str = "cpu") -> pd.DataFrame:
+    """Tidy rows of every finished or partial run's log of ``setting``: one row per (arm, seed, step, split)."""
     frames = []
-    for arm, seed in runs(arms, setting):
-        log = cache / setting.name / device / arm.slug / f"seed-{seed}" / "log.csv"
-        if not log.exists():
-            continue
+    for arm, seed, log in _logs(cache, setting, device):
         table = pd.read_csv(log)
         long = table.melt(id_vars=["step", "elapsed_s"], value_vars=["train_loss", "heldout_loss"],
                           var_name="split", value_name="loss").dropna(subset=["loss"])
@@ -187,10 +195,12 @@ def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms:
               on_run_done: Callable[[pd.DataFrame], None] | None = None,
               deadline: float | None = None) -> pd.DataFrame:
     """Train every (arm, seed) of ``setting`` (resuming finished or partial runs) and return :func:`collect`'s
-    rows. ``cache`` is the study's folder; the token streams come from ``tokens_file`` or the pipeline's
-    cache ``token_cache``. On the CPU, ``workers`` processes train runs side by side with one
-    thread each; on a GPU one process trains them in turn. ``on_run_done`` receives the rows so far after
-    each run (to write results as they come); ``deadline`` (a ``time.monotonic()`` value) starts no run after it.
+    rows: of every run of the setting in ``cache``, those of earlier calls with other arms or seeds too.
+
+    ``cache`` is the study's folder; the token streams come from ``tokens_file`` or the pipeline's cache
+    ``token_cache``. On the CPU, ``workers`` processes train runs side by side with one thread each; on a
+    GPU one process trains them in turn. ``on_run_done`` receives the rows so far after each run (to write
+    results as they come); ``deadline`` (a ``time.monotonic()`` value) starts no run after it.
     """
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from multiprocessing import get_context
@@ -204,7 +214,7 @@ def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms:
     def finished() -> None:
         bar.update(1)
         if on_run_done is not None:
-            on_run_done(collect(cache, arms, setting, device))
+            on_run_done(collect(cache, setting, device))
 
     def out_of_time() -> bool:
         return deadline is not None and time.monotonic() > deadline
@@ -233,7 +243,7 @@ def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms:
                     future.result()
                     finished()
     bar.close()
-    return collect(cache, arms, setting, device)
+    return collect(cache, setting, device)
 
 
 def final_losses(table: pd.DataFrame, split: str = "heldout") -> pd.DataFrame:
