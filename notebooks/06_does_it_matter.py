@@ -75,6 +75,16 @@ show(peers[["rule", "dtype", "policy", "num_chunks", "source", "worst_family", "
             "weight_error_over_noise", "passes"]],
      {"weight_bias_over_noise": "{:.3g}", "weight_error_over_noise": "{:.3g}"}, name="chunking-rules")
 
+# %% [markdown]
+# The three ratios per policy at 256 chunks, worst family (seed medians): the input gradient's error is
+# per row, so chunking does not change it, and it stays far below its noise for every policy.
+
+# %%
+at_256 = best[((best.num_chunks == 256) & (best.layout == "cuda")) | (best.policy == "unfused")]
+ratios = at_256.groupby(["dtype", "policy", "family"])[list(decision.RATIO_COLUMNS)].median()
+show(ratios.groupby(["dtype", "policy"]).max().reset_index(), {c: "{:.3g}" for c in decision.RATIO_COLUMNS},
+     name="ratios-at-256")
+
 # %%
 Markdown(matter_conclusions.error_against_noise(noise))
 

@@ -98,7 +98,7 @@ class Setting:
 
 SETTINGS: dict[str, Setting] = {
     # what CI and the notebook run: every arm, 2 seeds, a few steps of 4 windows (512 rows)
-    "quick": Setting("quick", steps=12, batch_size=4, seeds=(0, 1), eval_every=6, eval_windows=4),
+    "quick": Setting("quick", steps=10, batch_size=4, seeds=(0, 1), eval_every=5, eval_windows=4),
     # the committed study: 16 windows of 128 tokens (2048 rows) per step, 3 seeds
     "full": Setting("full", steps=300, batch_size=16, seeds=(0, 1, 2), eval_every=50,
                     snapshot_steps=(25, 100, 300)),
