@@ -155,12 +155,14 @@ def plot_checkpoint_errors(noise: pd.DataFrame) -> CaptionedFigure | None:
     for ax, (device, dtype) in zip(axes, panels, strict=True):
         here = rows[(rows["device"] == device) & (rows["dtype"] == dtype)]
         points = seed_interval(here, "weight_bias_over_noise", by=["policy", "num_chunks", "step"])
+        most = points["num_chunks"].max()
         for (policy, chunks), lines in points.groupby(["policy", "num_chunks"]):
-            if policy == "unfused" or (policy != "compact" and chunks != 1):
+            if policy == "unfused" or (policy != "compact" and chunks != most):
                 continue
             lines = lines.sort_values("step")
+            fade = 1.0 if policy != "compact" else min(1.0, 0.35 + 0.65 * np.log2(chunks) / np.log2(most))
             ax.plot(lines["step"], lines["weight_bias_over_noise"], marker="o", ms=3.5, color=PALETTE.get(policy, "k"),
-                    alpha=min(1.0, 0.4 + 0.6 * np.log2(chunks) / 8), label=f"{policy}, {int(chunks)} chunk(s)")
+                    alpha=fade, label=f"{policy}, {int(chunks)} chunk(s)")
         ax.axhline(BIAS_LIMIT, color="tab:green", lw=1.0, alpha=0.6, label=f"bias limit {BIAS_LIMIT}")
         _log_axes(ax, x=False)
         ax.set_title(f"{SOURCE_NAMES[device]}, {dtype}", fontsize=9)
@@ -172,7 +174,8 @@ def plot_checkpoint_errors(noise: pd.DataFrame) -> CaptionedFigure | None:
         fig, "noise_during_training",
         f"The weight-gradient bias over the sampling noise along the gradient, on the fp32 arm's snapshots during "
         f"training (the head's inputs: the model's hidden states on {int(first.N)} held-out tokens, its head weight "
-        f"and the next tokens), per policy (lce, fp32 acc_dtype, CUDA layouts; compact at 1, 16 and 256 chunks). "
+        f"and the next tokens), per policy (lce, fp32 acc_dtype, CUDA layouts, 256 chunks; compact also at 1 and 16, "
+        f"fainter). "
         f"Medians over the seeds whose snapshots exist. Data: noise_checkpoints results (python -m analysis train).")
 
 
