@@ -19,11 +19,17 @@ from .studies.training import ARMS
 
 __all__ = ["plot_noise_vs_chunks", "plot_training", "plot_checkpoint_errors", "draw_all"]
 
-SOURCE_NAMES = {"cuda": "one H200 (cuBLAS)", "cuda-emulated": "CUDA layouts emulated on CPU"}
+SOURCE_NAMES = {"cuda": "CUDA layouts on one H200 (cuBLAS)", "cuda-emulated": "CUDA layouts emulated on CPU"}
 RULE_STYLES = {"lce auto": ("k", "-"), "torch 2.13 auto": ("tab:red", "--"), "torch #187838": ("tab:purple", ":")}
 ARM_COLOURS = {"fp32": "k", "bf16 unfused": (0.5, 0.5, 0.5), **{arm.name: PALETTE[arm.policy] for arm in ARMS
                                                                 if arm.op == "lce"}}
 ARM_STYLES = {arm.name: ("--" if arm.dtype == "float16" else "-") for arm in ARMS}
+
+
+def _count(values: pd.Series) -> str:
+    """``3`` or ``1–2``: the range of a count."""
+    low, high = int(values.min()), int(values.max())
+    return str(low) if low == high else f"{low}–{high}"
 
 
 def _rule_marks(ax: Axes, dtype: str) -> None:
@@ -77,7 +83,7 @@ def plot_noise_vs_chunks(noise: pd.DataFrame, device: str = "cuda") -> Captioned
     return CaptionedFigure(
         fig, f"noise_vs_chunks_{device}",
         f"When does the weight-gradient error stand out of SGD's own noise? Ratio of lce's error (fp32 acc_dtype, "
-        f"CUDA layouts, {SOURCE_NAMES[device]}) to the sampling noise of the same batch, against the number of "
+        f"{SOURCE_NAMES[device]}) to the sampling noise of the same batch, against the number of "
         f"chunks, per policy: solid, the error's component along the exact gradient (a bias, which does not "
         f"average out over steps; it stands out after about ratio**-2 steps) over the noise along it; dotted, the "
         f"whole error over the Frobenius noise. Inputs: N={NOISE_SHAPE.N}, D={NOISE_SHAPE.D}, C={NOISE_SHAPE.C} per "
@@ -135,7 +141,7 @@ def plot_training(training: pd.DataFrame, device: str = "cpu") -> CaptionedFigur
         fig, f"training_{device}",
         f"The small language model (D=128, 4 layers, C=16384, {int(rows['batch_rows'].max())} tokens per step, "
         f"{steps} steps) trained with its head loss under each arm, on {where}; same initialisation and batches per "
-        f"seed ({seeds.min()}–{seeds.max()} seeds per arm). lce arms: fp32 acc_dtype, aspect_ratio:2 (256 chunks of "
+        f"seed ({_count(seeds)} seeds per arm). lce arms: fp32 acc_dtype, aspect_ratio:2 (256 chunks of "
         f"8 rows), fp16 with a dynamic loss scale. Left: held-out loss (mean over seeds, band min–max). Right: each "
         f"seed's final gap to the fp32 head of the same seed (dots, line: range), grey: ± half the fp32 head's "
         f"seed-to-seed spread. Data: training results (python -m analysis train"

@@ -186,7 +186,7 @@ def measure(shape: Shape = NOISE_SHAPE, families: Sequence[str] = FAMILIES, dtyp
             seeds: Sequence[int] = SEEDS, device: str = "cuda-emulated", policies: Sequence[str] = POLICIES,
             chunk_counts: Sequence[int] = CHUNK_COUNTS, progress: bool = True) -> pd.DataFrame:
     """One row per (family, dtype, seed, contender); ``device`` "cuda-emulated" (CPU) or "cuda"."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # the plain bar: no ipywidgets warning inside a notebook
 
     runs = contenders(device, policies, chunk_counts, shape.N)
     tensor_device = "cpu" if device == "cuda-emulated" else device

@@ -205,7 +205,7 @@ def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms:
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from multiprocessing import get_context
 
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # the plain bar: no ipywidgets warning inside a notebook
 
     pending = list(runs(arms, setting))
     bar = tqdm(total=len(pending), desc=f"train {setting.name} on {device}", unit="run", disable=not progress,
