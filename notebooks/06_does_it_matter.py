@@ -139,7 +139,7 @@ show(decision.rule_table(noise)[["device", "dtype", "pick", "source", "worst_fam
 Markdown(matter_conclusions.rule(noise))
 
 # %% [markdown]
-# ## Limits
+# ### Limits of this notebook
 # - **Scale.** The training study is a 4-layer, D=128 model over 300 steps with a 16k
 #   vocabulary. Arms of one seed drift apart by a few hundredths of a nat whatever the
 #   rounding, so it can only show that no policy costs more than that here. It cannot show
