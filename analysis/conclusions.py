@@ -35,9 +35,9 @@ from .pareto import (
 )
 from .tables import NA
 
-__all__ = ["MARKER", "random_family", "family_description", "spread", "gradcheck", "parity", "policy_errors",
-           "chunk_growth", "loss_drift", "all_ignored", "memory_model", "buffer_breakdown", "memory_trace",
-           "auto_table", "verdicts", "fronts", "fp32_choice"]
+__all__ = ["MARKER", "count_range", "random_family", "family_description", "spread", "gradcheck", "parity",
+           "policy_errors", "chunk_growth", "loss_drift", "all_ignored", "memory_model", "buffer_breakdown",
+           "memory_trace", "auto_table", "verdicts", "fronts", "fp32_choice"]
 
 MARKER = "**Conclusion.**"
 """How every conclusion starts (tests/test_notebooks.py requires one at the end of each section)."""
@@ -145,6 +145,13 @@ def _range(values: Iterable[float], spec: str = ".2f") -> str:
         return NA
     low, high = _format(min(values), spec), _format(max(values), spec)
     return low if low == high else f"{low}–{high}"
+
+
+def count_range(values: Iterable[float]) -> str:
+    """``"3"`` when every count is the same, else ``"1–2"`` (e.g. the seeds per arm of a study)."""
+    counts = [int(v) for v in values]
+    low, high = min(counts), max(counts)
+    return str(low) if low == high else f"{low}–{high}"
 
 
 def _join(items: Sequence[str]) -> str:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .conclusions import _conclusion, _join, _range
+from .conclusions import _conclusion, _join, _range, count_range
 from .decision import BIAS_LIMIT, ERROR_LIMIT, checkpoint_bias, peer_table, rule_lines, rule_table, study_rows
-from .plots_matter import _count
 from .studies.noise import NOISE_SHAPE
 from .studies.training import ARMS, final_losses
 
@@ -167,7 +166,7 @@ def training(table: pd.DataFrame, noise: pd.DataFrame, device: str) -> str:
     seeds = rows.groupby("arm")["seed"].nunique()
     return _conclusion(finding, bullets,
                        inputs=f"TinyLM (D=128, 4 layers, C=16384), {int(rows['batch_rows'].max())} tokens per step, "
-                              f"{_count(seeds)} seeds per arm, same initialisation and batches per seed, "
+                              f"{count_range(seeds)} seeds per arm, same initialisation and batches per seed, "
                               f"held-out loss on 2048 tokens in fp32 (`python -m analysis train"
                               f"{' --device cuda' if device == 'cuda' else ''}`).",
                        limits="a small model, a few hundred steps and one vocabulary: a gap below the arm-to-arm "

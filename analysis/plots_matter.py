@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 from matplotlib.axes import Axes
 
+from .conclusions import count_range
 from .decision import BIAS_LIMIT, ERROR_LIMIT, study_rows
 from .pareto import INTERVAL, seed_interval
 from .plots import PALETTE, CaptionedFigure, _figure, _legend_below, _log_axes, _style
@@ -24,12 +25,6 @@ RULE_STYLES = {"lce auto": ("k", "-"), "torch 2.13 auto": ("tab:red", "--"), "to
 ARM_COLOURS = {"fp32": "k", "bf16 unfused": (0.5, 0.5, 0.5), **{arm.name: PALETTE[arm.policy] for arm in ARMS
                                                                 if arm.op == "lce"}}
 ARM_STYLES = {arm.name: ("--" if arm.dtype == "float16" else "-") for arm in ARMS}
-
-
-def _count(values: pd.Series) -> str:
-    """``3`` or ``1–2``: the range of a count."""
-    low, high = int(values.min()), int(values.max())
-    return str(low) if low == high else f"{low}–{high}"
 
 
 def _rule_marks(ax: Axes, dtype: str) -> None:
@@ -141,7 +136,7 @@ def plot_training(training: pd.DataFrame, device: str = "cpu") -> CaptionedFigur
         fig, f"training_{device}",
         f"The small language model (D=128, 4 layers, C=16384, {int(rows['batch_rows'].max())} tokens per step, "
         f"{steps} steps) trained with its head loss under each arm, on {where}; same initialisation and batches per "
-        f"seed ({_count(seeds)} seeds per arm). lce arms: fp32 acc_dtype, aspect_ratio:2 (256 chunks of "
+        f"seed ({count_range(seeds)} seeds per arm). lce arms: fp32 acc_dtype, aspect_ratio:2 (256 chunks of "
         f"8 rows), fp16 with a dynamic loss scale. Left: held-out loss (mean over seeds, band min–max). Right: each "
         f"seed's final gap to the fp32 head of the same seed (dots, line: range), grey: ± half the fp32 head's "
         f"seed-to-seed spread. Data: training results (python -m analysis train"

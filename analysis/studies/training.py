@@ -300,6 +300,7 @@ def checkpoint_errors(cache: Path, setting: Setting, streams: tuple[torch.Tensor
 
     windows = heldout_windows(streams[1], model_config.context, setting.batch_size)
     noise_device = "cuda" if device == "cuda" else "cuda-emulated"
+    runs = contenders(noise_device, chunk_counts=chunk_counts, num_rows=windows.shape[0] * model_config.context)
     rows = []
     for seed in setting.seeds:
         run_dir = cache / setting.name / device / ARMS[0].slug / f"seed-{seed}"
@@ -315,7 +316,6 @@ def checkpoint_errors(cache: Path, setting: Setting, streams: tuple[torch.Tensor
                 dtype = DTYPES[dtype_text]
                 inputs = Inputs(*(t.detach().to(device=device, dtype=dtype).requires_grad_(True)
                                   for t in (hidden, model.head.weight)), None, targets.to(device))
-                runs = contenders(noise_device, chunk_counts=chunk_counts, num_rows=hidden.shape[0])
                 common = {"family": "trained@step", "dtype": dtype_text, "seed": seed, "step": step,
                           "N": hidden.shape[0], "D": hidden.shape[1], "C": model.head.weight.shape[0],
                           "device": noise_device}
