@@ -5,7 +5,8 @@
   scalar. Without ``allow_retain_graph`` that multiply happens in place and
   the buffers are released, so a second backward is an error, not a silent
   double-scaled gradient.
-* "none": forward saves the per-row log-sum-exp; backward recomputes the
+* "none": forward saves the per-row log-sum-exp (and, with class tiling,
+  ``1 - p_y``); backward recomputes the
   logits chunk by chunk with the per-row incoming gradient, so backward can
   run any number of times.
 """
@@ -62,14 +63,14 @@ class PerRowLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weight, bias, target, class_weight, ignore_index, label_smoothing, plan: Plan):
         targets = _targets(plan, target, class_weight, ignore_index, label_smoothing)
-        losses, lse = per_row_loss(plan, HeadTensors(input, weight, bias), targets)
-        ctx.save_for_backward(input, weight, bias, target, class_weight, lse)
+        losses, lse, other_prob = per_row_loss(plan, HeadTensors(input, weight, bias), targets)
+        ctx.save_for_backward(input, weight, bias, target, class_weight, lse, other_prob)
         ctx.ignore_index, ctx.label_smoothing, ctx.plan = ignore_index, label_smoothing, plan
         return losses
 
     @staticmethod
     def backward(ctx, grad_losses):
-        input, weight, bias, target, class_weight, lse = ctx.saved_tensors
+        input, weight, bias, target, class_weight, lse, other_prob = ctx.saved_tensors
         targets = _targets(ctx.plan, target, class_weight, ctx.ignore_index, ctx.label_smoothing)
-        grads = per_row_grads(ctx.plan, HeadTensors(input, weight, bias), targets, lse, grad_losses)
+        grads = per_row_grads(ctx.plan, HeadTensors(input, weight, bias), targets, lse, grad_losses, other_prob)
         return grads.input, grads.weight, grads.bias, None, None, None, None, None

@@ -39,7 +39,8 @@ from .plan import LOSS_SUM_DTYPE, Plan
 __all__ = [
     "HeadTensors", "Targets", "Gradients", "GradientSums", "bias_for_logits", "chunk_logits",
     "chunk_loss_and_softmax_", "chunk_softmax_from_lse_", "grad_logits_rescale", "chunk_grad_logits_",
-    "scalar_loss_and_grads",
+    "scalar_loss_and_grads", "RowStatistics", "block_logits", "block_statistics_", "input_chunk_in_acc",
+    "block_target_index",
     "per_row_loss", "per_row_grads",
 ]
 
@@ -103,24 +104,40 @@ def bias_for_logits(plan: Plan, bias: torch.Tensor | None) -> torch.Tensor | Non
     return bias.to(plan.gemm_dtypes("logits").result) if bias is not None else None
 
 
+def input_chunk_in_acc(plan: Plan, head: HeadTensors, rows: slice) -> torch.Tensor | None:
+    """The chunk's input upcast to acc_dtype, or None unless the plan keeps one (for the logits GEMM or the
+    weight-gradient one)."""
+    return head.input[rows].to(plan.acc_dtype) if plan.input_chunk_in_acc else None
+
+
+def block_logits(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, rows: slice, cols: slice,
+                 x_in_acc: torch.Tensor | None) -> torch.Tensor:
+    """``z = x @ W.T + b`` for the chunk's rows and the block's classes ``cols``, in the stats dtype.
+
+    ``bias`` is ``head.bias`` as :func:`bias_for_logits` converted it; ``x_in_acc`` comes from
+    :func:`input_chunk_in_acc`.
+    """
+    weight = head.weight[cols]
+    if plan.upcasts_weight_for("logits"):
+        z = mm_upcast_weight_t(x_in_acc, weight)
+    else:
+        z = mm(head.input[rows], weight.T, plan.gemm_dtypes("logits").result)
+    if bias is not None:
+        z.add_(bias[cols])
+    if z.dtype != plan.stats_dtype:
+        z = z.to(plan.stats_dtype)
+    return z
+
+
 def chunk_logits(plan: Plan, head: HeadTensors, bias: torch.Tensor | None,
                  rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``z = x @ W.T + b`` for the chunk's rows, in the stats dtype, and the chunk's input upcast to
-    acc_dtype (None unless the plan keeps one, for this GEMM or the weight-gradient one).
+    """``z = x @ W.T + b`` for the chunk's rows and every class, in the stats dtype, and the chunk's input
+    upcast to acc_dtype (see :func:`input_chunk_in_acc`).
 
     ``bias`` is ``head.bias`` as :func:`bias_for_logits` converted it.
     """
-    x = head.input[rows]
-    x_in_acc = x.to(plan.acc_dtype) if plan.input_chunk_in_acc else None
-    if plan.upcasts_weight_for("logits"):
-        z = mm_upcast_weight_t(x_in_acc, head.weight)
-    else:
-        z = mm(x, head.weight.T, plan.gemm_dtypes("logits").result)
-    if bias is not None:
-        z.add_(bias)
-    if z.dtype != plan.stats_dtype:
-        z = z.to(plan.stats_dtype)
-    return z, x_in_acc
+    x_in_acc = input_chunk_in_acc(plan, head, rows)
+    return block_logits(plan, head, bias, rows, slice(None), x_in_acc), x_in_acc
 
 
 def _exp_apart_from_target_(z: torch.Tensor, targets: Targets, rows: slice, shift: torch.Tensor,
@@ -144,31 +161,70 @@ def _exp_apart_from_target_(z: torch.Tensor, targets: Targets, rows: slice, shif
     return other, target
 
 
+@dataclasses.dataclass(frozen=True)
+class RowStatistics:
+    """The softmax statistics of a chunk's rows, from which their losses follow.
+
+    ``other`` is the sum of ``exp(z - row_max)`` over every class but the
+    row's target (see :func:`_exp_apart_from_target_`), ``target_logit`` the
+    target's logit, ``weighted_logit_sum`` the class-weighted sum of the
+    logits (None without label smoothing). A class-tiled chunk builds them a
+    block of classes at a time (:func:`block_statistics_`).
+    """
+
+    row_max: torch.Tensor
+    other: torch.Tensor
+    target_logit: torch.Tensor
+    weighted_logit_sum: torch.Tensor | None
+
+    @property
+    def sum_exp(self) -> torch.Tensor:
+        return self.other + (self.target_logit - self.row_max).exp()
+
+    @property
+    def lse(self) -> torch.Tensor:
+        return self.row_max + self.sum_exp.log()
+
+    @property
+    def other_prob(self) -> torch.Tensor:
+        """``1 - p_y``, from the sum without the target (no cancellation)."""
+        return self.other / self.sum_exp
+
+    def losses(self, targets: Targets, rows: slice) -> torch.Tensor:
+        """Per-row losses, 0 for ignored rows. ``lse - z_y`` is evaluated as ``log1p(other / target)`` (the
+        mass of the other classes relative to the target's) when the target holds at least half the mass,
+        where the difference would cancel."""
+        eps = targets.label_smoothing
+        target = (self.target_logit - self.row_max).exp()
+        lse = self.lse
+        target_nll = torch.where(target >= self.other, torch.log1p(self.other / target), lse - self.target_logit)
+        loss = (1.0 - eps) * targets.row_weight[rows] * target_nll
+        if self.weighted_logit_sum is not None:
+            loss = loss + eps / targets.num_classes * (targets.class_weight_sum * lse - self.weighted_logit_sum)
+        # where(), not a product: an ignored row with non-finite logits must not leak NaN.
+        return torch.where(targets.valid[rows], loss, 0)
+
+
+def _weighted_logit_sum(z: torch.Tensor, targets: Targets, cols: slice) -> torch.Tensor | None:
+    """The smoothing term's ``sum_c w_c z_c`` over the block's classes (None without smoothing)."""
+    if not targets.label_smoothing:
+        return None
+    return z.sum(1) if targets.class_weight is None else z @ targets.class_weight[cols]
+
+
 def chunk_loss_and_softmax_(z: torch.Tensor, targets: Targets,
                             rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The chunk's per-row losses ``l`` (0 for ignored rows), ``lse`` and ``1 - p_y``; leaves ``p`` in ``z``.
 
-    ``lse - z_y`` is evaluated as ``log1p(other / target)`` (the mass of the
-    other classes relative to the target's) when the target holds at least half
-    the mass, where the difference would cancel; ``1 - p_y`` is ``other / sum``.
-    See :func:`_exp_apart_from_target_`.
+    See :class:`RowStatistics` and :func:`_exp_apart_from_target_`.
     """
-    eps = targets.label_smoothing
     target_logit = z.gather(1, targets.safe_target[rows, None]).squeeze(1)
-    weighted_logit_sum = None
-    if eps:
-        weighted_logit_sum = z.sum(1) if targets.class_weight is None else z @ targets.class_weight
+    weighted_logit_sum = _weighted_logit_sum(z, targets, slice(None))
     row_max = z.amax(1)
-    other, target = _exp_apart_from_target_(z, targets, rows, row_max, target_logit)
-    sum_exp = other + target
-    z.div_(sum_exp[:, None])
-    lse = row_max + sum_exp.log()
-    target_nll = torch.where(target >= other, torch.log1p(other / target), lse - target_logit)
-    loss = (1.0 - eps) * targets.row_weight[rows] * target_nll
-    if weighted_logit_sum is not None:
-        loss = loss + eps / targets.num_classes * (targets.class_weight_sum * lse - weighted_logit_sum)
-    # where(), not a product: an ignored row with non-finite logits must not leak NaN.
-    return torch.where(targets.valid[rows], loss, 0), lse, other / sum_exp
+    other, _ = _exp_apart_from_target_(z, targets, rows, row_max, target_logit)
+    stats = RowStatistics(row_max, other, target_logit, weighted_logit_sum)
+    z.div_(stats.sum_exp[:, None])
+    return stats.losses(targets, rows), stats.lse, stats.other_prob
 
 
 def chunk_softmax_from_lse_(z: torch.Tensor, targets: Targets, rows: slice,
@@ -199,8 +255,16 @@ def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tenso
     return 1.0
 
 
+def block_target_index(targets: Targets, rows: slice, cols: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's target as a column of the block ``cols`` (clamped into it), and whether it lies there."""
+    target = targets.safe_target[rows]
+    start = cols.start or 0
+    stop = targets.num_classes if cols.stop is None else cols.stop
+    return (target - start).clamp(0, stop - start - 1)[:, None], (target >= start) & (target < stop)
+
+
 def chunk_grad_logits_(probs: torch.Tensor, row_scale: torch.Tensor, targets: Targets, rows: slice,
-                       rescale: float, other_prob: torch.Tensor) -> torch.Tensor:
+                       rescale: float, other_prob: torch.Tensor, cols: slice = slice(None)) -> torch.Tensor:
     """Turn the chunk's softmax ``probs`` into ``dz / rescale``, in place (the formula in the module docstring).
 
     ``row_scale`` (rows,) is ``s`` before ignored rows are zeroed; ``rescale``
@@ -208,10 +272,12 @@ def chunk_grad_logits_(probs: torch.Tensor, row_scale: torch.Tensor, targets: Ta
     as :func:`chunk_loss_and_softmax_` computed it. The target's entry,
     ``prob_coef * p_y - target_coef``, is written as
     ``(prob_coef - target_coef) * p_y - target_coef * (1 - p_y)``, so it keeps
-    its precision when ``p_y`` is within rounding of 1.
+    its precision when ``p_y`` is within rounding of 1. ``probs`` may hold a
+    block of classes ``cols`` only; rows whose target lies outside it get no
+    target entry.
     """
     eps, c = targets.label_smoothing, targets.num_classes
-    index = targets.safe_target[rows, None]
+    index, in_block = block_target_index(targets, rows, cols)
     scale = torch.where(targets.valid[rows], row_scale / rescale, 0)
     target_coef = scale * (1.0 - eps) * targets.row_weight[rows]
     prob_coef = target_coef
@@ -220,12 +286,12 @@ def chunk_grad_logits_(probs: torch.Tensor, row_scale: torch.Tensor, targets: Ta
     target_prob = probs.gather(1, index).squeeze(1)
     dz = probs.mul_(prob_coef[:, None])
     target_entry = (prob_coef - target_coef) * target_prob - target_coef * other_prob
-    dz.scatter_(1, index, target_entry[:, None])
+    dz.scatter_(1, index, torch.where(in_block, target_entry, prob_coef * target_prob)[:, None])
     if eps:
         if targets.class_weight is None:
             dz.sub_((eps / c) * scale[:, None])
         else:
-            dz.addr_(scale, targets.class_weight, alpha=-eps / c)
+            dz.addr_(scale, targets.class_weight[cols], alpha=-eps / c)
     return dz
 
 
@@ -249,15 +315,19 @@ class GradientSums:
         self.bias = torch.zeros(c, dtype=plan.stats_dtype, device=device) if wanted.bias else None
 
     def add_chunk(self, head: HeadTensors, rows: slice, dz: torch.Tensor, x_in_acc: torch.Tensor | None,
-                  rescale: float) -> None:
+                  rescale: float, cols: slice = slice(None), input_sum: torch.Tensor | None = None) -> None:
         """Add the chunk's products: ``grad_input[rows] = dz @ W``, ``grad_weight += dz.T @ x``,
         ``grad_bias += dz.sum(0)``, each GEMM in the plan's precision.
 
         ``dz`` is the chunk's ``dz / rescale`` (stats dtype); every product is
         multiplied by ``rescale`` before it is rounded or added. ``x_in_acc``
-        is the chunk's input in acc_dtype from :func:`chunk_logits`.
+        is the chunk's input in acc_dtype from :func:`input_chunk_in_acc`. For
+        a block of classes ``cols`` (class tiling), ``dz`` holds those columns,
+        the weight and bias gradients get their rows ``cols``, and the input
+        gradient's product is added to ``input_sum`` (rows, D) in the stats
+        dtype, which the caller rounds into ``grad_input[rows]`` after the last block.
         """
-        plan, weight = self.plan, head.weight
+        plan, weight = self.plan, head.weight[cols]
         rounded: dict[torch.dtype, torch.Tensor] = {dz.dtype: dz}
 
         def dz_as(dtype: torch.dtype) -> torch.Tensor:
@@ -268,19 +338,24 @@ class GradientSums:
 
         if self.input is not None:
             operands, result = plan.gemm_dtypes("grad_input")
-            out = self.input[rows]
-            if plan.upcasts_weight_for("grad_input"):
-                out.copy_(mm_upcast_weight(dz_as(operands), weight, alpha=rescale))
-            elif result == plan.input_dtype:
-                mm(dz_as(operands), weight, result, out=out, alpha=rescale)
+            if input_sum is not None:
+                input_sum.add_(self._grad_input_product(dz_as(operands), weight, rescale).to(input_sum.dtype))
+            elif plan.upcasts_weight_for("grad_input") or result != plan.input_dtype:
+                self.input[rows].copy_(self._grad_input_product(dz_as(operands), weight, rescale))
             else:
-                out.copy_(mm(dz_as(operands), weight, result, alpha=rescale))
+                mm(dz_as(operands), weight, result, out=self.input[rows], alpha=rescale)
         if self.weight is not None:
             operands, product = plan.gemm_dtypes("grad_weight")
             x = head.input[rows] if operands == plan.input_dtype else x_in_acc
-            add_mm_(self.weight, dz_as(operands).T, x, product, alpha=rescale)
+            add_mm_(self.weight[cols], dz_as(operands).T, x, product, alpha=rescale)
         if self.bias is not None:
-            self.bias.add_(dz.sum(0), alpha=rescale)
+            self.bias[cols].add_(dz.sum(0), alpha=rescale)
+
+    def _grad_input_product(self, dz: torch.Tensor, weight: torch.Tensor, rescale: float) -> torch.Tensor:
+        """``rescale * dz @ weight`` in the plan's grad_input precision, as a new (rows, D) tensor."""
+        if self.plan.upcasts_weight_for("grad_input"):
+            return mm_upcast_weight(dz, weight, alpha=rescale)
+        return mm(dz, weight, self.plan.gemm_dtypes("grad_input").result, alpha=rescale)
 
     def finish(self) -> Gradients:
         """Round the sums to the input dtype, once, and hand out the gradients (the sum itself where
@@ -311,7 +386,8 @@ def scalar_loss_and_grads(plan: Plan, head: HeadTensors, targets: Targets) -> tu
     bias = bias_for_logits(plan, head.bias)
     loss_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
     for rows in plan.row_chunks():
-        loss_sum += _scalar_chunk(plan, head, bias, targets, sums, rows, grad_scale, rescale)
+        chunk = _scalar_chunk_tiled if plan.tiles_classes else _scalar_chunk
+        loss_sum += chunk(plan, head, bias, targets, sums, rows, grad_scale, rescale)
     loss = loss_sum / total_weight if plan.reduction == "mean" else loss_sum
     return loss.to(plan.input_dtype), (sums.finish() if sums is not None else Gradients())
 
@@ -327,15 +403,21 @@ def _scalar_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targ
     return losses.sum(dtype=LOSS_SUM_DTYPE)
 
 
-def per_row_loss(plan: Plan, head: HeadTensors, targets: Targets) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row losses for reduction="none" (input dtype) and the log-sum-exp rows backward reuses."""
+def per_row_loss(plan: Plan, head: HeadTensors,
+                 targets: Targets) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Per-row losses for reduction="none" (input dtype) and what backward reuses: the log-sum-exp rows and,
+    for a class-tiled plan, ``1 - p_y`` (None otherwise: backward sees every class of a row at once)."""
     n, device = head.input.shape[0], head.input.device
     losses = torch.empty(n, dtype=plan.input_dtype, device=device)
     lse = torch.empty(n, dtype=plan.stats_dtype, device=device)
+    other_prob = torch.empty(n, dtype=plan.stats_dtype, device=device) if plan.tiles_classes else None
     bias = bias_for_logits(plan, head.bias)
     for rows in plan.row_chunks():
-        losses[rows], lse[rows] = _per_row_loss_chunk(plan, head, bias, targets, rows)
-    return losses, lse
+        if other_prob is not None:
+            losses[rows], lse[rows], other_prob[rows] = _per_row_loss_chunk_tiled(plan, head, bias, targets, rows)
+        else:
+            losses[rows], lse[rows] = _per_row_loss_chunk(plan, head, bias, targets, rows)
+    return losses, lse, other_prob
 
 
 def _per_row_loss_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
@@ -346,14 +428,19 @@ def _per_row_loss_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None
 
 
 def per_row_grads(plan: Plan, head: HeadTensors, targets: Targets, lse: torch.Tensor,
-                  grad_losses: torch.Tensor) -> Gradients:
-    """Gradients of sum(grad_losses * losses) for reduction="none", recomputing logits chunk by chunk."""
+                  grad_losses: torch.Tensor, other_prob: torch.Tensor | None = None) -> Gradients:
+    """Gradients of sum(grad_losses * losses) for reduction="none", recomputing logits chunk by chunk.
+
+    ``lse`` and ``other_prob`` are what :func:`per_row_loss` returned."""
     sums = GradientSums(plan, head)
     row_scale = grad_losses.to(plan.stats_dtype)
     rescale = grad_logits_rescale(plan, targets, row_scale.abs().max() if row_scale.numel() else 0.0)
     bias = bias_for_logits(plan, head.bias)
     for rows in plan.row_chunks():
-        _per_row_grad_chunk(plan, head, bias, targets, sums, rows, lse, row_scale, rescale)
+        if plan.tiles_classes:
+            _per_row_grad_chunk_tiled(plan, head, bias, targets, sums, rows, lse, other_prob, row_scale, rescale)
+        else:
+            _per_row_grad_chunk(plan, head, bias, targets, sums, rows, lse, row_scale, rescale)
     return sums.finish()
 
 
@@ -364,3 +451,93 @@ def _per_row_grad_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None
     probs, other_prob = chunk_softmax_from_lse_(z, targets, rows, lse[rows])
     dz = chunk_grad_logits_(probs, row_scale[rows], targets, rows, rescale, other_prob)
     sums.add_chunk(head, rows, dz, x_in_acc, rescale)
+
+
+# ---- class tiling: a chunk of rows against the vocabulary, a block of classes at a time ------------
+
+def block_statistics_(z: torch.Tensor, targets: Targets, rows: slice, cols: slice,
+                      previous: RowStatistics | None) -> RowStatistics:
+    """Fold one block's logits ``z`` (rows, block; consumed) into the running statistics of the chunk's rows.
+
+    The running maximum rises to the block's where it is larger and the sum of
+    exponentials gathered so far is rescaled to it (``exp(old_max - new_max)``),
+    the online form of the log-sum-exp. The target's term stays out of the
+    sum, as in :func:`_exp_apart_from_target_`, for every row whose target
+    lies in this block.
+    """
+    index, in_block = block_target_index(targets, rows, cols)
+    block_target = z.gather(1, index).squeeze(1)
+    weighted = _weighted_logit_sum(z, targets, cols)
+    row_max = z.amax(1) if previous is None else torch.maximum(previous.row_max, z.amax(1))
+    z.sub_(row_max[:, None])
+    z.scatter_(1, index, torch.where(in_block, -math.inf, block_target - row_max)[:, None])
+    other = z.exp_().sum(1)
+    if previous is None:
+        return RowStatistics(row_max, other, torch.where(in_block, block_target, -math.inf), weighted)
+    carried = (previous.row_max - row_max).exp().nan_to_num_(0.0)  # -inf - -inf: nothing gathered yet
+    return RowStatistics(
+        row_max,
+        torch.addcmul(other, previous.other, carried),
+        torch.where(in_block, block_target, previous.target_logit),
+        None if weighted is None else previous.weighted_logit_sum + weighted,
+    )
+
+
+def _tiled_statistics(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets, rows: slice,
+                      x_in_acc: torch.Tensor | None) -> RowStatistics:
+    """The statistics of the chunk's rows over every class, one block of logits alive at a time."""
+    stats = None
+    for cols in plan.class_chunks():
+        stats = block_statistics_(block_logits(plan, head, bias, rows, cols, x_in_acc), targets, rows, cols, stats)
+    return stats
+
+
+def _tiled_gradients(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
+                     sums: GradientSums, rows: slice, x_in_acc: torch.Tensor | None, lse: torch.Tensor,
+                     other_prob: torch.Tensor, row_scale: torch.Tensor, rescale: float) -> None:
+    """The chunk's gradients, block by block: each block's logits are computed again, turned into dz
+    with the row statistics of the whole vocabulary, and multiplied out; the input gradient's blocks are
+    summed in the stats dtype and rounded once."""
+    input_sum = None
+    if sums.input is not None:
+        input_sum = torch.zeros(rows.stop - rows.start, plan.in_features, dtype=plan.stats_dtype,
+                                device=head.input.device)
+    for cols in plan.class_chunks():
+        _block_gradients(plan, head, bias, targets, sums, rows, cols, x_in_acc, lse, other_prob, row_scale,
+                         rescale, input_sum)
+    if input_sum is not None:
+        sums.input[rows].copy_(input_sum)
+
+
+def _block_gradients(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
+                     sums: GradientSums, rows: slice, cols: slice, x_in_acc: torch.Tensor | None, lse: torch.Tensor,
+                     other_prob: torch.Tensor, row_scale: torch.Tensor, rescale: float,
+                     input_sum: torch.Tensor | None) -> None:
+    probs = block_logits(plan, head, bias, rows, cols, x_in_acc).sub_(lse[:, None]).exp_()
+    dz = chunk_grad_logits_(probs, row_scale, targets, rows, rescale, other_prob, cols)
+    sums.add_chunk(head, rows, dz, x_in_acc, rescale, cols, input_sum)
+
+
+def _scalar_chunk_tiled(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
+                        sums: GradientSums | None, rows: slice, grad_scale: torch.Tensor,
+                        rescale: float) -> torch.Tensor:
+    """:func:`_scalar_chunk` for a class-tiled plan: a statistics sweep over the blocks, then a gradient sweep."""
+    x_in_acc = input_chunk_in_acc(plan, head, rows)
+    stats = _tiled_statistics(plan, head, bias, targets, rows, x_in_acc)
+    if sums is not None:
+        _tiled_gradients(plan, head, bias, targets, sums, rows, x_in_acc, stats.lse, stats.other_prob,
+                         grad_scale.expand(rows.stop - rows.start), rescale)
+    return stats.losses(targets, rows).sum(dtype=LOSS_SUM_DTYPE)
+
+
+def _per_row_loss_chunk_tiled(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
+                              rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    stats = _tiled_statistics(plan, head, bias, targets, rows, input_chunk_in_acc(plan, head, rows))
+    return stats.losses(targets, rows), stats.lse, stats.other_prob
+
+
+def _per_row_grad_chunk_tiled(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
+                              sums: GradientSums, rows: slice, lse: torch.Tensor, other_prob: torch.Tensor,
+                              row_scale: torch.Tensor, rescale: float) -> None:
+    _tiled_gradients(plan, head, bias, targets, sums, rows, input_chunk_in_acc(plan, head, rows), lse[rows],
+                     other_prob[rows], row_scale[rows], rescale)

@@ -58,7 +58,7 @@ def _mm_via_upcast(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, alp
 
 _BLOCK_ELEMENTS = 1 << 20
 """Rows of a (C, D) target are updated in blocks of about this many elements when a
-dtype conversion is involved, so the converted temporaries stay ~4 MiB, not (C, D)-sized."""
+dtype conversion is involved, so the products and converted temporaries stay ~4 MiB, not (C, D)-sized."""
 
 
 def rows_per_block(cols: int) -> int:
@@ -96,7 +96,8 @@ def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtyp
 
     When operands, product and target share a dtype this is a single in-place
     ``addmm_`` (no temporary, one rounding of ``target + alpha * a @ b``);
-    otherwise the product is formed by :func:`mm` and added block by block.
+    otherwise the product is formed by :func:`mm` a block of ``target`` rows at a time (about
+    :data:`_BLOCK_ELEMENTS` elements) and each block added as soon as it exists.
     """
     if target.dtype == a.dtype == product_dtype and not _slow_on_device(a.dtype, a.device):
         target.addmm_(a, b, alpha=alpha)
@@ -109,10 +110,11 @@ def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtyp
             block = target[start:start + step]
             block.copy_(block.float().addmm_(a[start:start + step].float(), b_wide, alpha=alpha))
         return
-    product = mm(a, b, product_dtype, alpha=alpha)
-    # The add computes in the wider of the two dtypes; a product narrower than the target is converted
-    # a block at a time, spelled out here so that the memory-model test sees the temporary (the CPU
-    # kernel would make the same one, unseen): lce.memory_model lists it as weight_grad_block_in_sum.
+    # A product in another dtype than the target is formed a block of target rows at a time and added
+    # at once, so no (C, D) temporary ever exists: the peak is the target plus one block. A product
+    # narrower than the target is converted before the add, spelled out so that the memory-model test
+    # sees the temporary (the CPU kernel would make the same one, unseen): lce.memory_model lists both.
     common = torch.promote_types(target.dtype, product_dtype)
     for start in range(0, target.shape[0], step):
-        target[start:start + step].add_(product[start:start + step].to(common))
+        block = slice(start, start + step)
+        target[block].add_(mm(a[block], b, product_dtype, alpha=alpha).to(common))  # unnamed: freed per block

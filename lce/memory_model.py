@@ -1,5 +1,9 @@
 """The memory model: every buffer one forward + backward allocates, and the predicted peak.
 
+A class-tiled plan (``class_chunk_size`` below C) has the same buffers with a
+block of classes in place of the whole vocabulary, plus the input gradient of
+its rows summed over the blocks.
+
 :func:`plan_buffers` follows the chunk loop of :mod:`lce.chunked` and the GEMMs
 of :mod:`lce.gemm` and lists what they allocate, with the shapes and dtypes the
 :class:`~lce.plan.Plan` gives them: the buffers made once per pass, those remade
@@ -111,6 +115,9 @@ def _call_buffers(plan: Plan) -> list[Buffer]:
         out.append(Buffer("loss_per_row", (n,), in_dt, "forward", "kept", "the (N,) output of reduction='none'"))
         out.append(Buffer("row_logsumexp", (n,), stats_dt, "forward", "kept",
                           "log-sum-exp per row, saved for backward"))
+        if plan.tiles_classes:
+            out.append(Buffer("row_other_prob", (n,), stats_dt, "forward", "kept",
+                              "1 - p_y per row, saved for backward (a class block may not hold the target)"))
     for stage in _stages(plan):
         out.append(Buffer("row_weights", (n,), stats_dt, stage, "call",
                           "class weight of each row's target, 0 if ignored"))
@@ -157,7 +164,7 @@ def _chunk_buffers(plan: Plan) -> list[Buffer]:
 
 def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
     """One chunk of one pass, following chunk_logits, chunk_loss_and_softmax_ and GradientSums.add_chunk."""
-    d, c = plan.in_features, plan.num_classes
+    d, c = plan.in_features, plan.class_chunk_size  # a class-tiled chunk holds one block of classes at a time
     rows = min(plan.batch_chunk_size, plan.num_rows)
     in_dt, acc_dt, stats_dt = plan.input_dtype, plan.acc_dtype, plan.stats_dtype
     logits_dt = plan.gemm_dtypes("logits").result
@@ -196,17 +203,28 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
             add("grad_logits_narrow" if dtype == in_dt else "grad_logits_in_acc", (rows, c), dtype,
                 backward_steps[backward_steps.index(gemm):], "dz rounded to a backward GEMM's operand dtype")
     grad_input_dt = plan.gemm_dtypes("grad_input").result
-    if "grad_input" in steps and grad_input_dt != in_dt:
+    if "grad_input" in steps and plan.tiles_classes:
+        # made after the statistics sweep; the gradient sweep, which holds the most, has it throughout
+        add("grad_input_rows_sum", (rows, d), stats_dt, steps, "grad_input of one chunk summed over the class blocks")
+        if not _emulates_fp16(plan, "grad_input"):
+            # (an emulated fp16 GEMM's own fp32 temporaries, listed below, are gone before its rounded
+            # product and that product's fp32 copy exist, and hold more)
+            add("grad_input_chunk", (rows, d), grad_input_dt, ("grad_input",), "one class block's grad_input product")
+        if grad_input_dt != stats_dt and not _emulates_fp16(plan, "grad_input"):
+            add("grad_input_chunk_in_sum", (rows, d), stats_dt, ("grad_input",),
+                "that product converted to the sum's dtype before it is added")
+    elif "grad_input" in steps and grad_input_dt != in_dt:
         add("grad_input_chunk", (rows, d), grad_input_dt, ("grad_input",),
             "grad_input of one chunk before rounding")
     weight_gemm = plan.gemm_dtypes("grad_weight")
     if "grad_weight" in steps and not weight_gemm.operands == weight_gemm.result == plan.weight_grad_sum_dtype:
-        add("weight_grad_chunk", (c, d), weight_gemm.result, ("grad_weight",),
-            "one chunk's weight-gradient product")
+        block = (min(rows_per_block(d), c), d)
+        add("weight_grad_chunk", block, weight_gemm.result, ("grad_weight",),
+            "one block of classes of a chunk's weight-gradient product (no (C, D) product exists)")
         common = torch.promote_types(weight_gemm.result, plan.weight_grad_sum_dtype)
         if common != weight_gemm.result:
-            add("weight_grad_block_in_sum", (min(rows_per_block(d), c), d), common, ("grad_weight",),
-                "a block of the product converted to the sum's dtype before it is added")
+            add("weight_grad_block_in_sum", block, common, ("grad_weight",),
+                "that block converted to the sum's dtype before it is added")
     if "grad_bias" in steps:
         add("bias_grad_chunk", (c,), stats_dt, ("grad_bias",), "dz summed over a chunk's rows")
     out += _fp16_emulation_buffers(plan, stage, steps, rows)
@@ -215,7 +233,7 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
 
 def _fp16_emulation_buffers(plan: Plan, stage: Stage, steps: tuple[Step, ...], rows: int) -> list[Buffer]:
     """The fp32 temporaries of the GEMMs :mod:`lce.gemm` runs on fp32 copies of fp16 operands (on CPU)."""
-    d, c = plan.in_features, plan.num_classes
+    d, c = plan.in_features, plan.class_chunk_size
     emulated = {gemm for gemm in ("logits", "grad_input", "grad_weight") if _emulates_fp16(plan, gemm)}
     out: list[Buffer] = []
 

@@ -80,6 +80,16 @@ class LinearCrossEntropyOptions:
             fp32 for fp16/bf16 input when ``acc_policy="auto"`` and the device
             has a mixed-precision matmul (CPU, CUDA sm70+/sm80+), otherwise
             the input dtype.
+        class_chunk_size: lce only (torch's options have no such field).
+            ``None`` (the default, torch's behaviour) gives each chunk of rows
+            all ``C`` logits at once. An int cuts the vocabulary into blocks of
+            that many classes as well: a row chunk's log-sum-exp is gathered
+            block by block (a running maximum and a rescaled sum of
+            exponentials), then each block's logits are computed again for the
+            gradients. Peak memory then holds ``(rows, class_chunk_size)``
+            logits instead of ``(rows, C)``, at the price of computing the
+            logits twice; :func:`lce.recommend` picks it when a memory budget
+            needs it.
     """
 
     allow_retain_graph: bool = False
@@ -87,6 +97,7 @@ class LinearCrossEntropyOptions:
     chunking_method: str | None = "auto"
     acc_policy: Literal["accurate", "balanced", "compact", "auto"] = "auto"
     acc_dtype: torch.dtype | None = None
+    class_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.acc_policy not in ACC_POLICIES:
@@ -95,9 +106,10 @@ class LinearCrossEntropyOptions:
             if not isinstance(self.chunking_method, str):
                 raise ValueError(f"chunking_method must be a str or None, got {self.chunking_method!r}")
             parse_chunking_method(self.chunking_method)
-        size = self.batch_chunk_size
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-            raise ValueError(f"batch_chunk_size must be a positive int or None, got {size!r}")
+        for name in ("batch_chunk_size", "class_chunk_size"):
+            size = getattr(self, name)
+            if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {size!r}")
         if self.acc_dtype is not None and self.acc_dtype not in ACC_DTYPES:
             raise ValueError(
                 f"acc_dtype must be None or one of {ACC_DTYPES}, got {self.acc_dtype!r}; "
@@ -108,25 +120,34 @@ class LinearCrossEntropyOptions:
     def coerce(cls, options: object) -> LinearCrossEntropyOptions:
         """Accept an lce options object or torch's ``nn.LinearCrossEntropyOptions``.
 
-        torch's class has the same five fields, so a user switching from
-        ``torch.nn.functional.linear_cross_entropy`` keeps their options.
+        torch's class has the first five fields, so a user switching from
+        ``torch.nn.functional.linear_cross_entropy`` keeps their options (and
+        gets ``class_chunk_size=None``, torch's behaviour).
         """
         if isinstance(options, cls):
             return options
         torch_class = getattr(torch.nn, "LinearCrossEntropyOptions", None)
         if torch_class is not None and isinstance(options, torch_class):
-            return cls(**{f.name: getattr(options, f.name) for f in dataclasses.fields(cls)})
+            return cls(**{name: getattr(options, name) for name in _field_names(torch_class)})
         raise TypeError(
             "options must be None or a LinearCrossEntropyOptions (lce's or torch.nn's), "
             f"got {type(options).__name__}"
         )
 
     def to_torch(self) -> object:
-        """The same five fields as torch's ``nn.LinearCrossEntropyOptions`` (the peer the analysis runs).
+        """The same settings as torch's ``nn.LinearCrossEntropyOptions`` (the peer the analysis runs).
 
-        ``RuntimeError`` on a torch without that class (it arrived in 2.13).
+        ``RuntimeError`` on a torch without that class (it arrived in 2.13);
+        ``ValueError`` when ``class_chunk_size`` is set, which torch cannot express.
         """
         torch_class = getattr(torch.nn, "LinearCrossEntropyOptions", None)
         if torch_class is None:
             raise RuntimeError(f"torch {torch.__version__} has no torch.nn.LinearCrossEntropyOptions")
-        return torch_class(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        if self.class_chunk_size is not None:
+            raise ValueError(f"class_chunk_size={self.class_chunk_size} is lce-only; torch's options have no "
+                             "vocabulary tiling")
+        return torch_class(**{name: getattr(self, name) for name in _field_names(torch_class)})
+
+
+def _field_names(options_class: type) -> list[str]:
+    return [field.name for field in dataclasses.fields(options_class)]

@@ -75,6 +75,7 @@ class Plan:
     acc_policy: str
     chunking_method: str | None
     batch_chunk_size: int
+    class_chunk_size: int
     num_rows: int
     in_features: int
     num_classes: int
@@ -108,6 +109,20 @@ class Plan:
     @property
     def num_chunks(self) -> int:
         return -(-self.num_rows // self.batch_chunk_size)
+
+    @property
+    def num_class_chunks(self) -> int:
+        return -(-self.num_classes // self.class_chunk_size)
+
+    @property
+    def tiles_classes(self) -> bool:
+        """Whether the vocabulary is cut into blocks (the options' lce-only ``class_chunk_size``)."""
+        return self.class_chunk_size < self.num_classes
+
+    def class_chunks(self) -> Iterator[slice]:
+        """The classes of each block, in loop order (one block of all C classes without tiling)."""
+        size = self.class_chunk_size
+        return (slice(start, min(start + size, self.num_classes)) for start in range(0, self.num_classes, size))
 
     def row_chunks(self) -> Iterator[slice]:
         """The rows of each chunk, in loop order; every chunk but the last has ``batch_chunk_size`` rows."""
@@ -163,7 +178,9 @@ class Plan:
             f"  shape      N={self.num_rows} D={self.in_features} C={self.num_classes}, "
             f"reduction={self.reduction!r}",
             f"  chunking   {self.chunking_method or 'explicit'}: {self.num_chunks} chunk(s) of "
-            f"{self.batch_chunk_size} rows",
+            f"{self.batch_chunk_size} rows"
+            + (f" x {self.num_class_chunks} block(s) of {self.class_chunk_size} classes (logits computed twice)"
+               if self.tiles_classes else ""),
             f"  GEMMs      logits {self._gemm_text('logits')}, grad_input {self._gemm_text('grad_input')}, "
             f"grad_weight {self._gemm_text('grad_weight')}",
             f"  sums       softmax/loss {dtype_name(self.stats_dtype)}, loss total {dtype_name(LOSS_SUM_DTYPE)}, "
@@ -252,6 +269,7 @@ def make_plan(
         acc_policy=policy,
         chunking_method=method,
         batch_chunk_size=chunk,
+        class_chunk_size=max(1, min(options.class_chunk_size or num_classes, num_classes)),
         num_rows=num_rows,
         in_features=in_features,
         num_classes=num_classes,

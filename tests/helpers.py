@@ -334,6 +334,25 @@ def pairwise_design(factors: Mapping[str, Sequence[Any]], *, seed: int = 0, cand
 CHUNKINGS = ("auto", "aspect_ratio", "aspect_ratio:2", "bcs1", "bcs7", "bcsN", "bcs2N", "single")
 
 
+CALL_FACTORS: dict[str, Sequence[Any]] = {
+    "chunking": CHUNKINGS,
+    "policy": ("auto", "accurate", "balanced", "compact"),
+    "reduction": ("mean", "sum", "none"),
+    "bias": (False, True),
+    "class_weight": (False, True),
+    "ignore": IGNORE_MODES,
+    "one_d": (False, True),
+    "label_smoothing": (0.0, 0.1),
+}
+"""The factors of the fp64 parity designs (:func:`pairwise_design`), one call configuration per row."""
+
+
+def case_of(row: Mapping[str, Any]) -> Case:
+    """The :class:`Case` of one row of a design over :data:`CALL_FACTORS`."""
+    return Case(reduction=row["reduction"], bias=row["bias"], class_weight=row["class_weight"], ignore=row["ignore"],
+                one_d=row["one_d"], label_smoothing=row["label_smoothing"])
+
+
 def make_options(policy: str, chunking: str, N: int, cls: type | None = None, **extra: Any):
     """Options for a chunking variant name (``cls`` defaults to lce's options class)."""
     cls = cls or lce.LinearCrossEntropyOptions

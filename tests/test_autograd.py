@@ -91,7 +91,7 @@ def test_grad_output_scales_the_precomputed_gradients(reduction):
 
 
 class _OutputShapes(TorchDispatchMode):
-    """Records the shape of every tensor an op returns while active."""
+    """Records the shape of every new tensor an op returns while active (views of existing ones aside)."""
 
     def __init__(self):
         super().__init__()
@@ -99,8 +99,9 @@ class _OutputShapes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        for t, returned in zip(outputs, func._schema.returns, strict=False):
+            if isinstance(t, torch.Tensor) and returned.alias_info is None:
                 self.shapes.append(tuple(t.shape))
         return out
 

@@ -40,7 +40,9 @@ from lce.testing import emulate_device_kind
 
 N, D, C, ROWS = 80, 28, 320, 24  # three full chunks of 24 rows and one of 8; (C, D) > (ROWS, C)
 BLOCK_ELEMENTS = 64 * D  # weight blocks of 64 rows: the blocked upcasts are visible at this size
-CHUNK_FUNCTIONS = ("_scalar_chunk", "_per_row_loss_chunk", "_per_row_grad_chunk")
+CHUNK_FUNCTIONS = ("_scalar_chunk", "_per_row_loss_chunk", "_per_row_grad_chunk", "_scalar_chunk_tiled",
+                   "_per_row_loss_chunk_tiled", "_per_row_grad_chunk_tiled")
+CLASS_BLOCK = 96  # C = 320 in three blocks of 96 classes and one of 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,3 +217,21 @@ def test_only_the_requested_gradients_are_planned_and_made(recorder, monkeypatch
                                             batch_chunk_size=ROWS)
     plan = _record(recorder, kind, options, dtype, reduction, needs_grad)
     _check(plan, recorder, f"{kind} {policy} {reduction} {dtype_name(dtype)} grads={needs_grad}")
+
+
+# Class tiling: the same layouts with the vocabulary cut into blocks (an lce-only option).
+TILED_GRID = [(k, p, r, d, a) for k, p, r, d, a in GRID[:len(GRID) - 5] if d != torch.float32 or a is None]
+
+
+@pytest.mark.parametrize(("kind", "policy", "reduction", "dtype", "acc_dtype"), TILED_GRID,
+                         ids=[f"{k}-{p}-{r}-{dtype_name(d)}-{dtype_name(a) if a else 'acc=input'}"
+                              for k, p, r, d, a in TILED_GRID])
+def test_class_tiled_buffers_are_the_allocations_made(recorder, monkeypatch, kind, policy, reduction, dtype,
+                                                      acc_dtype):
+    if kind == "cuda":
+        _emulate_cuda_gemms(monkeypatch, recorder)
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
+                                            batch_chunk_size=ROWS, class_chunk_size=CLASS_BLOCK)
+    plan = _record(recorder, kind, options, dtype, reduction, (True, True, True))
+    assert plan.num_class_chunks == 4
+    _check(plan, recorder, f"tiled {kind} {policy} {reduction} {dtype_name(dtype)} acc={acc_dtype}")

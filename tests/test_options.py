@@ -28,7 +28,9 @@ CPU = torch.device("cpu")
 def test_defaults_match_torch():
     ours, theirs = lce.LinearCrossEntropyOptions(), TorchOptions()
     names = [f.name for f in dataclasses.fields(TorchOptions)]
-    assert [f.name for f in dataclasses.fields(lce.LinearCrossEntropyOptions)] == names
+    # torch's fields first, in torch's order; lce's own field after them, off by default
+    assert [f.name for f in dataclasses.fields(lce.LinearCrossEntropyOptions)] == [*names, "class_chunk_size"]
+    assert ours.class_chunk_size is None
     for name in names:
         assert getattr(ours, name) == getattr(theirs, name), name
 
@@ -259,3 +261,33 @@ def test_plan_is_what_runs():
         assert lce.plan(opts, x, W).num_chunks == math.ceil(N / size)
         losses.append(lce.linear_cross_entropy(x, W, t, options=opts))
     assert all(torch.allclose(loss, losses[0], rtol=1e-13, atol=0) for loss in losses)
+
+
+# ------------------------------------------------------------------ class_chunk_size (lce only)
+
+@pytest.mark.parametrize("size", [0, -1, 2.0, "8", True])
+def test_bad_class_chunk_size_is_rejected(size):
+    with pytest.raises(ValueError, match="class_chunk_size"):
+        lce.LinearCrossEntropyOptions(class_chunk_size=size)
+
+
+def test_torch_options_coerce_to_untiled_lce_options():
+    theirs = TorchOptions(acc_policy="balanced", batch_chunk_size=16, chunking_method=None)
+    ours = lce.LinearCrossEntropyOptions.coerce(theirs)
+    assert (ours.acc_policy, ours.batch_chunk_size, ours.class_chunk_size) == ("balanced", 16, None)
+    assert ours.to_torch() == theirs
+
+
+def test_class_tiling_cannot_be_handed_to_torch():
+    with pytest.raises(ValueError, match="class_chunk_size"):
+        lce.LinearCrossEntropyOptions(class_chunk_size=64).to_torch()
+
+
+@pytest.mark.parametrize(("size", "blocks"), [(None, 1), (10**6, 1), (512, 1), (100, 6), (1, 512)])
+def test_plan_cuts_the_classes_into_blocks(size, blocks):
+    x, w = torch.randn(6, 4, dtype=F64), torch.randn(512, 4, dtype=F64)
+    plan = lce.plan(lce.LinearCrossEntropyOptions(class_chunk_size=size), x, w)
+    assert plan.num_class_chunks == blocks
+    assert plan.tiles_classes == (blocks > 1)
+    covered = [c for cols in plan.class_chunks() for c in range(512)[cols]]
+    assert covered == list(range(512))

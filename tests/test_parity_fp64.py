@@ -14,10 +14,12 @@ import torch
 
 import lce
 from helpers import (
+    CALL_FACTORS,
     CHUNKINGS,
     IGNORE_MODES,
     Case,
     assert_parity,
+    case_of,
     lce_run,
     make_options,
     make_problem,
@@ -30,29 +32,11 @@ from lce.options import ACC_POLICIES
 POLICIES = ACC_POLICIES
 TOL = 1e-12
 
-_DESIGN = pairwise_design(
-    {
-        "chunking": CHUNKINGS,
-        "policy": POLICIES,
-        "reduction": ("mean", "sum", "none"),
-        "bias": (False, True),
-        "class_weight": (False, True),
-        "ignore": IGNORE_MODES,
-        "one_d": (False, True),
-        "label_smoothing": (0.0, 0.1),
-    },
-    seed=1,
-)
+_DESIGN = pairwise_design(CALL_FACTORS, seed=1)
 
 
 def _rows():
-    rows = []
-    for r in _DESIGN:
-        case = Case(
-            reduction=r["reduction"], bias=r["bias"], class_weight=r["class_weight"], ignore=r["ignore"],
-            one_d=r["one_d"], label_smoothing=r["label_smoothing"],
-        )
-        rows.append((r["policy"], r["chunking"], case))
+    rows = [(r["policy"], r["chunking"], case_of(r)) for r in _DESIGN]
     # "Everything on": bias, class weights, in-range ignore_index, smoothing.
     for policy in POLICIES:
         for reduction in ("mean", "sum", "none"):
