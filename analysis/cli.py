@@ -218,6 +218,24 @@ def _rare_rows_command(args: argparse.Namespace) -> None:
                                    seeds=tuple(range(args.seeds)), runs=runs))
 
 
+def _error_model_command(args: argparse.Namespace) -> int:
+    from . import error_model_fit
+
+    if args.check:
+        problems = error_model_fit.check(args.results)
+        for problem in problems:
+            print(f"lce/error_model.json is out of date: {problem}")
+        return 1 if problems else 0
+    result, paths = error_model_fit.run(args.results, remeasure_stats=args.remeasure_stats)
+    summary = error_model_fit.summary(result.rows)
+    print(result.constants["accuracy"])
+    for line in summary["worst"]:
+        print(f"  worst held-out miss: {line}")
+    for path in paths:
+        print(display_path(path))
+    return 0
+
+
 def _noise_command(args: argparse.Namespace) -> None:
     from .studies import noise
 
@@ -418,6 +436,17 @@ def build_parser() -> argparse.ArgumentParser:
                "reports the files that are out of date and exits with 1 if any is.")
     docs.add_argument("--check", action="store_true", help="change nothing; exit 1 if a README is out of date")
     results_folder(docs, "folder of results files")
+
+    model = add("error-model", _error_model_command, "fit lce's gradient error model and validate it on held-out data",
+                "Reads the sweep grids and the noise study, fits lce/error_model.json's constants on random and "
+                "trained inputs at N <= 1024, and writes analysis/results/error_model_validation.csv (prediction, "
+                "measurement and split of every point; calibrated inputs and larger shapes are held out). "
+                "Seconds. --check "
+                "refits without writing and exits with 1 if the committed constants differ.")
+    model.add_argument("--check", action="store_true", help="change nothing; exit 1 if the constants are out of date")
+    model.add_argument("--remeasure-stats", action="store_true",
+                       help="measure each family's input statistics again (error_model_stats.csv; about 20 s)")
+    results_folder(model)
 
     demo = add("demo", _demo_command, "a one-minute tour: lce's plan, then lce's and torch's errors vs fp64",
                "Prints the resolved plan of lce's default options, then every output's error against fp64 "

@@ -215,6 +215,36 @@ def does_it_matter(results: Path) -> str:
     return "\n".join(f"- **{name}.** {_finding(text)}" for name, text in findings) + "\n"
 
 
+def error_model(results: Path) -> str:
+    """The error model's validation summary and its predicted weight-gradient floors at LLM heads (CUDA layouts,
+    acc fp32, default statistics), marked as extrapolations."""
+    import pandas as pd
+
+    from .error_model_fit import SHARE_BAND, VALIDATION_FILE, llm_predictions, summary
+
+    path = results / VALIDATION_FILE
+    if not path.exists():
+        return "(no error-model validation yet: run `python -m analysis error-model`)\n"
+    report = summary(pd.read_csv(path), worst=3)
+    (fit_share, fit_count), (held_share, held_count) = report["fit"], report["held_out"]
+    lines = [f"`lce.error_model` predicts each gradient's error in rounding floors from the plan and a few input "
+             f"statistics. Within ±{SHARE_BAND:.0%} of the measurement: {held_share:.0%} of {held_count} held-out "
+             f"points (calibrated inputs, larger shapes), {fit_share:.0%} of the {fit_count} it was fitted on. "
+             "Worst held-out misses: " + "; ".join(report["worst"]) + ".", ""]
+    table = llm_predictions(dtypes=("bfloat16",))
+    table = table[table["kind"] == "cuda"]
+    grad_input = ", ".join(f"{policy} {group['grad_input'].min():.2f}-{group['grad_input'].max():.2f}"
+                           for policy, group in table.groupby("policy"))
+    lines += ["**Predictions (extrapolated, not measured)**: grad_weight floors in bf16 on the CUDA layouts, fp32 "
+              f"acc_dtype, worst committed input statistics (grad_input over all cells: {grad_input}).", ""]
+    chunkings = list(dict.fromkeys(table["chunking"]))
+    lines += ["| N x D x C | policy | " + " | ".join(chunkings) + " |", "|---|---|" + "---:|" * len(chunkings)]
+    for (shape, policy), group in table.groupby(["shape", "policy"], sort=False):
+        cells = [f"{row.grad_weight:.1f} (k={row.num_chunks})" for row in group.itertuples()]
+        lines.append(f"| {shape} | {policy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "reproduce-time": reproduce_time,
     "bench-table": bench_table,
@@ -224,6 +254,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "realistic-inputs": realistic_inputs,
     "baseline-bench": baseline_bench,
     "does-it-matter": does_it_matter,
+    "error-model": error_model,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""
 

@@ -2,7 +2,8 @@
 
 :func:`make_figures` is what ``python -m analysis figures`` (and ``reproduce``)
 runs: it reads the results files by kind (:mod:`analysis.results_io`), draws
-with :func:`analysis.plots.draw_all` and :func:`analysis.plots_matter.draw_all` (which measure nothing) and writes
+with :func:`analysis.plots.draw_all`, :func:`analysis.plots_matter.draw_all` and
+:func:`analysis.plots_error_model.draw_all` (which measure nothing) and writes
 ``<stem>.png`` and ``<stem>.svg`` per figure and ``README.md``: each figure,
 its caption, the data files it was drawn from, the command, the verdicts.
 """
@@ -13,9 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import pandas as pd
 
-from . import plots_matter
+from . import plots_error_model, plots_matter
 from .decision import rule_lines
+from .error_model_fit import VALIDATION_FILE, llm_predictions
 from .pareto import load_table, verdict_lines
 from .paths import display_path
 from .plots import CaptionedFigure, draw_all
@@ -79,6 +82,10 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
                        family_stats=family_stats, margins=margins, rare_rows=rare)
     matter = [load_kind(results, kind.name) for kind in (NOISE, TRAINING)]
     figures += plots_matter.draw_all(matter[0][1], matter[1][1])
+    validation_path = results / VALIDATION_FILE
+    if validation_path.exists():
+        figures += plots_error_model.draw_all(pd.read_csv(validation_path), llm_predictions())
+        paths.append(validation_path)
     paths += [path for study_paths, frame in [*studies, *matter] if not frame.empty for path in study_paths]
     written = [path for figure in figures for path in save(figure, out)]
     verdicts = verdict_lines(table)
