@@ -218,6 +218,15 @@ def _rare_rows_command(args: argparse.Namespace) -> None:
                                    seeds=tuple(range(args.seeds)), runs=runs))
 
 
+def _remeasure_memory_command(args: argparse.Namespace) -> None:
+    from .studies import remeasure_memory
+
+    for name in args.grids:
+        path = args.results / f"{name}.csv"
+        print(f"{display_path(path)}: {remeasure_memory.remeasure(path, progress=not args.quiet)} row(s) brought up "
+              "to date")
+
+
 def _error_model_command(args: argparse.Namespace) -> int:
     from . import error_model_fit
 
@@ -447,6 +456,16 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--remeasure-stats", action="store_true",
                        help="measure each family's input statistics again (error_model_stats.csv; about 20 s)")
     results_folder(model)
+
+    remeasure = add("remeasure-memory", _remeasure_memory_command,
+                    "bring committed sweep rows' peak memory up to date after lce's memory use changed",
+                    "For every lce row whose modeled peak differs from lce's current memory model: rewrites the "
+                    "modeled peak, measures the peak again on CPU rows (same inputs, same profiler), and notes the "
+                    "revision and date in the row's note column. Errors and times are left as measured.")
+    remeasure.add_argument("--grids", type=_names(["quick", "medium"]), default=("quick", "medium"),
+                           help="comma-separated grid results to update (default: quick,medium)")
+    remeasure.add_argument("--quiet", action="store_true", help="no progress bar")
+    results_folder(remeasure)
 
     demo = add("demo", _demo_command, "a one-minute tour: lce's plan, then lce's and torch's errors vs fp64",
                "Prints the resolved plan of lce's default options, then every output's error against fp64 "

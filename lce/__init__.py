@@ -8,7 +8,9 @@ from .functional import linear_cross_entropy, plan
 from .modules import LinearCrossEntropyLoss
 from .options import LinearCrossEntropyOptions
 from .plan import Plan
+from .recommend import Recommendation, recommend
 
 __version__ = "0.1.0"
 
-__all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss", "LinearCrossEntropyOptions", "plan", "Plan"]
+__all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss", "LinearCrossEntropyOptions", "plan", "Plan", "recommend",
+           "Recommendation"]
