@@ -171,11 +171,9 @@ class Recommendation:
         return "\n".join(lines)
 
     def _fault(self, candidate: Candidate) -> str | None:
-        if candidate.peak_bytes > self.memory_budget:
-            return "over the memory budget"
-        if candidate.error > self.max_error:
-            return "over the error limit"
-        return None
+        faults = [what for what, over in (("the memory budget", candidate.peak_bytes > self.memory_budget),
+                                          ("the error limit", candidate.error > self.max_error)) if over]
+        return f"over {' and '.join(faults)}" if faults else None
 
     def __str__(self) -> str:
         return self.explain()
