@@ -218,6 +218,18 @@ def _rare_rows_command(args: argparse.Namespace) -> None:
                                    seeds=tuple(range(args.seeds)), runs=runs))
 
 
+def _budgets_command(args: argparse.Namespace) -> None:
+    from .results_io import BUDGETS, CLASS_TILING
+    from .studies import budgets
+    from .studies.peers import record_study
+
+    if not args.skip_budgets:
+        _print_study(*record_study(args.results / "budgets.csv", BUDGETS, budgets.measure_budgets,
+                                   progress=not args.quiet))
+    _print_study(*record_study(args.results / "class_tiling.csv", CLASS_TILING, budgets.measure_tiling,
+                               progress=not args.quiet))
+
+
 def _remeasure_memory_command(args: argparse.Namespace) -> None:
     from .studies import remeasure_memory
 
@@ -456,6 +468,16 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--remeasure-stats", action="store_true",
                        help="measure each family's input statistics again (error_model_stats.csv; about 20 s)")
     results_folder(model)
+
+    budget_study = add("budgets", _budgets_command, "lce.recommend per memory budget, measured; class tiling's cost",
+                       "For three shapes (bf16, calibrated inputs) and budgets from lce auto's peak down to 1.05x "
+                       "the gradients' bytes: recommend's options, then a fresh process per budget measures their "
+                       "peak, errors against fp64 and time (budgets.csv). Then, at the bench shape, each policy "
+                       "with the vocabulary whole and in 4/16/64 blocks, timed in one process (class_tiling.csv). "
+                       "About 15 minutes on 2 cores.")
+    budget_study.add_argument("--skip-budgets", action="store_true", help="only the class-tiling measurement")
+    budget_study.add_argument("--quiet", action="store_true", help="no progress bars")
+    results_folder(budget_study)
 
     remeasure = add("remeasure-memory", _remeasure_memory_command,
                     "bring committed sweep rows' peak memory up to date after lce's memory use changed",

@@ -39,7 +39,7 @@ from .metrics import ERROR_SUFFIXES
 from .provenance import PROVENANCE_COLUMNS
 
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
-           "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "COLUMNS",
+           "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "COLUMNS",
            "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
            "load_kind", "done_keys", "latest", "load_results"]
 
@@ -132,13 +132,26 @@ TRAINING = Kind("training", tuple(["kind", "setting", "arm", "dtype", "op", "pol
                 "train and held-out loss of the small language model per head arm, seed and step "
                 "(python -m analysis train)")
 
+_BUDGET_PLAN = ["dtype", "family", "N", "D", "C", "policy", "acc_dtype", "batch_chunk_size", "class_chunk_size"]
+_MEASURED = ["predicted_peak_bytes", "measured_peak_bytes", "grad_input_floors", "grad_weight_floors",
+             "time_median_s"]
+BUDGETS = Kind("budgets", tuple(["kind", "budget", "budget_bytes", "gradients_bytes", "default_limit_met",
+                                 *_BUDGET_PLAN, "predicted_grad_input_floors", "predicted_grad_weight_floors",
+                                 *_MEASURED, "wall_s", "cpu_s", *PROVENANCE_COLUMNS]),
+               "lce.recommend's options per memory budget, with predicted and measured (fresh process) peak, "
+               "errors and time (python -m analysis budgets)")
+CLASS_TILING = Kind("class_tiling", tuple(["kind", *_BUDGET_PLAN, "num_class_chunks", *_MEASURED, "time_ratio",
+                                           "wall_s", "cpu_s", *PROVENANCE_COLUMNS]),
+                    "time, peak and errors of each policy with the vocabulary whole and cut into blocks, one "
+                    "process (python -m analysis budgets)")
+
 REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s", "memory_study_s", "figures_s",
                                      "total_s", *PROVENANCE_COLUMNS]),
                  "the wall time of one whole `python -m analysis reproduce` (the READMEs quote it)")
 
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
-                                                       TRAINING)}
+                                                       TRAINING, BUDGETS, CLASS_TILING)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns
