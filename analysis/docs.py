@@ -245,6 +245,21 @@ def error_model(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def recommend(results: Path) -> str:
+    """lce.recommend's picks at LLM heads (predictions of lce's models) and the Cut Cross-Entropy anchor."""
+    from .recommendations import recommend_markdown
+
+    return recommend_markdown()
+
+
+def budgets(results: Path) -> str:
+    """The budgets study: measured peak over budget, errors against their prediction, class tiling's cost."""
+    from .recommendations import budgets_markdown
+    from .results_io import BUDGETS, CLASS_TILING
+
+    return budgets_markdown(*(load_kind(results, kind.name)[1] for kind in (BUDGETS, CLASS_TILING)))
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "reproduce-time": reproduce_time,
     "bench-table": bench_table,
@@ -255,6 +270,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "baseline-bench": baseline_bench,
     "does-it-matter": does_it_matter,
     "error-model": error_model,
+    "recommend": recommend,
+    "budgets": budgets,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""
 

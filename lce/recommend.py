@@ -116,7 +116,8 @@ class Recommendation:
     ``options`` go straight to :func:`lce.linear_cross_entropy`; ``peak_bytes`` is the predicted
     peak extra memory of one forward + backward; ``error`` the predicted worst gradient error in
     floors and ``errors`` the per-gradient predictions; ``measured_seconds`` is set when
-    ``recommend(measure=True)`` timed the finalists.
+    ``recommend(measure=True)`` timed the finalists. ``limit_met`` is False when no candidate within the
+    budget met the default error limit and the least error that fits was chosen instead.
     """
 
     chosen: Candidate
@@ -125,6 +126,7 @@ class Recommendation:
     max_error: float
     considered: tuple[Candidate, ...]
     measured_seconds: Mapping[str, float] | None = None
+    limit_met: bool = True
 
     @property
     def options(self) -> LinearCrossEntropyOptions:
@@ -156,6 +158,9 @@ class Recommendation:
             f"{self.budget_source}), error {_errors_text(chosen)} ({_limit_text(self.max_error)}), "
             f"~{chosen.seconds * 1e3:.3g} ms estimated",
         ]
+        if not self.limit_met:
+            lines.append(f"  warning    nothing within the budget meets the default limit of {self.max_error:g} "
+                         "floors; this is the least predicted error that fits (a larger budget buys accuracy)")
         if self.measured_seconds:
             timed = ", ".join(f"{label} {seconds * 1e3:.3g} ms" for label, seconds in self.measured_seconds.items())
             lines.append(f"  measured   {timed}")
@@ -264,9 +269,12 @@ def recommend(num_rows: int, in_features: int, num_classes: int, dtype: torch.dt
         measure: time the three fastest-estimated candidates on ``device`` (random inputs of this shape)
             and choose the fastest measured; by default nothing runs.
 
+    Where no candidate within the budget meets the *default* error limit, the one with the least predicted
+    error is returned, with ``limit_met`` False and a warning line in :meth:`Recommendation.explain`.
+
     Raises:
-        ValueError: a budget no candidate meets (naming the smallest feasible one), an error limit no
-            candidate within the budget meets (naming the least error there), or bad arguments.
+        ValueError: a budget no candidate meets (naming the smallest feasible one), an explicit ``max_error``
+            no candidate within the budget meets (naming the least error there), or bad arguments.
         TypeError: ``dtype`` or ``device`` of the wrong kind.
     """
     device = _check_arguments(num_rows, in_features, num_classes, dtype, device, memory_budget, max_error)
@@ -284,11 +292,14 @@ def recommend(num_rows: int, in_features: int, num_classes: int, dtype: torch.dt
         raise ValueError(f"memory_budget={int(memory_budget):,} bytes is below every candidate's predicted peak; "
                          f"the smallest feasible budget is {smallest.peak_bytes:,} bytes ({smallest.label()})")
     feasible = [c for c in within_budget if c.error <= limit]
+    limit_met = bool(feasible)
     if not feasible:
-        best = min(within_budget, key=lambda c: c.error)
-        raise ValueError(f"no candidate within memory_budget={int(memory_budget):,} bytes is predicted below "
-                         f"max_error={limit:g} floors; the least error there is {best.error:.3g} floors "
-                         f"({best.label()})")
+        best = min(within_budget, key=lambda c: (c.error, c.seconds))
+        if max_error is not None:
+            raise ValueError(f"no candidate within memory_budget={int(memory_budget):,} bytes is predicted below "
+                             f"max_error={limit:g} floors; the least error there is {best.error:.3g} floors "
+                             f"({best.label()})")
+        feasible = [best]  # the default limit yields to the budget: the least error that fits, said in explain()
     feasible.sort(key=lambda c: (c.seconds, c.peak_bytes))
     measured = None
     chosen = feasible[0]
@@ -296,7 +307,7 @@ def recommend(num_rows: int, in_features: int, num_classes: int, dtype: torch.dt
         measured = {c.label(): _time_on_device(c.options, num_rows, in_features, num_classes, dtype, device)
                     for c in feasible[:3]}
         chosen = min(feasible[:3], key=lambda c: measured[c.label()])
-    return Recommendation(chosen, int(memory_budget), budget_source, limit, tuple(considered), measured)
+    return Recommendation(chosen, int(memory_budget), budget_source, limit, tuple(considered), measured, limit_met)
 
 
 def _time_on_device(options: LinearCrossEntropyOptions, num_rows: int, in_features: int, num_classes: int,

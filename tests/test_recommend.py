@@ -120,3 +120,13 @@ def test_default_error_limits_follow_the_decision_rule_on_the_committed_noise_st
         assert (within["weight_bias_over_noise"].abs() <= BIAS_LIMIT).all()
         assert (within["weight_error_over_noise"] <= ERROR_LIMIT).all()
         assert (rows["grad_weight_floors"] > limit).any()  # the limit is not vacuous: larger errors were measured
+
+
+def test_the_default_limit_yields_to_a_tight_budget_and_says_so():
+    n, d, c = 8192, 2304, 256000
+    chosen = lce.recommend(n, d, c, torch.bfloat16, "cpu", memory_budget=int(1.05 * (n + c) * d * 2))
+    within = [x for x in chosen.considered if x.peak_bytes <= chosen.memory_budget]
+    assert not chosen.limit_met and chosen.error > DEFAULT_MAX_ERROR[torch.bfloat16]
+    assert chosen.error == min(x.error for x in within)
+    assert "warning" in chosen.explain()
+    assert lce.recommend(n, d, c, torch.bfloat16, "cpu").limit_met

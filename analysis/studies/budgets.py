@@ -8,8 +8,8 @@ alone; a fresh Python process per budget (so no allocator state carries over)
 builds the inputs (:data:`FAMILY`, the worst committed family), the fp64
 reference, and measures one forward + backward of the recommended options: the
 peak extra bytes (the sweep's profiler), each gradient's error in floors, the
-median time. Where the default error limit cannot be met within a budget the
-study asks again with no error limit and says so (``default_limit_met``).
+median time. Where the default error limit cannot be met within a budget,
+recommend returns the least predicted error that fits (``default_limit_met``).
 
 **Class tiling** (:func:`measure_tiling`, ``class_tiling.csv``): at the bench
 shape, one process, each policy at one row chunking with the vocabulary whole
@@ -101,16 +101,6 @@ def _measure_in_child(shape: Shape, dtype: str, options: lce.LinearCrossEntropyO
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _recommend(shape: Shape, dtype: torch.dtype, budget: int | None) -> tuple[lce.Recommendation, bool]:
-    """recommend's pick, and whether it met the default error limit (else: the pick with no limit)."""
-    try:
-        return lce.recommend(shape.N, shape.D, shape.C, dtype, "cpu", memory_budget=budget), True
-    except ValueError as error:
-        if "max_error" not in str(error):
-            raise
-        return lce.recommend(shape.N, shape.D, shape.C, dtype, "cpu", memory_budget=budget, max_error=1e9), False
-
-
 def measure_budgets(shapes: Sequence[Shape] = BUDGET_SHAPES, dtype: str = STUDY_DTYPE,
                     progress: bool = True) -> pd.DataFrame:
     """One row per (shape, budget): the recommendation, its predictions, and what a fresh process measured."""
@@ -118,12 +108,12 @@ def measure_budgets(shapes: Sequence[Shape] = BUDGET_SHAPES, dtype: str = STUDY_
     work = [(shape, label, budget) for shape in shapes for label, budget in budgets_for(shape, torch_dtype)]
     rows = []
     for shape, label, budget in tqdm(work, desc="budgets", disable=not progress, unit="budget"):
-        chosen, met = _recommend(shape, torch_dtype, budget)
+        chosen = lce.recommend(shape.N, shape.D, shape.C, torch_dtype, "cpu", memory_budget=budget)
         plan = chosen.plan
         rows.append(dict(
             dtype=dtype, family=FAMILY, N=shape.N, D=shape.D, C=shape.C, budget=label,
             budget_bytes=chosen.memory_budget, gradients_bytes=gradient_bytes(shape, torch_dtype),
-            default_limit_met=met, policy=plan.acc_policy, acc_dtype=dtype_name(plan.acc_dtype),
+            default_limit_met=chosen.limit_met, policy=plan.acc_policy, acc_dtype=dtype_name(plan.acc_dtype),
             batch_chunk_size=plan.batch_chunk_size, class_chunk_size=plan.class_chunk_size,
             predicted_peak_bytes=chosen.peak_bytes, predicted_grad_input_floors=chosen.errors["grad_input"],
             predicted_grad_weight_floors=chosen.errors["grad_weight"],
