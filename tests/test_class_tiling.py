@@ -133,3 +133,22 @@ def test_tiled_peak_is_below_untiled_and_the_plan_says_why():
     assert untiled.peak_extra_bytes > logits
     assert tiled.peak_extra_bytes < logits / 8
     assert "block(s) of 1024 classes" in str(tiled)
+
+
+def test_error_model_predicts_the_cost_of_tiling_a_narrow_grad_input():
+    """CPU balanced rounds each class block's grad_input product to bf16; lce.error_model counts it."""
+    from lce.error_model import predict_errors
+
+    case = Case(N=96, D=48, V=1000, reduction="mean", bias=True, ignore_every=11)
+    exact = make_problem(case, seed=21)
+    low = exact.replace(input=exact.input.bfloat16(), linear_weight=exact.linear_weight.bfloat16(),
+                        linear_bias=exact.linear_bias.bfloat16())
+    exact = low.replace(input=low.input.double(), linear_weight=low.linear_weight.double(),
+                        linear_bias=low.linear_bias.double())
+    reference = ref_run(exact)[1]["input"]
+    options = lce.LinearCrossEntropyOptions(acc_policy="balanced", acc_dtype=torch.float32, chunking_method=None,
+                                            batch_chunk_size=16, class_chunk_size=128)
+    grad_input = lce_run(low, options)[1]["input"]
+    measured = rel_err(grad_input, reference) / rel_err(round_trip(reference, torch.bfloat16), reference)
+    predicted = predict_errors(lce.plan(options, low.input, low.linear_weight))["grad_input"]
+    assert predicted == pytest.approx(measured, rel=0.25)
