@@ -101,7 +101,7 @@ def budgets_markdown(budgets: pd.DataFrame, tiling: pd.DataFrame) -> str:
     text = [f"Measured (CPU: {cpu}; bf16, {budgets['family'].iloc[0]} inputs, {len(budgets)} budgets over "
             f"{budgets[['N', 'D', 'C']].drop_duplicates().shape[0]} shapes, a fresh process each): the recommended "
             f"options' peak was {ratio.min():.2f}-{ratio.max():.2f}x the budget (limit {BUDGET_TOLERANCE:g}x; "
-            f"largest at {worst.N}x{worst.D}x{worst.C} with a {worst.budget} budget) and "
+            f"largest at {worst.N}x{worst.D}x{worst.C}, budget {worst.budget}) and "
             f"{model.min():.3f}-{model.max():.3f}x the memory model's prediction, down to budgets of "
             f"{(budgets['budget_bytes'] / budgets['gradients_bytes']).min():.2f}x the gradients' own bytes."]
     for output in ("grad_input", "grad_weight"):
