@@ -460,13 +460,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     model = add("error-model", _error_model_command, "fit lce's gradient error model and validate it on held-out data",
                 "Reads the sweep grids and the noise study, fits lce/error_model.json's constants on random and "
-                "trained inputs at N <= 1024, and writes analysis/results/error_model_validation.csv (prediction, "
+                "trained inputs at N <= 1024, and writes analysis/results/error_model/validation.csv (prediction, "
                 "measurement and split of every point; calibrated inputs and larger shapes are held out). "
                 "Seconds. --check "
                 "refits without writing and exits with 1 if the committed constants differ.")
     model.add_argument("--check", action="store_true", help="change nothing; exit 1 if the constants are out of date")
     model.add_argument("--remeasure-stats", action="store_true",
-                       help="measure each family's input statistics again (error_model_stats.csv; about 20 s)")
+                       help="measure each family's input statistics again (error_model/stats.csv; about 20 s)")
     results_folder(model)
 
     budget_study = add("budgets", _budgets_command, "lce.recommend per memory budget, measured; class tiling's cost",

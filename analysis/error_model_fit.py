@@ -4,7 +4,7 @@ Data: the lce rows of the sweep grids (``quick.csv``, ``medium.csv``; status ok)
 study on the CUDA layouts (``noise.csv`` emulated on CPU, ``noise_cuda.csv`` on an H200), averaged
 over seeds. Each row's :class:`lce.Plan` is rebuilt from its *resolved* policy, acc_dtype and chunk
 size (explicit policies without acc_dtype collapse layouts), and the model sees only that plan and
-the input statistics of its family and shape (``error_model_stats.csv``, measured by
+the input statistics of its family and shape (``error_model/stats.csv``, measured by
 :func:`measure_family_stats` on seed 0 of each family, rounded to bf16).
 
 The split (:func:`split_of`), stated once here and in the validation file:
@@ -50,8 +50,8 @@ __all__ = ["stats_pairs", "GRID_FILES", "NOISE_FILES", "STATS_FILE", "VALIDATION
 
 GRID_FILES: tuple[str, ...] = ("quick.csv", "medium.csv")
 NOISE_FILES: tuple[str, ...] = ("noise.csv", "noise_cuda.csv")
-STATS_FILE = "error_model_stats.csv"
-VALIDATION_FILE = "error_model_validation.csv"
+STATS_FILE = "error_model/stats.csv"  # model inputs and artifacts, not results kinds: a folder of their own
+VALIDATION_FILE = "error_model/validation.csv"
 CONSTANTS_FILE: Path = ROOT / "lce" / "error_model.json"
 SHARE_BAND = 0.25
 """A prediction counts as a hit when ``|predicted / measured - 1| <= SHARE_BAND``."""
@@ -271,6 +271,7 @@ def run(results: Path = RESULTS_DIR, constants_file: Path = CONSTANTS_FILE, *, r
     (or with ``remeasure_stats``). Returns the fit and the files written."""
     measurements = load_measurements(results)
     written = []
+    (results / STATS_FILE).parent.mkdir(parents=True, exist_ok=True)
     if remeasure_stats or not (results / STATS_FILE).exists():
         measure_family_stats(stats_pairs(measurements)).to_csv(results / STATS_FILE, index=False)
         written.append(results / STATS_FILE)
