@@ -128,6 +128,11 @@ def _conclusion(finding: str, bullets: Sequence[str] = (), *, inputs: str, limit
     return "\n".join(lines)
 
 
+def _missing(what: str) -> str:
+    """The conclusion of a section whose results are not committed yet: ``what`` says which and how to make them."""
+    return _conclusion(what, inputs="the committed results.", limits="nothing to conclude from.")
+
+
 def _number(value: float, spec: str) -> str:
     return NA if value is None or not np.isfinite(value) else format(value, spec)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .conclusions import _conclusion, _join, _range, count_range
+from .conclusions import _conclusion, _join, _missing, _range, count_range
 from .decision import BIAS_LIMIT, ERROR_LIMIT, checkpoint_bias, peer_table, rule_lines, rule_table, study_rows
 from .studies.noise import NOISE_SHAPE
 from .studies.training import ARMS, final_losses
@@ -17,10 +17,6 @@ __all__ = ["emulation_agreement", "torch_claim", "error_against_noise", "trainin
 
 SOURCE_WORDS = {"cuda": "on one H200 (cuBLAS, torch 2.11)", "cuda-emulated": "on the CUDA layouts emulated on CPU"}
 NO_DATA = "No noise-study results yet (`python -m analysis noise`)."
-
-
-def _missing(what: str) -> str:
-    return _conclusion(what, inputs="the committed results.", limits="nothing to conclude from.")
 
 
 def _policy_at(rows: pd.DataFrame, policy: str, chunks: int, column: str) -> pd.Series:

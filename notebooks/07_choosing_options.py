@@ -1,5 +1,5 @@
 # %% [markdown]
-# # 07 · Choosing options for your model: an error model, `lce.recommend`, memory budgets
+# # 07 · Which options suit my model's shape, dtype and memory budget? An error model, `lce.recommend`, budgets
 #
 # Notebooks 04–06 judged fixed option sets at shapes this machine can run. A user with a
 # 128k-vocabulary head and a memory budget needs an answer for *their* shape before training:
@@ -17,7 +17,7 @@ import torch
 from IPython.display import Markdown
 
 import lce
-from analysis import error_model_fit, plots_budgets, plots_error_model, recommendations
+from analysis import choice_conclusions, error_model_fit, plots_budgets, plots_error_model, recommendations
 from analysis.paths import RESULTS_DIR
 from analysis.results_io import BUDGETS, CLASS_TILING, load_kind
 from analysis.tables import show
@@ -46,10 +46,7 @@ print("data:", ", ".join(p.name for p in [*budget_paths, *tiling_paths]), "+", e
 figures["error_model_validation"].figure
 
 # %%
-report = error_model_fit.summary(validation, worst=5)
-(fit_share, fit_count), (held_share, held_count) = report["fit"], report["held_out"]
-Markdown(f"Within ±{error_model_fit.SHARE_BAND:.0%}: **{held_share:.0%} of {held_count} held-out points**, "
-         f"{fit_share:.0%} of the {fit_count} fitted. Worst held-out misses: " + "; ".join(report["worst"]) + ".")
+Markdown(choice_conclusions.error_model(validation))
 
 # %% [markdown]
 # ## Predictions at LLM heads
@@ -62,10 +59,13 @@ figures["error_model_llm"].figure
 
 # %%
 bf16_cuda = predictions[(predictions["dtype"] == "bfloat16") & (predictions["kind"] == "cuda")]
-table = bf16_cuda.pivot_table(index=["shape", "policy"], columns="chunking", values="grad_weight_floors",
+table = bf16_cuda.pivot_table(index=["shape", "policy"], columns="chunking", values="grad_weight",
                               aggfunc="first")
 show(table.reset_index(), {c: "{:.2f}" for c in table.columns}, name="llm-predicted-floors",
      caption="Predicted grad_weight floors (extrapolation)")
+
+# %%
+Markdown(choice_conclusions.llm_predictions(predictions))
 
 # %% [markdown]
 # ## `lce.recommend` at an LLM head
@@ -78,7 +78,8 @@ choice = lce.recommend(16384, 4096, 128256, torch.bfloat16, "cuda")
 print(choice.explain())
 
 # %%
-show(recommendations.llm_recommendations(), {"budget_gib": "{:.2f}", "peak_gib": "{:.2f}",
+picks = recommendations.llm_recommendations()
+show(picks, {"budget_gib": "{:.2f}", "peak_gib": "{:.2f}",
                                              "grad_input_floors": "{:.2f}", "grad_weight_floors": "{:.2f}",
                                              "estimated_s": "{:.3g}"},
      name="llm-recommendations", wrap=["choice"], caption="lce.recommend at LLM heads (predictions)")
@@ -90,7 +91,7 @@ show(recommendations.llm_recommendations(), {"budget_gib": "{:.2f}", "peak_gib":
 # rounds the logits to bf16, which costs the input gradient about 6 floors.
 
 # %%
-Markdown(recommendations.recommend_markdown().split("\n\n", 1)[1])
+Markdown(choice_conclusions.recommendations(picks))
 
 # %% [markdown]
 # ## Measured: the recommended options under budgets, on this machine
@@ -108,6 +109,9 @@ show(budgets[["N", "D", "C", "budget", "policy", "batch_chunk_size", "class_chun
      {"budget_bytes": lambda v: f"{v / 2**20:.1f} MiB", "predicted_peak_bytes": lambda v: f"{v / 2**20:.1f} MiB",
       "measured_peak_bytes": lambda v: f"{v / 2**20:.1f} MiB"}, name="budgets-measured")
 
+# %%
+Markdown(choice_conclusions.budgets(budgets))
+
 # %% [markdown]
 # ## What class tiling costs
 # Tiling computes every block's logits twice (once for the log-sum-exp, once for the
@@ -117,7 +121,7 @@ show(budgets[["N", "D", "C", "budget", "policy", "batch_chunk_size", "class_chun
 figures["class_tiling_cost"].figure
 
 # %%
-Markdown(recommendations.budgets_markdown(budgets, tiling))
+Markdown(choice_conclusions.class_tiling(tiling))
 
 # %% [markdown]
 # ## No (C, D) temporaries
@@ -138,8 +142,11 @@ for kind in ("cpu", "cuda"):
 show(pd.DataFrame(peaks), {"peak_kib": "{:.1f}"}, name="no-cd-temporaries",
      caption="Predicted peak extra memory at N=256, D=32, C=1000, bf16, fp32 acc_dtype, auto chunking")
 
+# %%
+Markdown(choice_conclusions.temporaries(pd.DataFrame(peaks)))
+
 # %% [markdown]
-# ## Limits
+# ### Limits of this notebook
 # - The error model is fitted on CPU-emulated and H200 measurements at N ≤ 2048, C ≤ 65536;
 #   at LLM heads it extrapolates. Held out, about a quarter of its predictions miss by more
 #   than 25% (worst: fp16 with fp16 acc_dtype, grad_input; compact on random inputs, whose error
@@ -156,7 +163,7 @@ show(pd.DataFrame(peaks), {"peak_kib": "{:.1f}"}, name="no-cd-temporaries",
 #   calls move the peak slightly (`lce.plan` shows the exact plan).
 
 # %% [markdown]
-# ## How to choose options for your model
+# ### How to choose options for your model
 # 1. `lce.recommend(N, D, C, dtype, device)` for the shape of one step; add `memory_budget=`
 #    (bytes) if the head must fit next to the rest of the model, `max_error=` (floors) to be
 #    stricter than the default.
