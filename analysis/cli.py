@@ -230,6 +230,15 @@ def _budgets_command(args: argparse.Namespace) -> None:
                                progress=not args.quiet))
 
 
+def _features_command(args: argparse.Namespace) -> None:
+    from .studies import features
+
+    if not args.cost_only:
+        _print_study(*features.record(args.results, seeds=tuple(range(args.seeds)), progress=not args.quiet))
+    if args.cost or args.cost_only:
+        _print_study(*features.record_cost(args.results, rounds=args.repeats))
+
+
 def _remeasure_memory_command(args: argparse.Namespace) -> None:
     from .studies import remeasure_memory
 
@@ -478,6 +487,19 @@ def build_parser() -> argparse.ArgumentParser:
     budget_study.add_argument("--skip-budgets", action="store_true", help="only the class-tiling measurement")
     budget_study.add_argument("--quiet", action="store_true", help="no progress bars")
     results_folder(budget_study)
+
+    feature_study = add("features", _features_command, "error, time and memory of soft-capping, z-loss and lse",
+                        "lce's features beyond torch's op against fp64, next to the plain op: bf16 and fp16, random "
+                        "and calibrated inputs at 2048x256x8192 and the trained head, per policy and layout, with the "
+                        "fp64 softmax statistics of each feature set (features.csv, about 10 minutes here). With "
+                        "--cost, also the time and peak of lce's defaults per feature set at the bench shape "
+                        "(feature_cost.csv).")
+    feature_study.add_argument("--seeds", type=int, default=3, help="seeds per problem (default 3)")
+    feature_study.add_argument("--cost", action="store_true", help="also measure time and peak at the bench shape")
+    feature_study.add_argument("--cost-only", action="store_true", help="only the time and peak measurement")
+    feature_study.add_argument("--repeats", type=int, default=5, help="alternating timed rounds (default 5)")
+    feature_study.add_argument("--quiet", action="store_true", help="no progress bars")
+    results_folder(feature_study)
 
     remeasure = add("remeasure-memory", _remeasure_memory_command,
                     "bring committed sweep rows' peak memory up to date after lce's memory use changed",

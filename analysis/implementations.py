@@ -198,6 +198,8 @@ def _torch_loss(spec: ImplSpec) -> Callable[[Inputs], torch.Tensor]:
     options = spec.options().to_torch()
 
     def loss(inputs: Inputs) -> torch.Tensor:
+        if inputs.has_features:
+            raise ValueError(f"{spec}: torch's op has no softcap or z_loss; run lce or the reference instead")
         return F.linear_cross_entropy(inputs.input, inputs.weight, inputs.target, options=options,
                                       **inputs.loss_arguments())
 
@@ -241,7 +243,7 @@ def _cce_loss(spec: ImplSpec) -> Callable[[Inputs], torch.Tensor]:  # pragma: no
 def _plain_only(spec: ImplSpec, inputs: Inputs) -> None:  # pragma: no cover - CUDA only
     """Liger and CCE run the grids' plain calls only; other arguments would be dropped silently."""
     if (inputs.class_weight is not None or inputs.ignore_index != DEFAULT_IGNORE_INDEX or inputs.label_smoothing
-            or inputs.grad_output is not None):
+            or inputs.grad_output is not None or inputs.has_features):
         raise ValueError(f"{spec.op} is run without class weights, ignore_index, label smoothing or grad_output")
 
 

@@ -63,8 +63,10 @@ class Inputs:
     grad; ``target`` is (N,) int64 in ``[0, C)`` (or ``ignore_index``).
     ``class_weight`` (C,) in the input dtype, ``reduction``, ``ignore_index``
     and ``label_smoothing`` are the loss's keyword arguments (the defaults
-    are torch's). Backward starts from ``grad_output`` (shaped like the
-    loss); None means the gradient of the loss's sum.
+    are torch's); ``softcap`` and ``z_loss`` are lce's features beyond
+    torch's op (off by default; only lce and the reference formula take
+    them). Backward starts from ``grad_output`` (shaped like the loss); None
+    means the gradient of the loss's sum.
     """
 
     input: torch.Tensor
@@ -76,6 +78,13 @@ class Inputs:
     ignore_index: int = DEFAULT_IGNORE_INDEX
     label_smoothing: float = 0.0
     grad_output: torch.Tensor | None = None
+    softcap: float | None = None
+    z_loss: float = 0.0
+
+    @property
+    def has_features(self) -> bool:
+        """Whether lce's soft-capping or z-loss is on (torch's op has neither)."""
+        return self.softcap is not None or bool(self.z_loss)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -97,9 +106,15 @@ class Inputs:
         return dataclasses.replace(self, input=leaves[0], weight=leaves[1], bias=bias)
 
     def loss_arguments(self) -> dict[str, object]:
-        """Keyword arguments of ``linear_cross_entropy`` (lce's, torch's and the reference's) besides the options."""
-        return dict(linear_bias=self.bias, weight=self.class_weight, reduction=self.reduction,
-                    ignore_index=self.ignore_index, label_smoothing=self.label_smoothing)
+        """Keyword arguments of ``linear_cross_entropy`` (lce's, torch's and the reference's) besides the options;
+        ``softcap`` and ``z_loss`` only when on (torch's op does not take them)."""
+        arguments = dict(linear_bias=self.bias, weight=self.class_weight, reduction=self.reduction,
+                         ignore_index=self.ignore_index, label_smoothing=self.label_smoothing)
+        if self.softcap is not None:
+            arguments["softcap"] = self.softcap
+        if self.z_loss:
+            arguments["z_loss"] = self.z_loss
+        return arguments
 
     def to(self, dtype: torch.dtype) -> Inputs:
         """Exact upcast (or rounding) of every float tensor to ``dtype``; the leaves are fresh leaves."""

@@ -15,9 +15,9 @@ other classes' exponentials apart from the target's (``other``) and forms
   (``e_y >= other``), ``log(e_y + other) - (z_y - max)`` otherwise;
 * the target's entry of ``softmax - onehot`` as ``-other / (e_y + other)``.
 
-Label smoothing and K-dimensional weights (never in a grid) fall back to
-autograd through the unfused formula in fp64, as does a "mean" over a batch
-whose every row is ignored (whose value is torch's NaN).
+Label smoothing, lce's soft-capping and z-loss, and K-dimensional weights
+fall back to autograd through the unfused formula in fp64, as does a "mean"
+over a batch whose every row is ignored (whose value is torch's NaN).
 
 :func:`gradcheck` wraps :func:`torch.autograd.gradcheck` (finite differences
 in fp64) around one implementation, to check that the analytic gradients it
@@ -58,7 +58,7 @@ def reference_outputs(inputs: Inputs, *, block_elements: int = REFERENCE_BLOCK_E
     the gradients of the sum of the per-row losses).
     """
     exact = inputs.to(F64)
-    if exact.label_smoothing or exact.weight.dim() != 2 or exact.input.dim() != 2:
+    if exact.label_smoothing or exact.has_features or exact.weight.dim() != 2 or exact.input.dim() != 2:
         return outputs_of(fp64_loss(exact), exact)
     target = exact.target
     valid = target != exact.ignore_index

@@ -39,7 +39,8 @@ from .metrics import ERROR_SUFFIXES
 from .provenance import PROVENANCE_COLUMNS
 
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
-           "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "COLUMNS",
+           "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "FEATURES",
+           "FEATURE_COST", "COLUMNS",
            "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
            "load_kind", "done_keys", "latest", "load_results"]
 
@@ -145,13 +146,28 @@ CLASS_TILING = Kind("class_tiling", tuple(["kind", *_BUDGET_PLAN, "num_class_chu
                     "time, peak and errors of each policy with the vocabulary whole and cut into blocks, one "
                     "process (python -m analysis budgets)")
 
+FEATURES = Kind("features", tuple(["kind", *_CONTENDER, "dtype", "family", "N", "D", "C", "seed", "features",
+                                   "softcap", "z_loss", "grad_input_floors", "grad_weight_floors", "grad_bias_floors",
+                                   "loss_ulps", "lse_max_error", "stat_mean_lse", "stat_mean_max_logit",
+                                   "stat_median_target_prob", "stat_share_target_prob_above_0.999", "wall_s", "cpu_s",
+                                   *PROVENANCE_COLUMNS]),
+                "error vs fp64 of lce's soft-capping and z-loss next to the plain op, per implementation, family, "
+                "dtype and seed; the returned log-sum-exp's error (nats); the fp64 softmax statistics of each "
+                "feature set (python -m analysis features)")
+FEATURE_COST = Kind("feature_cost", tuple(["kind", "features", "softcap", "z_loss", "dtype", "N", "D", "C", "policy",
+                                           "acc_dtype", "num_chunks", "time_median_s", "time_spread_s", "time_ratio",
+                                           "repeats", "predicted_peak_bytes", "measured_peak_bytes", "wall_s", "cpu_s",
+                                           *PROVENANCE_COLUMNS]),
+                    "time (alternating rounds, one process) and measured vs modeled peak of lce's default options "
+                    "per feature set at the bench shape (python -m analysis features --cost)")
+
 REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s", "memory_study_s", "figures_s",
                                      "total_s", *PROVENANCE_COLUMNS]),
                  "the wall time of one whole `python -m analysis reproduce` (the READMEs quote it)")
 
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
-                                                       TRAINING, BUDGETS, CLASS_TILING)}
+                                                       TRAINING, BUDGETS, CLASS_TILING, FEATURES, FEATURE_COST)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

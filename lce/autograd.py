@@ -9,6 +9,9 @@
   ``1 - p_y``); backward recomputes the
   logits chunk by chunk with the per-row incoming gradient, so backward can
   run any number of times.
+
+With ``plan.return_lse`` both also return the per-row log-sum-exp (fp32), marked
+non-differentiable: it is for logging, and backward ignores any gradient sent to it.
 """
 
 from __future__ import annotations
@@ -30,7 +33,15 @@ _SECOND_BACKWARD = (
 def _targets(plan: Plan, target, class_weight, ignore_index: int, label_smoothing: float) -> Targets:
     return Targets.build(target, class_weight=class_weight, ignore_index=ignore_index,
                          label_smoothing=label_smoothing, num_classes=plan.num_classes,
-                         stats_dtype=plan.stats_dtype)
+                         stats_dtype=plan.stats_dtype, z_loss=plan.z_loss)
+
+
+def _with_lse(ctx, loss: torch.Tensor, lse: torch.Tensor | None):
+    """``loss``, or ``(loss, lse)`` with ``lse`` marked non-differentiable when the plan returns it."""
+    if lse is None:
+        return loss
+    ctx.mark_non_differentiable(lse)
+    return loss, lse
 
 
 class ScalarReductionLoss(torch.autograd.Function):
@@ -39,13 +50,13 @@ class ScalarReductionLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weight, bias, target, class_weight, ignore_index, label_smoothing, plan: Plan):
         targets = _targets(plan, target, class_weight, ignore_index, label_smoothing)
-        loss, grads = scalar_loss_and_grads(plan, HeadTensors(input, weight, bias), targets)
+        loss, grads, lse = scalar_loss_and_grads(plan, HeadTensors(input, weight, bias), targets)
         ctx.grads = (grads.input, grads.weight, grads.bias)
         ctx.allow_retain_graph = plan.allow_retain_graph
-        return loss
+        return _with_lse(ctx, loss, lse)
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, *_grad_lse):
         if ctx.grads is None:
             raise RuntimeError(_SECOND_BACKWARD)
         grads = ctx.grads
@@ -66,10 +77,11 @@ class PerRowLoss(torch.autograd.Function):
         losses, lse, other_prob = per_row_loss(plan, HeadTensors(input, weight, bias), targets)
         ctx.save_for_backward(input, weight, bias, target, class_weight, lse, other_prob)
         ctx.ignore_index, ctx.label_smoothing, ctx.plan = ignore_index, label_smoothing, plan
-        return losses
+        # a copy: the saved log-sum-exp must not change if the caller edits what it logs
+        return _with_lse(ctx, losses, lse.to(torch.float32, copy=True) if plan.return_lse else None)
 
     @staticmethod
-    def backward(ctx, grad_losses):
+    def backward(ctx, grad_losses, *_grad_lse):
         input, weight, bias, target, class_weight, lse, other_prob = ctx.saved_tensors
         targets = _targets(ctx.plan, target, class_weight, ctx.ignore_index, ctx.label_smoothing)
         grads = per_row_grads(ctx.plan, HeadTensors(input, weight, bias), targets, lse, grad_losses, other_prob)

@@ -16,6 +16,16 @@ incoming gradient for "none", 0 for ignored rows) its gradient is
 from which grad_input = dz @ W, grad_weight = sum over chunks of dz.T @ x and
 grad_bias = sum over chunks of dz.sum(0).
 
+lce's features beyond torch's op change three things. A z-loss adds
+``z_loss * lse**2`` to each row that is not ignored, with its own row scale
+``s_z`` (1/count of such rows for "mean"), so ``p`` gains the coefficient
+``2 * z_loss * s_z * lse`` in dz. Soft-capping replaces ``z`` by
+``cap * tanh(z / cap)`` before anything else: the logits buffer keeps
+``t = tanh(z / cap)``, the statistics and dz are formed from ``cap * t`` a
+block of columns at a time in a small workspace, and each block's dz is
+multiplied by the derivative ``1 - t**2`` in the buffer itself, which then
+holds the gradient with respect to the raw logits (no second chunk-sized buffer).
+
 The pieces, in loop order: :class:`Targets` (``y``, ``w``, ``w_y`` and ``eps``,
 computed once per call), :func:`chunk_logits` (``z``),
 :func:`chunk_loss_and_softmax_` (``l``, ``lse``, ``p``), :func:`chunk_grad_logits_`
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 
 import torch
 
@@ -40,8 +51,8 @@ __all__ = [
     "HeadTensors", "Targets", "Gradients", "GradientSums", "bias_for_logits", "chunk_logits",
     "chunk_loss_and_softmax_", "chunk_softmax_from_lse_", "grad_logits_rescale", "chunk_grad_logits_",
     "scalar_loss_and_grads", "RowStatistics", "block_logits", "block_statistics_", "input_chunk_in_acc",
-    "block_target_index",
-    "per_row_loss", "per_row_grads",
+    "block_target_index", "RowScales", "z_loss_coefficient", "cap_logits_", "capped_statistics",
+    "capped_grad_logits_", "chunk_statistics_", "ChunkResult", "per_row_loss", "per_row_grads",
 ]
 
 
@@ -64,7 +75,7 @@ class Targets:
     range; ``row_weight`` (N,) is ``w_y`` (0 for ignored rows) and
     ``class_weight`` (C,) is ``w`` or None for all ones, both in the plan's
     stats dtype; ``class_weight_sum`` is ``sum(w)`` (a 0-dim tensor, or the
-    float C without class weights).
+    float C without class weights); ``z_loss`` is the z-loss's factor (0: none).
     """
 
     valid: torch.Tensor
@@ -74,10 +85,11 @@ class Targets:
     class_weight_sum: torch.Tensor | float
     label_smoothing: float
     num_classes: int
+    z_loss: float = 0.0
 
     @classmethod
     def build(cls, target: torch.Tensor, *, class_weight: torch.Tensor | None, ignore_index: int,
-              label_smoothing: float, num_classes: int, stats_dtype: torch.dtype) -> Targets:
+              label_smoothing: float, num_classes: int, stats_dtype: torch.dtype, z_loss: float = 0.0) -> Targets:
         """From the call's int64 ``target`` (N,) and optional per-class ``class_weight`` (C,)."""
         valid = target != ignore_index
         safe_target = torch.where(valid, target, 0)
@@ -87,7 +99,7 @@ class Targets:
         else:
             row_weight = torch.where(valid, weight[safe_target], 0)
         weight_sum = float(num_classes) if weight is None else weight.sum()
-        return cls(valid, safe_target, row_weight, weight, weight_sum, label_smoothing, num_classes)
+        return cls(valid, safe_target, row_weight, weight, weight_sum, label_smoothing, num_classes, z_loss)
 
 
 @dataclasses.dataclass
@@ -204,6 +216,10 @@ class RowStatistics:
         # where(), not a product: an ignored row with non-finite logits must not leak NaN.
         return torch.where(targets.valid[rows], loss, 0)
 
+    def squared_lse(self, targets: Targets, rows: slice) -> torch.Tensor:
+        """``lse**2`` per row, 0 for ignored rows: the z-loss term before its factor and reduction."""
+        return torch.where(targets.valid[rows], self.lse.square(), 0)
+
 
 def _weighted_logit_sum(z: torch.Tensor, targets: Targets, cols: slice) -> torch.Tensor | None:
     """The smoothing term's ``sum_c w_c z_c`` over the block's classes (None without smoothing)."""
@@ -218,13 +234,18 @@ def chunk_loss_and_softmax_(z: torch.Tensor, targets: Targets,
 
     See :class:`RowStatistics` and :func:`_exp_apart_from_target_`.
     """
+    stats = chunk_statistics_(z, targets, rows)
+    z.div_(stats.sum_exp[:, None])
+    return stats.losses(targets, rows), stats.lse, stats.other_prob
+
+
+def chunk_statistics_(z: torch.Tensor, targets: Targets, rows: slice) -> RowStatistics:
+    """The statistics of a chunk's logits ``z`` over every class (``z`` is consumed: it holds exponentials after)."""
     target_logit = z.gather(1, targets.safe_target[rows, None]).squeeze(1)
     weighted_logit_sum = _weighted_logit_sum(z, targets, slice(None))
     row_max = z.amax(1)
     other, _ = _exp_apart_from_target_(z, targets, rows, row_max, target_logit)
-    stats = RowStatistics(row_max, other, target_logit, weighted_logit_sum)
-    z.div_(stats.sum_exp[:, None])
-    return stats.losses(targets, rows), stats.lse, stats.other_prob
+    return RowStatistics(row_max, other, target_logit, weighted_logit_sum)
 
 
 def chunk_softmax_from_lse_(z: torch.Tensor, targets: Targets, rows: slice,
@@ -234,7 +255,8 @@ def chunk_softmax_from_lse_(z: torch.Tensor, targets: Targets, rows: slice,
     return z, other
 
 
-def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tensor | float) -> float:
+def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tensor | float,
+                        lse_coef: torch.Tensor | None = None) -> float:
     """The power of two dz is divided by before it is rounded for a backward GEMM; 1.0 if none is needed.
 
     fp16's smallest normal number is 6.1e-5, while softmax entries are about
@@ -244,12 +266,15 @@ def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tenso
     to just under 2**14 keeps every product finite and leaves 28 binades of
     normal numbers below it. Only plans whose narrow operands are fp16 need
     this (bf16 has fp32's exponent range). The backward GEMMs multiply their
-    results by the same power of two, which undoes it exactly.
+    results by the same power of two, which undoes it exactly. A z-loss adds
+    its coefficient of ``p``, ``lse_coef`` (rows,), to the bound.
     """
     if not plan.rescales_grad_logits:
         return 1.0
     max_weight = 1.0 if targets.class_weight is None else float(targets.class_weight.abs().max())
     bound = 2.0 * float(max_row_scale) * max_weight
+    if lse_coef is not None and lse_coef.numel():
+        bound += float(lse_coef.abs().max())
     if bound > 0 and math.isfinite(bound):
         return 2.0 ** (math.ceil(math.log2(bound)) - 14)
     return 1.0
@@ -264,7 +289,8 @@ def block_target_index(targets: Targets, rows: slice, cols: slice) -> tuple[torc
 
 
 def chunk_grad_logits_(probs: torch.Tensor, row_scale: torch.Tensor, targets: Targets, rows: slice,
-                       rescale: float, other_prob: torch.Tensor, cols: slice = slice(None)) -> torch.Tensor:
+                       rescale: float, other_prob: torch.Tensor, cols: slice = slice(None),
+                       lse_coef: torch.Tensor | None = None) -> torch.Tensor:
     """Turn the chunk's softmax ``probs`` into ``dz / rescale``, in place (the formula in the module docstring).
 
     ``row_scale`` (rows,) is ``s`` before ignored rows are zeroed; ``rescale``
@@ -274,7 +300,8 @@ def chunk_grad_logits_(probs: torch.Tensor, row_scale: torch.Tensor, targets: Ta
     ``(prob_coef - target_coef) * p_y - target_coef * (1 - p_y)``, so it keeps
     its precision when ``p_y`` is within rounding of 1. ``probs`` may hold a
     block of classes ``cols`` only; rows whose target lies outside it get no
-    target entry.
+    target entry. ``lse_coef`` (rows,) is the z-loss's coefficient of ``p``
+    from :func:`z_loss_coefficient` (None without z-loss).
     """
     eps, c = targets.label_smoothing, targets.num_classes
     index, in_block = block_target_index(targets, rows, cols)
@@ -283,6 +310,8 @@ def chunk_grad_logits_(probs: torch.Tensor, row_scale: torch.Tensor, targets: Ta
     prob_coef = target_coef
     if eps:
         prob_coef = prob_coef + scale * (eps / c) * targets.class_weight_sum
+    if lse_coef is not None:
+        prob_coef = prob_coef + lse_coef / rescale
     target_prob = probs.gather(1, index).squeeze(1)
     dz = probs.mul_(prob_coef[:, None])
     target_entry = (prob_coef - target_coef) * target_prob - target_coef * other_prob
@@ -370,61 +399,193 @@ class GradientSums:
         return grads
 
 
+# ---- the features beyond torch's op: z-loss and soft-capping ----------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class RowScales:
+    """How the rows of a pass weigh in the gradient.
+
+    ``main`` is the cross-entropy term's ``s``: a 0-dim tensor for the scalar
+    reductions (1/sum(w_y) or 1), (N,) incoming gradients for "none". ``z``
+    is the z-loss term's ``s_z`` in the same form (1/count of rows that are
+    not ignored for "mean"), None without z-loss. ``rescale`` is the pass's
+    :func:`grad_logits_rescale` without z-loss, and ``max_main`` the bound it
+    was computed from; a z-loss recomputes it per chunk (:meth:`chunk_rescale`).
+    """
+
+    main: torch.Tensor
+    z: torch.Tensor | None
+    max_main: torch.Tensor | float
+    rescale: float
+
+    def at(self, scale: torch.Tensor, rows: slice) -> torch.Tensor:
+        """``scale`` for the chunk's rows, as a (rows,) tensor."""
+        return scale[rows] if scale.dim() else scale.expand(rows.stop - rows.start)
+
+    def chunk_rescale(self, plan: Plan, targets: Targets, lse_coef: torch.Tensor | None) -> float:
+        return self.rescale if lse_coef is None else grad_logits_rescale(plan, targets, self.max_main, lse_coef)
+
+
+def z_loss_coefficient(targets: Targets, scales: RowScales, rows: slice, lse: torch.Tensor) -> torch.Tensor | None:
+    """The z-loss term's coefficient of ``p`` in dz, ``2 * z_loss * s_z * lse`` per row (0 for ignored rows), or
+    None without z-loss."""
+    if scales.z is None:
+        return None
+    return torch.where(targets.valid[rows], (2.0 * targets.z_loss) * scales.at(scales.z, rows) * lse, 0)
+
+
+def cap_logits_(z: torch.Tensor, softcap: float) -> torch.Tensor:
+    """``z <- tanh(z / softcap)`` in place: the buffer then holds ``t``, with the capped logits ``softcap * t``."""
+    return z.div_(softcap).tanh_()
+
+
+def _column_blocks(plan: Plan, cols: slice) -> Iterator[tuple[slice, slice]]:
+    """The sub-blocks of the classes ``cols`` the soft-capped workspace covers, each as (classes, buffer columns)."""
+    width = plan.softcap_block_columns
+    for start in range(cols.start, cols.stop, width):
+        stop = min(start + width, cols.stop)
+        yield slice(start, stop), slice(start - cols.start, stop - cols.start)
+
+
+def capped_statistics(plan: Plan, t: torch.Tensor, targets: Targets, rows: slice, cols: slice,
+                      previous: RowStatistics | None) -> RowStatistics:
+    """Fold the soft-capped logits ``softcap * t`` of the classes ``cols`` into the statistics of the chunk's rows,
+    a workspace of columns at a time; ``t`` is left as it is."""
+    stats = previous
+    for classes, columns in _column_blocks(plan, cols):
+        stats = block_statistics_(t[:, columns] * plan.softcap, targets, rows, classes, stats)
+    return stats
+
+
+def capped_grad_logits_(plan: Plan, t: torch.Tensor, targets: Targets, rows: slice, cols: slice, lse: torch.Tensor,
+                        other_prob: torch.Tensor, row_scale: torch.Tensor, rescale: float,
+                        lse_coef: torch.Tensor | None) -> torch.Tensor:
+    """Turn ``t`` (the classes ``cols``) into the gradient with respect to the raw logits, ``/ rescale``, in place.
+
+    Per workspace of columns: ``p = exp(softcap * t - lse)``, dz from it as in
+    :func:`chunk_grad_logits_`, then ``t <- (1 - t**2) * dz``, the chain rule
+    through the cap.
+    """
+    for classes, columns in _column_blocks(plan, cols):
+        probs = (t[:, columns] * plan.softcap).sub_(lse[:, None]).exp_()
+        dz = chunk_grad_logits_(probs, row_scale, targets, rows, rescale, other_prob, classes, lse_coef)
+        t[:, columns].square_().sub_(1.0).mul_(dz).neg_()
+        del probs, dz  # one workspace at a time: the next one is made before a reassignment would free this
+    return t
+
+
+def _capped_chunk_statistics(plan: Plan, z: torch.Tensor, targets: Targets,
+                             rows: slice) -> tuple[RowStatistics, torch.Tensor]:
+    """The statistics of a chunk's soft-capped logits over every class, from its raw logits ``z``, and ``z``
+    turned into ``t`` for :func:`capped_grad_logits_`."""
+    t = cap_logits_(z, plan.softcap)
+    return capped_statistics(plan, t, targets, rows, slice(0, plan.num_classes), None), t
+
+
 # ---- the passes ---------------------------------------------------------------------------------
 
-def scalar_loss_and_grads(plan: Plan, head: HeadTensors, targets: Targets) -> tuple[torch.Tensor, Gradients]:
-    """Loss for "mean"/"sum" and, as the plan requests, its gradients (already scaled for the reduction)."""
-    device = head.input.device
+@dataclasses.dataclass
+class ChunkResult:
+    """What a chunk of a scalar reduction returns: its loss sum (fp64) and its rows' log-sum-exp."""
+
+    loss_sum: torch.Tensor
+    lse: torch.Tensor
+
+
+def scalar_loss_and_grads(plan: Plan, head: HeadTensors,
+                          targets: Targets) -> tuple[torch.Tensor, Gradients, torch.Tensor | None]:
+    """Loss for "mean"/"sum" and, as the plan requests, its gradients (already scaled for the reduction), and
+    the per-row log-sum-exp in fp32 when the plan returns it (else None)."""
+    n, device = head.input.shape[0], head.input.device
     sums = GradientSums(plan, head) if any(plan.needs_grad) else None
     total_weight = targets.row_weight.sum(dtype=torch.float64)
-    if plan.reduction == "mean":
-        # An all-ignored batch has a 0/0 = NaN loss but must get zero gradients.
-        grad_scale = torch.where(total_weight > 0, 1.0 / total_weight, 0.0).to(plan.stats_dtype)
-    else:
-        grad_scale = torch.ones((), dtype=plan.stats_dtype, device=device)
-    rescale = grad_logits_rescale(plan, targets, grad_scale) if sums is not None else 1.0
+    mean = plan.reduction == "mean"
+    # An all-ignored batch has a 0/0 = NaN loss but must get zero gradients.
+    main_scale = torch.where(total_weight > 0, 1.0 / total_weight, 0.0) if mean else torch.ones((), device=device)
+    z_scale = None
+    if targets.z_loss:
+        count = targets.valid.sum(dtype=torch.float64)
+        z_scale = torch.where(count > 0, 1.0 / count, 0.0) if mean else torch.ones((), device=device)
+    stats_dtype = plan.stats_dtype
+    main = main_scale.to(stats_dtype)
+    rescale = grad_logits_rescale(plan, targets, main) if sums is not None else 1.0
+    scales = RowScales(main, None if z_scale is None else z_scale.to(stats_dtype), main, rescale)
     bias = bias_for_logits(plan, head.bias)
+    lse_out = torch.empty(n, dtype=torch.float32, device=device) if plan.return_lse else None
     loss_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
+    z_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
+    chunk = _scalar_chunk_tiled if plan.tiles_classes else _scalar_chunk
     for rows in plan.row_chunks():
-        chunk = _scalar_chunk_tiled if plan.tiles_classes else _scalar_chunk
-        loss_sum += chunk(plan, head, bias, targets, sums, rows, grad_scale, rescale)
-    loss = loss_sum / total_weight if plan.reduction == "mean" else loss_sum
-    return loss.to(plan.input_dtype), (sums.finish() if sums is not None else Gradients())
+        result = chunk(plan, head, bias, targets, sums, rows, scales)
+        loss_sum += result.loss_sum
+        if z_scale is not None:
+            z_sum += torch.where(targets.valid[rows], result.lse.square(), 0).sum(dtype=LOSS_SUM_DTYPE)
+        if lse_out is not None:
+            lse_out[rows] = result.lse
+    loss = loss_sum / total_weight if mean else loss_sum
+    if z_scale is not None:
+        loss = loss + targets.z_loss * z_sum * z_scale
+    return loss.to(plan.input_dtype), (sums.finish() if sums is not None else Gradients()), lse_out
 
 
 def _scalar_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
-                  sums: GradientSums | None, rows: slice, grad_scale: torch.Tensor, rescale: float) -> torch.Tensor:
-    """One chunk of the scalar reductions: its loss sum (fp64); its gradients go into ``sums``."""
+                  sums: GradientSums | None, rows: slice, scales: RowScales) -> ChunkResult:
+    """One chunk of the scalar reductions: its loss sum and log-sum-exp; its gradients go into ``sums``."""
     z, x_in_acc = chunk_logits(plan, head, bias, rows)
-    losses, _, other_prob = chunk_loss_and_softmax_(z, targets, rows)
+    if plan.softcap is not None:
+        return _capped_chunk(plan, head, targets, sums, rows, scales, z, x_in_acc)
+    losses, lse, other_prob = chunk_loss_and_softmax_(z, targets, rows)
     if sums is not None:
-        dz = chunk_grad_logits_(z, grad_scale.expand(z.shape[0]), targets, rows, rescale, other_prob)
+        lse_coef = z_loss_coefficient(targets, scales, rows, lse)
+        rescale = scales.chunk_rescale(plan, targets, lse_coef)
+        dz = chunk_grad_logits_(z, scales.at(scales.main, rows), targets, rows, rescale, other_prob,
+                                lse_coef=lse_coef)
         sums.add_chunk(head, rows, dz, x_in_acc, rescale)
-    return losses.sum(dtype=LOSS_SUM_DTYPE)
+    return ChunkResult(losses.sum(dtype=LOSS_SUM_DTYPE), lse)
+
+
+def _capped_chunk(plan: Plan, head: HeadTensors, targets: Targets, sums: GradientSums | None, rows: slice,
+                  scales: RowScales, z: torch.Tensor, x_in_acc: torch.Tensor | None) -> ChunkResult:
+    """:func:`_scalar_chunk` with soft-capped logits: statistics from ``t``, then ``t`` turned into the gradient."""
+    stats, t = _capped_chunk_statistics(plan, z, targets, rows)
+    lse = stats.lse
+    if sums is not None:
+        lse_coef = z_loss_coefficient(targets, scales, rows, lse)
+        rescale = scales.chunk_rescale(plan, targets, lse_coef)
+        dz = capped_grad_logits_(plan, t, targets, rows, slice(0, plan.num_classes), lse, stats.other_prob,
+                                 scales.at(scales.main, rows), rescale, lse_coef)
+        sums.add_chunk(head, rows, dz, x_in_acc, rescale)
+    return ChunkResult(stats.losses(targets, rows).sum(dtype=LOSS_SUM_DTYPE), lse)
 
 
 def per_row_loss(plan: Plan, head: HeadTensors,
                  targets: Targets) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Per-row losses for reduction="none" (input dtype) and what backward reuses: the log-sum-exp rows and,
-    for a class-tiled plan, ``1 - p_y`` (None otherwise: backward sees every class of a row at once)."""
+    """Per-row losses for reduction="none" (input dtype, z-loss included) and what backward reuses: the
+    log-sum-exp rows and, where :attr:`~lce.plan.Plan.saves_other_prob`, ``1 - p_y`` (None otherwise: backward
+    sees every class of a row at once)."""
     n, device = head.input.shape[0], head.input.device
     losses = torch.empty(n, dtype=plan.input_dtype, device=device)
     lse = torch.empty(n, dtype=plan.stats_dtype, device=device)
-    other_prob = torch.empty(n, dtype=plan.stats_dtype, device=device) if plan.tiles_classes else None
+    other_prob = torch.empty(n, dtype=plan.stats_dtype, device=device) if plan.saves_other_prob else None
     bias = bias_for_logits(plan, head.bias)
+    chunk = _per_row_loss_chunk_tiled if plan.tiles_classes else _per_row_loss_chunk
     for rows in plan.row_chunks():
+        stats = chunk(plan, head, bias, targets, rows)
+        row_losses = stats.losses(targets, rows)
+        if targets.z_loss:
+            row_losses = row_losses + targets.z_loss * stats.squared_lse(targets, rows)
+        losses[rows], lse[rows] = row_losses, stats.lse
         if other_prob is not None:
-            losses[rows], lse[rows], other_prob[rows] = _per_row_loss_chunk_tiled(plan, head, bias, targets, rows)
-        else:
-            losses[rows], lse[rows] = _per_row_loss_chunk(plan, head, bias, targets, rows)
+            other_prob[rows] = stats.other_prob
     return losses, lse, other_prob
 
 
 def _per_row_loss_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
-                        rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+                        rows: slice) -> RowStatistics:
     z = chunk_logits(plan, head, bias, rows)[0]  # the input chunk in acc_dtype is not needed past the GEMM
-    losses, lse, _ = chunk_loss_and_softmax_(z, targets, rows)
-    return losses, lse
+    if plan.softcap is not None:
+        return _capped_chunk_statistics(plan, z, targets, rows)[0]
+    return chunk_statistics_(z, targets, rows)
 
 
 def per_row_grads(plan: Plan, head: HeadTensors, targets: Targets, lse: torch.Tensor,
@@ -434,22 +595,32 @@ def per_row_grads(plan: Plan, head: HeadTensors, targets: Targets, lse: torch.Te
     ``lse`` and ``other_prob`` are what :func:`per_row_loss` returned."""
     sums = GradientSums(plan, head)
     row_scale = grad_losses.to(plan.stats_dtype)
-    rescale = grad_logits_rescale(plan, targets, row_scale.abs().max() if row_scale.numel() else 0.0)
+    max_scale = row_scale.abs().max() if row_scale.numel() else 0.0
+    scales = RowScales(row_scale, row_scale if targets.z_loss else None, max_scale,
+                       grad_logits_rescale(plan, targets, max_scale))
     bias = bias_for_logits(plan, head.bias)
     for rows in plan.row_chunks():
         if plan.tiles_classes:
-            _per_row_grad_chunk_tiled(plan, head, bias, targets, sums, rows, lse, other_prob, row_scale, rescale)
+            _per_row_grad_chunk_tiled(plan, head, bias, targets, sums, rows, lse, other_prob, scales)
         else:
-            _per_row_grad_chunk(plan, head, bias, targets, sums, rows, lse, row_scale, rescale)
+            _per_row_grad_chunk(plan, head, bias, targets, sums, rows, lse, other_prob, scales)
     return sums.finish()
 
 
 def _per_row_grad_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
-                        sums: GradientSums, rows: slice, lse: torch.Tensor, row_scale: torch.Tensor,
-                        rescale: float) -> None:
+                        sums: GradientSums, rows: slice, lse: torch.Tensor, other_prob: torch.Tensor | None,
+                        scales: RowScales) -> None:
     z, x_in_acc = chunk_logits(plan, head, bias, rows)
-    probs, other_prob = chunk_softmax_from_lse_(z, targets, rows, lse[rows])
-    dz = chunk_grad_logits_(probs, row_scale[rows], targets, rows, rescale, other_prob)
+    lse_coef = z_loss_coefficient(targets, scales, rows, lse[rows])
+    rescale = scales.chunk_rescale(plan, targets, lse_coef)
+    if plan.softcap is not None:
+        t = cap_logits_(z, plan.softcap)
+        dz = capped_grad_logits_(plan, t, targets, rows, slice(0, plan.num_classes), lse[rows], other_prob[rows],
+                                 scales.at(scales.main, rows), rescale, lse_coef)
+    else:
+        probs, chunk_other_prob = chunk_softmax_from_lse_(z, targets, rows, lse[rows])
+        dz = chunk_grad_logits_(probs, scales.at(scales.main, rows), targets, rows, rescale, chunk_other_prob,
+                                lse_coef=lse_coef)
     sums.add_chunk(head, rows, dz, x_in_acc, rescale)
 
 
@@ -488,13 +659,18 @@ def _tiled_statistics(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, 
     """The statistics of the chunk's rows over every class, one block of logits alive at a time."""
     stats = None
     for cols in plan.class_chunks():
-        stats = block_statistics_(block_logits(plan, head, bias, rows, cols, x_in_acc), targets, rows, cols, stats)
+        z = block_logits(plan, head, bias, rows, cols, x_in_acc)
+        if plan.softcap is None:
+            stats = block_statistics_(z, targets, rows, cols, stats)
+        else:
+            stats = capped_statistics(plan, cap_logits_(z, plan.softcap), targets, rows, cols, stats)
+        del z  # one block alive at a time: the next one is made before a reassignment would free this
     return stats
 
 
 def _tiled_gradients(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
                      sums: GradientSums, rows: slice, x_in_acc: torch.Tensor | None, lse: torch.Tensor,
-                     other_prob: torch.Tensor, row_scale: torch.Tensor, rescale: float) -> None:
+                     other_prob: torch.Tensor, scales: RowScales) -> None:
     """The chunk's gradients, block by block: each block's logits are computed again, turned into dz
     with the row statistics of the whole vocabulary, and multiplied out; the input gradient's blocks are
     summed in the stats dtype and rounded once."""
@@ -502,9 +678,11 @@ def _tiled_gradients(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, t
     if sums.input is not None:
         input_sum = torch.zeros(rows.stop - rows.start, plan.in_features, dtype=plan.stats_dtype,
                                 device=head.input.device)
+    lse_coef = z_loss_coefficient(targets, scales, rows, lse)
+    rescale = scales.chunk_rescale(plan, targets, lse_coef)
     for cols in plan.class_chunks():
-        _block_gradients(plan, head, bias, targets, sums, rows, cols, x_in_acc, lse, other_prob, row_scale,
-                         rescale, input_sum)
+        _block_gradients(plan, head, bias, targets, sums, rows, cols, x_in_acc, lse, other_prob,
+                         scales.at(scales.main, rows), rescale, lse_coef, input_sum)
     if input_sum is not None:
         sums.input[rows].copy_(input_sum)
 
@@ -512,32 +690,34 @@ def _tiled_gradients(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, t
 def _block_gradients(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
                      sums: GradientSums, rows: slice, cols: slice, x_in_acc: torch.Tensor | None, lse: torch.Tensor,
                      other_prob: torch.Tensor, row_scale: torch.Tensor, rescale: float,
-                     input_sum: torch.Tensor | None) -> None:
-    probs = block_logits(plan, head, bias, rows, cols, x_in_acc).sub_(lse[:, None]).exp_()
-    dz = chunk_grad_logits_(probs, row_scale, targets, rows, rescale, other_prob, cols)
+                     lse_coef: torch.Tensor | None, input_sum: torch.Tensor | None) -> None:
+    z = block_logits(plan, head, bias, rows, cols, x_in_acc)
+    if plan.softcap is None:
+        dz = chunk_grad_logits_(z.sub_(lse[:, None]).exp_(), row_scale, targets, rows, rescale, other_prob, cols,
+                                lse_coef)
+    else:
+        dz = capped_grad_logits_(plan, cap_logits_(z, plan.softcap), targets, rows, cols, lse, other_prob, row_scale,
+                                 rescale, lse_coef)
     sums.add_chunk(head, rows, dz, x_in_acc, rescale, cols, input_sum)
 
 
 def _scalar_chunk_tiled(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
-                        sums: GradientSums | None, rows: slice, grad_scale: torch.Tensor,
-                        rescale: float) -> torch.Tensor:
+                        sums: GradientSums | None, rows: slice, scales: RowScales) -> ChunkResult:
     """:func:`_scalar_chunk` for a class-tiled plan: a statistics sweep over the blocks, then a gradient sweep."""
     x_in_acc = input_chunk_in_acc(plan, head, rows)
     stats = _tiled_statistics(plan, head, bias, targets, rows, x_in_acc)
     if sums is not None:
-        _tiled_gradients(plan, head, bias, targets, sums, rows, x_in_acc, stats.lse, stats.other_prob,
-                         grad_scale.expand(rows.stop - rows.start), rescale)
-    return stats.losses(targets, rows).sum(dtype=LOSS_SUM_DTYPE)
+        _tiled_gradients(plan, head, bias, targets, sums, rows, x_in_acc, stats.lse, stats.other_prob, scales)
+    return ChunkResult(stats.losses(targets, rows).sum(dtype=LOSS_SUM_DTYPE), stats.lse)
 
 
 def _per_row_loss_chunk_tiled(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
-                              rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    stats = _tiled_statistics(plan, head, bias, targets, rows, input_chunk_in_acc(plan, head, rows))
-    return stats.losses(targets, rows), stats.lse, stats.other_prob
+                              rows: slice) -> RowStatistics:
+    return _tiled_statistics(plan, head, bias, targets, rows, input_chunk_in_acc(plan, head, rows))
 
 
 def _per_row_grad_chunk_tiled(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
                               sums: GradientSums, rows: slice, lse: torch.Tensor, other_prob: torch.Tensor,
-                              row_scale: torch.Tensor, rescale: float) -> None:
+                              scales: RowScales) -> None:
     _tiled_gradients(plan, head, bias, targets, sums, rows, input_chunk_in_acc(plan, head, rows), lse[rows],
-                     other_prob[rows], row_scale[rows], rescale)
+                     other_prob[rows], scales)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -11,7 +12,7 @@ from .options import LinearCrossEntropyOptions
 from .plan import Plan, make_plan
 from .reference import DEFAULT_IGNORE_INDEX, reference_linear_cross_entropy
 
-__all__ = ["linear_cross_entropy", "plan"]
+__all__ = ["linear_cross_entropy", "plan", "check_features"]
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -104,6 +105,22 @@ def _check_arguments(input, linear_weight, target, linear_bias, weight, reductio
     return False
 
 
+def check_features(softcap: float | None, z_loss: float, return_lse: bool) -> None:
+    """Reject bad values of lce's features beyond torch's op, naming the argument."""
+    number = (int, float)
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, number):
+            raise TypeError(f"softcap must be a float > 0 or None, got {type(softcap).__name__}")
+        if not (math.isfinite(softcap) and softcap > 0):
+            raise ValueError(f"softcap must be a finite float > 0 or None, got {softcap!r}")
+    if isinstance(z_loss, bool) or not isinstance(z_loss, number):
+        raise TypeError(f"z_loss must be a float >= 0, got {type(z_loss).__name__}")
+    if not (math.isfinite(z_loss) and z_loss >= 0):
+        raise ValueError(f"z_loss must be a finite float >= 0, got {z_loss!r}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+
+
 def _fallback_reason(linear_weight: torch.Tensor, target_is_probabilities: bool) -> str | None:
     if linear_weight.dim() > 2:
         return f"a K-dimensional linear_weight of shape {_shape(linear_weight)} (chunking supports (C, D))"
@@ -122,7 +139,8 @@ def _needs_grad(input, linear_weight, linear_bias) -> tuple[bool, bool, bool]:
 
 
 def plan(options: LinearCrossEntropyOptions, input: torch.Tensor, linear_weight: torch.Tensor, *,
-         linear_bias: torch.Tensor | None = None, reduction: str = "mean") -> Plan:
+         linear_bias: torch.Tensor | None = None, reduction: str = "mean", softcap: float | None = None,
+         z_loss: float = 0.0, return_lse: bool = False) -> Plan:
     """The resolved :class:`~lce.plan.Plan` the chunked path would run for these arguments.
 
     Gradients are planned for the tensors that require grad (under grad mode).
@@ -130,6 +148,7 @@ def plan(options: LinearCrossEntropyOptions, input: torch.Tensor, linear_weight:
     the predicted peak extra memory.
     """
     options = LinearCrossEntropyOptions.coerce(options)
+    check_features(softcap, z_loss, return_lse)
     if input.dim() not in (1, 2) or linear_weight.dim() != 2:
         raise ValueError(f"plan needs input (N, D) or (D,) and linear_weight (C, D), got {_shape(input)} "
                          f"and {_shape(linear_weight)}")
@@ -144,20 +163,27 @@ def plan(options: LinearCrossEntropyOptions, input: torch.Tensor, linear_weight:
         device=input.device,
         reduction=reduction,
         needs_grad=_needs_grad(input, linear_weight, linear_bias),
+        softcap=softcap,
+        z_loss=z_loss,
+        return_lse=return_lse,
     )
 
 
 @torch.compiler.disable
 def _chunked(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
-             options: LinearCrossEntropyOptions) -> torch.Tensor:
+             options: LinearCrossEntropyOptions, features: dict):
     unbatched = input.dim() == 1
     if unbatched:
         input, target = input.unsqueeze(0), target.reshape(1)
-    resolved = plan(options, input, linear_weight, linear_bias=linear_bias, reduction=reduction)
+    resolved = plan(options, input, linear_weight, linear_bias=linear_bias, reduction=reduction, **features)
     function = PerRowLoss if reduction == "none" else ScalarReductionLoss
-    loss = function.apply(input, linear_weight, linear_bias, target, weight, ignore_index, label_smoothing,
-                          resolved)
-    return loss.squeeze(0) if unbatched and reduction == "none" else loss
+    out = function.apply(input, linear_weight, linear_bias, target, weight, ignore_index, label_smoothing,
+                         resolved)
+    loss, lse = out if resolved.return_lse else (out, None)
+    if unbatched:
+        loss = loss.squeeze(0) if reduction == "none" else loss
+        lse = None if lse is None else lse.squeeze(0)
+    return loss if lse is None else (loss, lse)
 
 
 def linear_cross_entropy(
@@ -171,7 +197,10 @@ def linear_cross_entropy(
     ignore_index: int | None = None,
     label_smoothing: float = 0.0,
     options: LinearCrossEntropyOptions | None = None,
-) -> torch.Tensor:
+    softcap: float | None = None,
+    z_loss: float = 0.0,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of ``input @ linear_weight.T + linear_bias`` against ``target``.
 
     A drop-in for ``torch.nn.functional.linear_cross_entropy`` (torch 2.13):
@@ -199,10 +228,26 @@ def linear_cross_entropy(
             logits plus, per the policy, a ``(C, D)`` accumulator. Configurations
             chunking does not cover run the reference path with one warning
             naming the reason.
+        softcap: lce only. ``None``, or a finite float > 0: the logits (bias
+            included) become ``softcap * tanh(logits / softcap)`` before
+            anything else, label smoothing included; gradients flow through
+            the tanh. The chunked path applies it in place, chunk by chunk.
+        z_loss: lce only. A finite float >= 0: adds ``z_loss * lse**2`` for
+            every row that is not ignored, ``lse`` being the log-sum-exp of
+            the (capped) logits. This term ignores the class weights. It is
+            reduced on its own: "none" adds it to each row's loss (0 for an
+            ignored row), "sum" adds the sum over rows, "mean" adds that sum
+            divided by the number of rows that are not ignored, or 0 when
+            every row is ignored (the cross-entropy term keeps torch's
+            behaviour: NaN for an all-ignored "mean").
+        return_lse: lce only. If True, return ``(loss, lse)``: ``lse`` is the
+            per-row log-sum-exp of the (capped) logits, ``(N,)`` (``()`` for
+            1-D input), fp32, detached (for logging; ignored rows included).
 
     Returns:
         The loss: a scalar, or per-sample losses (``(N,)``, or ``()`` for 1-D
-        input) for ``reduction="none"``, in ``input``'s dtype.
+        input) for ``reduction="none"``, in ``input``'s dtype; with
+        ``return_lse``, the pair ``(loss, lse)``.
 
     Raises:
         ValueError / TypeError naming the offending argument for bad shapes,
@@ -210,8 +255,10 @@ def linear_cross_entropy(
     """
     is_probabilities = _check_arguments(input, linear_weight, target, linear_bias, weight, reduction,
                                         ignore_index, label_smoothing)
+    check_features(softcap, z_loss, return_lse)
+    features = dict(softcap=None if softcap is None else float(softcap), z_loss=float(z_loss), return_lse=return_lse)
     keywords = dict(linear_bias=linear_bias, weight=weight, reduction=reduction, ignore_index=ignore_index,
-                    label_smoothing=label_smoothing)
+                    label_smoothing=label_smoothing, **features)
     if options is None:
         return reference_linear_cross_entropy(input, linear_weight, target, **keywords)
     options = LinearCrossEntropyOptions.coerce(options)
@@ -222,4 +269,4 @@ def linear_cross_entropy(
         return reference_linear_cross_entropy(input, linear_weight, target, **keywords)
     ignored = DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index
     return _chunked(input, linear_weight, target, linear_bias, weight, reduction, ignored,
-                    float(label_smoothing), options)
+                    float(label_smoothing), options, features)

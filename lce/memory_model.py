@@ -2,7 +2,10 @@
 
 A class-tiled plan (``class_chunk_size`` below C) has the same buffers with a
 block of classes in place of the whole vocabulary, plus the input gradient of
-its rows summed over the blocks.
+its rows summed over the blocks. Soft-capping adds one workspace of
+:attr:`~lce.plan.Plan.softcap_block_columns` columns beside a chunk's logits
+(step "softcap"); a z-loss adds per-row values only; ``return_lse`` adds the
+returned ``(N,)`` fp32 log-sum-exp.
 
 :func:`plan_buffers` follows the chunk loop of :mod:`lce.chunked` and the GEMMs
 of :mod:`lce.gemm` and lists what they allocate, with the shapes and dtypes the
@@ -39,10 +42,11 @@ __all__ = ["Buffer", "Stage", "Span", "Step", "plan_buffers", "chunk_peak_bytes"
 
 Stage = Literal["forward", "backward"]
 Span = Literal["call", "chunk", "final", "kept"]
-Step = Literal["logits", "round_logits", "to_stats", "grad_input", "grad_weight", "grad_bias"]
+Step = Literal["logits", "round_logits", "to_stats", "softcap", "grad_input", "grad_weight", "grad_bias"]
 """The steps of one chunk: the logits GEMM, the rounding of its fp32 result (only where lce.gemm
-emulates an fp16 GEMM), the logits' conversion to the stats dtype (when it differs), the two
-backward GEMMs and the bias-gradient sum."""
+emulates an fp16 GEMM), the logits' conversion to the stats dtype (when it differs), the soft-capped
+statistics and dz formed a workspace at a time (only with ``softcap``), the two backward GEMMs and
+the bias-gradient sum."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,9 +119,12 @@ def _call_buffers(plan: Plan) -> list[Buffer]:
         out.append(Buffer("loss_per_row", (n,), in_dt, "forward", "kept", "the (N,) output of reduction='none'"))
         out.append(Buffer("row_logsumexp", (n,), stats_dt, "forward", "kept",
                           "log-sum-exp per row, saved for backward"))
-        if plan.tiles_classes:
+        if plan.saves_other_prob:
             out.append(Buffer("row_other_prob", (n,), stats_dt, "forward", "kept",
-                              "1 - p_y per row, saved for backward (a class block may not hold the target)"))
+                              "1 - p_y per row, saved for backward (no step of it sees a whole row's softmax)"))
+    if plan.return_lse:
+        out.append(Buffer("row_logsumexp_out", (n,), torch.float32, "forward", "kept",
+                          "the returned per-row log-sum-exp (return_lse)"))
     for stage in _stages(plan):
         out.append(Buffer("row_weights", (n,), stats_dt, stage, "call",
                           "class weight of each row's target, 0 if ignored"))
@@ -151,6 +158,8 @@ def _steps(plan: Plan, stage: Stage) -> tuple[Step, ...]:
         steps.append("round_logits")
     if plan.gemm_dtypes("logits").result != plan.stats_dtype:
         steps.append("to_stats")
+    if plan.softcap is not None:
+        steps.append("softcap")
     if stage == _grad_stage(plan):
         steps += [step for step, wanted in zip(("grad_input", "grad_weight", "grad_bias"), plan.needs_grad,
                                                strict=True) if wanted]
@@ -175,10 +184,14 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
         out.append(Buffer(name, shape, dtype, stage, "chunk", purpose, tuple(s for s in steps if s in alive)))
 
     if plan.input_chunk_in_acc:
-        # reduction="none" drops it after the logits when no gradient is made in the pass
-        keeps_input = plan.reduction != "none" or stage == "backward"
+        # reduction="none" drops it after the logits when no gradient is made in the pass, unless every class
+        # block of the chunk needs it
+        keeps_input = plan.reduction != "none" or stage == "backward" or plan.tiles_classes
         add("input_chunk_in_acc", (rows, d), acc_dt, steps if keeps_input else ("logits", "round_logits", "to_stats"),
             "chunk of the input upcast to acc_dtype")
+    if "softcap" in steps:
+        add("softcap_workspace", (rows, plan.softcap_block_columns), stats_dt, ("softcap",),
+            "capped logits of a few columns, then their softmax and dz (the chunk's buffer keeps tanh)")
     # The logits exist from the GEMM (or its rounding) on, until they are converted to the stats dtype.
     made = steps.index("round_logits") if "round_logits" in steps else 0
     last = steps.index("to_stats") + 1 if "to_stats" in steps else len(steps)

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .functional import linear_cross_entropy
+from .functional import check_features, linear_cross_entropy
 from .options import LinearCrossEntropyOptions
 
 __all__ = ["LinearCrossEntropyLoss"]
@@ -19,7 +19,8 @@ class LinearCrossEntropyLoss(nn.Module):
     The head is ``self.linear``, an ``nn.Linear(in_features, C * prod(out_features))``
     whose weight is viewed as ``(C, *out_features, in_features)`` in forward.
     ``weight`` (per-class) is a buffer. See :func:`lce.linear_cross_entropy`
-    for the loss and ``options``.
+    for the loss, ``options`` and lce's own keywords ``softcap``, ``z_loss``
+    and ``return_lse`` (with the last, forward returns ``(loss, lse)``).
     """
 
     def __init__(
@@ -36,8 +37,12 @@ class LinearCrossEntropyLoss(nn.Module):
         ignore_index: int | None = None,
         label_smoothing: float = 0.0,
         options: LinearCrossEntropyOptions | None = None,
+        softcap: float | None = None,
+        z_loss: float = 0.0,
+        return_lse: bool = False,
     ) -> None:
         super().__init__()
+        check_features(softcap, z_loss, return_lse)
         if weight is not None and tuple(weight.shape) != (num_classes,):
             raise ValueError(f"weight must have shape ({num_classes},), got {tuple(weight.shape)}")
         if not 0.0 <= label_smoothing <= 1.0:
@@ -50,11 +55,14 @@ class LinearCrossEntropyLoss(nn.Module):
         self.ignore_index = ignore_index
         self.label_smoothing = label_smoothing
         self.options = None if options is None else LinearCrossEntropyOptions.coerce(options)
+        self.softcap = None if softcap is None else float(softcap)
+        self.z_loss = float(z_loss)
+        self.return_lse = return_lse
         self.register_buffer("weight", weight)
         self.linear = nn.Linear(in_features, math.prod(self.out_features, start=num_classes), bias=bias,
                                 device=device, dtype=dtype)
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         head_shape = (self.num_classes, *self.out_features)
         bias = self.linear.bias
         return linear_cross_entropy(
@@ -67,8 +75,14 @@ class LinearCrossEntropyLoss(nn.Module):
             ignore_index=self.ignore_index,
             label_smoothing=self.label_smoothing,
             options=self.options,
+            softcap=self.softcap,
+            z_loss=self.z_loss,
+            return_lse=self.return_lse,
         )
 
     def extra_repr(self) -> str:
+        features = "".join([f", softcap={self.softcap:g}" if self.softcap is not None else "",
+                            f", z_loss={self.z_loss:g}" if self.z_loss else "",
+                            ", return_lse=True" if self.return_lse else ""])
         return (f"num_classes={self.num_classes}, out_features={self.out_features}, "
-                f"reduction={self.reduction!r}, options={self.options}")
+                f"reduction={self.reduction!r}, options={self.options}{features}")

@@ -30,6 +30,10 @@ GemmName = Literal["logits", "grad_input", "grad_weight"]
 LOSS_SUM_DTYPE = torch.float64
 """The cross-chunk loss total: fp64, so the loss never drifts with the chunk count."""
 
+SOFTCAP_BLOCK_ELEMENTS = 1 << 20
+"""Soft-capped logits are turned into probabilities and dz this many elements at a time (see
+:attr:`Plan.softcap_block_columns`): the workspace beside a chunk's logits stays small at any C."""
+
 
 class GradsNeeded(NamedTuple):
     """Which gradients a call must produce (those of the tensors that require grad, under grad mode)."""
@@ -84,6 +88,9 @@ class Plan:
     needs_grad: GradsNeeded
     allow_retain_graph: bool
     notes: tuple[str, ...] = ()
+    softcap: float | None = None
+    z_loss: float = 0.0
+    return_lse: bool = False
 
     # ---- what the chunk loop asks ------------------------------------------
     def dtype(self, role: Role) -> torch.dtype:
@@ -118,6 +125,18 @@ class Plan:
     def tiles_classes(self) -> bool:
         """Whether the vocabulary is cut into blocks (the options' lce-only ``class_chunk_size``)."""
         return self.class_chunk_size < self.num_classes
+
+    @property
+    def softcap_block_columns(self) -> int:
+        """Columns of the workspace in which soft-capped logits become probabilities and dz, a block at a time
+        (the logits buffer keeps ``tanh(z / softcap)`` until each block's dz replaces it)."""
+        return max(1, min(self.class_chunk_size, SOFTCAP_BLOCK_ELEMENTS // self.batch_chunk_size))
+
+    @property
+    def saves_other_prob(self) -> bool:
+        """Whether reduction="none" saves ``1 - p_y`` per row for backward: when backward never holds a whole
+        row's softmax at once (class tiling, or soft-capped logits turned into dz a block at a time)."""
+        return self.tiles_classes or self.softcap is not None
 
     def class_chunks(self) -> Iterator[slice]:
         """The classes of each block, in loop order (one block of all C classes without tiling)."""
@@ -181,6 +200,7 @@ class Plan:
             f"{self.batch_chunk_size} rows"
             + (f" x {self.num_class_chunks} block(s) of {self.class_chunk_size} classes (logits computed twice)"
                if self.tiles_classes else ""),
+            *([f"  features   {self._features_text()}"] if self._features_text() else []),
             f"  GEMMs      logits {self._gemm_text('logits')}, grad_input {self._gemm_text('grad_input')}, "
             f"grad_weight {self._gemm_text('grad_weight')}",
             f"  sums       softmax/loss {dtype_name(self.stats_dtype)}, loss total {dtype_name(LOSS_SUM_DTYPE)}, "
@@ -198,6 +218,13 @@ class Plan:
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
 
+    def _features_text(self) -> str:
+        parts = ([f"softcap {self.softcap:g} (tanh in {dtype_name(self.stats_dtype)}, in place)"]
+                 if self.softcap is not None else [])
+        parts += [f"z_loss {self.z_loss:g}"] if self.z_loss else []
+        parts += ["returns the per-row log-sum-exp (fp32)"] if self.return_lse else []
+        return ", ".join(parts)
+
     def _gemm_text(self, name: GemmName) -> str:
         operands, result = (dtype_name(dtype) for dtype in self.gemm_dtypes(name))
         return operands if operands == result else f"{operands}->{result}"
@@ -213,6 +240,9 @@ def make_plan(
     device: torch.device,
     reduction: str = "mean",
     needs_grad: tuple[bool, bool, bool] = (True, True, False),
+    softcap: float | None = None,
+    z_loss: float = 0.0,
+    return_lse: bool = False,
 ) -> Plan:
     """Resolve ``options`` for one call (the rules of the options contract).
 
@@ -223,6 +253,10 @@ def make_plan(
       that disagrees with it is a ``ValueError``;
     * ``acc_dtype=None`` becomes fp32 for fp16/bf16 input under the "auto"
       policy where a mixed-precision GEMM exists, else the input dtype.
+
+    ``softcap``, ``z_loss`` and ``return_lse`` are lce's features beyond torch's
+    op (see :func:`lce.linear_cross_entropy`); they change what the loop
+    computes and keeps, not the chunking or the precision layout.
     """
     kind = device_kind_of(device)
     pick = auto_pick(kind, dtype)
@@ -278,6 +312,9 @@ def make_plan(
         needs_grad=GradsNeeded(*needs_grad),
         allow_retain_graph=options.allow_retain_graph,
         notes=tuple(notes),
+        softcap=None if softcap is None else float(softcap),
+        z_loss=float(z_loss),
+        return_lse=bool(return_lse),
     )
 
 

@@ -3,6 +3,8 @@
 It materializes the ``(N, C)`` logits, so it is what ``options=None`` runs,
 what the chunked path falls back to, and (evaluated on fp64 upcasts of the
 same rounded inputs) the exact answer the analysis measures errors against.
+The features beyond torch's op (soft-capping, z-loss, the per-row
+log-sum-exp) are written here in their plainest form, on the full logits.
 """
 
 from __future__ import annotations
@@ -26,11 +28,18 @@ def reference_linear_cross_entropy(
     reduction: str = "mean",
     ignore_index: int | None = None,
     label_smoothing: float = 0.0,
-) -> torch.Tensor:
+    softcap: float | None = None,
+    z_loss: float = 0.0,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``cross_entropy(linear(input, linear_weight, linear_bias), target, ...)`` in the input's dtype.
 
     ``linear_weight`` may be ``(C, D)`` or ``(C, d1, ..., dK, D)``; in the
-    K-dimensional case the logits are reshaped to ``(N, C, d1, ..., dK)``. The
+    K-dimensional case the logits are reshaped to ``(N, C, d1, ..., dK)``.
+    ``softcap`` replaces the logits by ``softcap * tanh(logits / softcap)``
+    first; ``z_loss`` adds ``z_loss * lse**2`` per row that is not ignored
+    (see :func:`lce.linear_cross_entropy`); ``return_lse`` also returns the
+    per-row log-sum-exp of the (capped) logits in fp32, detached. The
     arguments are not validated here (:func:`lce.linear_cross_entropy` does).
     """
     num_classes, out_features = linear_weight.shape[0], linear_weight.shape[1:-1]
@@ -39,8 +48,28 @@ def reference_linear_cross_entropy(
     logits = F.linear(input, flat_weight, flat_bias)
     if len(out_features):
         logits = logits.reshape(input.shape[0], num_classes, *out_features)
-    return F.cross_entropy(
-        logits, target, weight=weight, reduction=reduction,
-        ignore_index=DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index,
-        label_smoothing=label_smoothing,
-    )
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    ignored = DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index
+    loss = F.cross_entropy(logits, target, weight=weight, reduction=reduction, ignore_index=ignored,
+                           label_smoothing=label_smoothing)
+    if not z_loss and not return_lse:
+        return loss
+    class_dim = 0 if logits.dim() == 1 else 1
+    # The log-sum-exp in at least fp32 (fp64 stays fp64): the z-loss of a bf16 call is not rounded twice.
+    lse = torch.logsumexp(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=class_dim)
+    if z_loss:
+        loss = loss + _z_loss_term(lse, target, ignored, reduction, z_loss).to(loss.dtype)
+    return (loss, lse.detach().float()) if return_lse else loss
+
+
+def _z_loss_term(lse: torch.Tensor, target: torch.Tensor, ignore_index: int, reduction: str,
+                 z_loss: float) -> torch.Tensor:
+    """``z_loss * lse**2`` per position that is not ignored, reduced as ``reduction`` says: "mean" divides the
+    sum by the number of such positions (0 when there are none), not by the class weights' sum."""
+    valid = torch.ones_like(lse, dtype=torch.bool) if target.is_floating_point() else target != ignore_index
+    per_row = torch.where(valid, z_loss * lse.square(), 0)
+    if reduction == "none":
+        return per_row
+    total = per_row.sum()
+    return total / valid.sum().clamp_min(1) if reduction == "mean" else total

@@ -23,6 +23,7 @@ allocator-level comparison in tests/test_analysis_memory.py covers it.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import itertools
 import weakref
 from collections import Counter
@@ -130,17 +131,21 @@ def _emulate_cuda_gemms(monkeypatch, recorder: _Recorder) -> None:
     monkeypatch.setattr(lce.gemm, "_slow_on_device", lambda dtype, device: False)
 
 
-def _record(recorder, kind, options, dtype, reduction, needs_grad):
+def _record(recorder, kind, options, dtype, reduction, needs_grad, features=None):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N, D, generator=g).to(dtype).requires_grad_(needs_grad[0])
     w = (torch.randn(C, D, generator=g) / D**0.5).to(dtype).requires_grad_(needs_grad[1])
     b = torch.randn(C, generator=g).to(dtype).requires_grad_(needs_grad[2])
     target = torch.randint(0, C, (N,), generator=g)
     target[1::7] = -100
+    features = features or {}
     with emulate_device_kind(kind):
-        plan = lce.plan(options, x, w, linear_bias=b, reduction=reduction)
+        plan = lce.plan(options, x, w, linear_bias=b, reduction=reduction, **features)
         with recorder:
-            loss = lce.linear_cross_entropy(x, w, target, linear_bias=b, reduction=reduction, options=options)
+            loss = lce.linear_cross_entropy(x, w, target, linear_bias=b, reduction=reduction, options=options,
+                                            **features)
+            if features.get("return_lse"):
+                loss, _ = loss
             recorder.stage = "backward"
             if loss.requires_grad:
                 loss.backward(torch.ones_like(loss))
@@ -235,3 +240,29 @@ def test_class_tiled_buffers_are_the_allocations_made(recorder, monkeypatch, kin
     plan = _record(recorder, kind, options, dtype, reduction, (True, True, True))
     assert plan.num_class_chunks == 4
     _check(plan, recorder, f"tiled {kind} {policy} {reduction} {dtype_name(dtype)} acc={acc_dtype}")
+
+
+# lce's features beyond torch's op: soft-capping (a workspace of SOFTCAP_COLUMNS columns beside the logits),
+# z-loss and the returned log-sum-exp, with and without class tiling.
+SOFTCAP_COLUMNS = 40  # C = 320 in eight workspaces; a class block of 96 in two of 40 and one of 16
+PLAN_MODULE = importlib.import_module("lce.plan")  # the attribute lce.plan is the function
+FEATURES_GRID = [(k, p, r, d, a, tiled) for k, p, r, d, a in GRID[:len(GRID) - 5] for tiled in (False, True)
+                 if d != torch.float32 or a is None]
+
+
+@pytest.mark.parametrize(("kind", "policy", "reduction", "dtype", "acc_dtype", "tiled"), FEATURES_GRID,
+                         ids=[f"{k}-{p}-{r}-{dtype_name(d)}-{dtype_name(a) if a else 'acc=input'}"
+                              f"{'-tiled' if t else ''}" for k, p, r, d, a, t in FEATURES_GRID])
+def test_soft_capped_buffers_are_the_allocations_made(recorder, monkeypatch, kind, policy, reduction, dtype,
+                                                      acc_dtype, tiled):
+    if kind == "cuda":
+        _emulate_cuda_gemms(monkeypatch, recorder)
+    monkeypatch.setattr(PLAN_MODULE, "SOFTCAP_BLOCK_ELEMENTS", ROWS * SOFTCAP_COLUMNS)
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
+                                            batch_chunk_size=ROWS, class_chunk_size=CLASS_BLOCK if tiled else None)
+    features = dict(softcap=5.0, z_loss=1e-3, return_lse=True)
+    plan = _record(recorder, kind, options, dtype, reduction, (True, True, True), features)
+    assert plan.softcap_block_columns == SOFTCAP_COLUMNS
+    assert any(b.name == "softcap_workspace" for b in plan.buffers)
+    _check(plan, recorder, f"softcap {'tiled ' if tiled else ''}{kind} {policy} {reduction} {dtype_name(dtype)} "
+                           f"acc={acc_dtype}")
