@@ -172,8 +172,10 @@ class Implementation:
 
 
 def resolved_plan(spec: ImplSpec, inputs: Inputs) -> lce.Plan:
-    """``lce.plan`` of ``spec``'s options for ``inputs`` (gradients planned for every leaf)."""
-    return lce.plan(spec.options(), inputs.input, inputs.weight, linear_bias=inputs.bias, reduction=inputs.reduction)
+    """``lce.plan`` of ``spec``'s options for ``inputs`` (gradients planned for every leaf; lce's features as the
+    inputs set them)."""
+    return lce.plan(spec.options(), inputs.input, inputs.weight, linear_bias=inputs.bias, reduction=inputs.reduction,
+                    softcap=inputs.softcap, z_loss=inputs.z_loss)
 
 
 def make_implementation(spec: ImplSpec, device: str = "cpu") -> Implementation:

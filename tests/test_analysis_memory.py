@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -96,4 +97,21 @@ def test_lce_memory_model_per_policy(dtype, policy, acc_dtype):
     assert measured.peak_bytes == pytest.approx(modeled, rel=0.15), (
         f"modeled {modeled / MiB:.2f} MiB, measured {measured.peak_bytes / MiB:.2f} MiB; live at peak (MiB): "
         f"{[round(size / MiB, 3) for size in measured.live_at_peak if size >= 2**16]}"
+    )
+
+
+@pytest.mark.parametrize(("dtype", "policy", "reduction"), [("bfloat16", "compact", "mean"),
+                                                            ("bfloat16", "balanced", "none"),
+                                                            ("float32", "accurate", "sum")])
+def test_lce_memory_model_with_softcap_and_z_loss(dtype, policy, reduction):
+    """Soft-capping adds one small workspace beside the chunk's logits; the allocator agrees with the model."""
+    inputs = dataclasses.replace(make_inputs(Shape(1024, 256, 16384), getattr(torch, dtype), bias=False,
+                                             reduction=reduction), softcap=30.0, z_loss=1e-4)
+    implementation = make_implementation(ImplSpec("lce", policy, "aspect_ratio:2", "default"))
+    plan = implementation.plan(inputs)
+    assert plan.softcap == 30.0 and any(b.name == "softcap_workspace" for b in plan.buffers)
+    _, measured = measure_peak(lambda: implementation.run(inputs))
+    assert measured.peak_bytes == pytest.approx(plan.peak_extra_bytes, rel=0.15), (
+        f"modeled {plan.peak_extra_bytes / MiB:.2f} MiB, measured {measured.peak_bytes / MiB:.2f} MiB; live at peak "
+        f"(MiB): {[round(size / MiB, 3) for size in measured.live_at_peak if size >= 2**16]}"
     )

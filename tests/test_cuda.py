@@ -67,3 +67,20 @@ def test_predicted_peak_matches_the_allocator_on_cuda():
     measured = torch.cuda.max_memory_allocated() - base
     predicted = lce.plan(options, x, w).peak_extra_bytes
     assert abs(measured - predicted) <= 0.15 * predicted, (measured, predicted)
+
+
+@pytest.mark.parametrize("policy", EXPLICIT_POLICIES)
+@pytest.mark.parametrize("class_chunk_size", [None, 16])
+def test_softcap_and_z_loss_fp64_parity_on_cuda(policy, class_chunk_size):
+    """lce's features on the real CUDA layouts, against the reference path on the same device."""
+    import functools
+
+    from helpers import run
+
+    problem = _to_cuda(make_problem(Case(N=64, D=16, V=50, reduction="none", bias=True, class_weight=True,
+                                         label_smoothing=0.1)))
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, batch_chunk_size=9, class_chunk_size=class_chunk_size)
+    features = dict(softcap=2.5, z_loss=0.05)
+    got = run(functools.partial(lce.linear_cross_entropy, **features), problem, options=options)
+    want = run(functools.partial(lce.linear_cross_entropy, **features), problem)
+    assert_parity(got, want, tol=1e-12, label=f"cuda {policy} features")
