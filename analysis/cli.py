@@ -239,6 +239,13 @@ def _features_command(args: argparse.Namespace) -> None:
         _print_study(*features.record_cost(args.results, rounds=args.repeats))
 
 
+def _vocab_parallel_command(args: argparse.Namespace) -> None:
+    from .studies import vocab_parallel
+
+    _print_study(*vocab_parallel.record(args.results, worlds=tuple(args.ranks), seeds=tuple(range(args.seeds)),
+                                        progress=not args.quiet))
+
+
 def _remeasure_memory_command(args: argparse.Namespace) -> None:
     from .studies import remeasure_memory
 
@@ -500,6 +507,15 @@ def build_parser() -> argparse.ArgumentParser:
     feature_study.add_argument("--repeats", type=int, default=5, help="alternating timed rounds (default 5)")
     feature_study.add_argument("--quiet", action="store_true", help="no progress bars")
     results_folder(feature_study)
+
+    vocab = add("vocab-parallel", _vocab_parallel_command, "vocab-parallel lce on 1-4 CPU processes: errors, peaks",
+                "lce.distributed over gloo with the classes split evenly across 2, 3 and 4 processes, against "
+                "single-process lce (1), per policy, random and calibrated inputs at 2048x256x16384 bf16: floors "
+                "against fp64 and the peak extra memory of every rank (vocab_parallel.csv). About 10 minutes here.")
+    vocab.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 3, 4], help="process counts (1: one process)")
+    vocab.add_argument("--seeds", type=int, default=2, help="seeds per problem (default 2)")
+    vocab.add_argument("--quiet", action="store_true", help="no progress bars")
+    results_folder(vocab)
 
     remeasure = add("remeasure-memory", _remeasure_memory_command,
                     "bring committed sweep rows' peak memory up to date after lce's memory use changed",

@@ -40,7 +40,7 @@ from .provenance import PROVENANCE_COLUMNS
 
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
            "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "FEATURES",
-           "FEATURE_COST", "COLUMNS",
+           "FEATURE_COST", "VOCAB_PARALLEL", "COLUMNS",
            "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
            "load_kind", "done_keys", "latest", "load_results"]
 
@@ -161,13 +161,23 @@ FEATURE_COST = Kind("feature_cost", tuple(["kind", "features", "softcap", "z_los
                     "time (alternating rounds, one process) and measured vs modeled peak of lce's default options "
                     "per feature set at the bench shape (python -m analysis features --cost)")
 
+VOCAB_PARALLEL = Kind("vocab_parallel", tuple(["kind", "ranks", "impl", "policy", "family", "dtype", "N", "D", "C",
+                                               "seed", "grad_input_floors", "grad_weight_floors", "loss_ulps",
+                                               "peak_bytes_max", "peak_bytes_min", "planned_shard_peak_bytes",
+                                               "rank0_seconds", "loss_diff_to_single", "grad_input_diff_to_single",
+                                               "grad_weight_diff_to_single", "wall_s", "cpu_s",
+                                               *PROVENANCE_COLUMNS]),
+                      "vocab-parallel lce on 1-4 CPU processes (gloo), per policy, family, dtype and seed: errors "
+                      "against fp64 and the peak extra memory per rank (python -m analysis vocab-parallel)")
+
 REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s", "memory_study_s", "figures_s",
                                      "total_s", *PROVENANCE_COLUMNS]),
                  "the wall time of one whole `python -m analysis reproduce` (the READMEs quote it)")
 
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
-                                                       TRAINING, BUDGETS, CLASS_TILING, FEATURES, FEATURE_COST)}
+                                                       TRAINING, BUDGETS, CLASS_TILING, FEATURES, FEATURE_COST,
+                                                       VOCAB_PARALLEL)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

@@ -21,7 +21,7 @@ import torch
 from .chunked import HeadTensors, Targets, per_row_grads, per_row_loss, scalar_loss_and_grads
 from .plan import Plan
 
-__all__ = ["ScalarReductionLoss", "PerRowLoss"]
+__all__ = ["ScalarReductionLoss", "PerRowLoss", "hand_out_gradients"]
 
 _SECOND_BACKWARD = (
     "lce.linear_cross_entropy: backward ran a second time through a chunked loss whose gradients were "
@@ -44,6 +44,18 @@ def _with_lse(ctx, loss: torch.Tensor, lse: torch.Tensor | None):
     return loss, lse
 
 
+def hand_out_gradients(ctx, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """The gradients a scalar reduction computed in forward (``ctx.grads``), times the incoming ``grad_loss``:
+    in place, and only once, unless ``ctx.allow_retain_graph``."""
+    if ctx.grads is None:
+        raise RuntimeError(_SECOND_BACKWARD)
+    grads = ctx.grads
+    if ctx.allow_retain_graph:
+        return tuple(None if g is None else g * grad_loss for g in grads)
+    ctx.grads = None
+    return tuple(None if g is None else g.mul_(grad_loss) for g in grads)
+
+
 class ScalarReductionLoss(torch.autograd.Function):
     """Loss with reduction "mean" or "sum"; gradients computed in forward."""
 
@@ -57,15 +69,7 @@ class ScalarReductionLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss, *_grad_lse):
-        if ctx.grads is None:
-            raise RuntimeError(_SECOND_BACKWARD)
-        grads = ctx.grads
-        if ctx.allow_retain_graph:
-            scaled = tuple(None if g is None else g * grad_loss for g in grads)
-        else:
-            ctx.grads = None
-            scaled = tuple(None if g is None else g.mul_(grad_loss) for g in grads)
-        return (*scaled, None, None, None, None, None)
+        return (*hand_out_gradients(ctx, grad_loss), None, None, None, None, None)
 
 
 class PerRowLoss(torch.autograd.Function):

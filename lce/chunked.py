@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -52,7 +52,7 @@ __all__ = [
     "chunk_loss_and_softmax_", "chunk_softmax_from_lse_", "grad_logits_rescale", "chunk_grad_logits_",
     "scalar_loss_and_grads", "RowStatistics", "block_logits", "block_statistics_", "input_chunk_in_acc",
     "block_target_index", "RowScales", "z_loss_coefficient", "cap_logits_", "capped_statistics",
-    "capped_grad_logits_", "chunk_statistics_", "ChunkResult", "per_row_loss", "per_row_grads",
+    "capped_grad_logits_", "chunk_statistics_", "ChunkResult", "ScalarReduction", "per_row_loss", "per_row_grads",
 ]
 
 
@@ -256,7 +256,7 @@ def chunk_softmax_from_lse_(z: torch.Tensor, targets: Targets, rows: slice,
 
 
 def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tensor | float,
-                        lse_coef: torch.Tensor | None = None) -> float:
+                        lse_coef: torch.Tensor | None = None, max_class_weight: float | None = None) -> float:
     """The power of two dz is divided by before it is rounded for a backward GEMM; 1.0 if none is needed.
 
     fp16's smallest normal number is 6.1e-5, while softmax entries are about
@@ -268,10 +268,14 @@ def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tenso
     this (bf16 has fp32's exponent range). The backward GEMMs multiply their
     results by the same power of two, which undoes it exactly. A z-loss adds
     its coefficient of ``p``, ``lse_coef`` (rows,), to the bound.
+    ``max_class_weight`` overrides the largest class weight ``targets`` hold
+    (a shard of the vocabulary holds only its own).
     """
     if not plan.rescales_grad_logits:
         return 1.0
     max_weight = 1.0 if targets.class_weight is None else float(targets.class_weight.abs().max())
+    if max_class_weight is not None:
+        max_weight = max_class_weight
     bound = 2.0 * float(max_row_scale) * max_weight
     if lse_coef is not None and lse_coef.numel():
         bound += float(lse_coef.abs().max())
@@ -332,10 +336,15 @@ class GradientSums:
     ``input`` (N, D) in the input dtype receives each chunk's rows; ``weight``
     (C, D) and ``bias`` (C,) are sums over chunks in the plan's
     ``weight_grad_sum_dtype`` and stats dtype. Each is None when not requested.
+    ``wide_input_partials``: a block's input-gradient product is formed in the
+    dtype of the sum it is added to (the stats dtype), not rounded to the
+    plan's GEMM result first, for sums that another process completes
+    (:mod:`lce.distributed`).
     """
 
-    def __init__(self, plan: Plan, head: HeadTensors):
+    def __init__(self, plan: Plan, head: HeadTensors, *, wide_input_partials: bool = False):
         self.plan = plan
+        self.wide_input_partials = wide_input_partials
         n, d = head.input.shape
         c, device = plan.num_classes, head.input.device
         wanted = plan.needs_grad
@@ -367,7 +376,9 @@ class GradientSums:
 
         if self.input is not None:
             operands, result = plan.gemm_dtypes("grad_input")
-            if input_sum is not None:
+            if input_sum is not None and self.wide_input_partials:
+                input_sum.add_(self._grad_input_product(dz_as(operands), weight, rescale, input_sum.dtype))
+            elif input_sum is not None:
                 input_sum.add_(self._grad_input_product(dz_as(operands), weight, rescale).to(input_sum.dtype))
             elif plan.upcasts_weight_for("grad_input") or result != plan.input_dtype:
                 self.input[rows].copy_(self._grad_input_product(dz_as(operands), weight, rescale))
@@ -380,11 +391,14 @@ class GradientSums:
         if self.bias is not None:
             self.bias[cols].add_(dz.sum(0), alpha=rescale)
 
-    def _grad_input_product(self, dz: torch.Tensor, weight: torch.Tensor, rescale: float) -> torch.Tensor:
-        """``rescale * dz @ weight`` in the plan's grad_input precision, as a new (rows, D) tensor."""
+    def _grad_input_product(self, dz: torch.Tensor, weight: torch.Tensor, rescale: float,
+                            result: torch.dtype | None = None) -> torch.Tensor:
+        """``rescale * dz @ weight`` in the plan's grad_input precision (or with the wider ``result``), as a new
+        (rows, D) tensor."""
         if self.plan.upcasts_weight_for("grad_input"):
-            return mm_upcast_weight(dz, weight, alpha=rescale)
-        return mm(dz, weight, self.plan.gemm_dtypes("grad_input").result, alpha=rescale)
+            product = mm_upcast_weight(dz, weight, alpha=rescale)
+            return product if result is None or product.dtype == result else product.to(result)
+        return mm(dz, weight, result or self.plan.gemm_dtypes("grad_input").result, alpha=rescale)
 
     def finish(self) -> Gradients:
         """Round the sums to the input dtype, once, and hand out the gradients (the sum itself where
@@ -417,13 +431,16 @@ class RowScales:
     z: torch.Tensor | None
     max_main: torch.Tensor | float
     rescale: float
+    max_class_weight: float | None = None
 
     def at(self, scale: torch.Tensor, rows: slice) -> torch.Tensor:
         """``scale`` for the chunk's rows, as a (rows,) tensor."""
         return scale[rows] if scale.dim() else scale.expand(rows.stop - rows.start)
 
     def chunk_rescale(self, plan: Plan, targets: Targets, lse_coef: torch.Tensor | None) -> float:
-        return self.rescale if lse_coef is None else grad_logits_rescale(plan, targets, self.max_main, lse_coef)
+        if lse_coef is None:
+            return self.rescale
+        return grad_logits_rescale(plan, targets, self.max_main, lse_coef, self.max_class_weight)
 
 
 def z_loss_coefficient(targets: Targets, scales: RowScales, rows: slice, lse: torch.Tensor) -> torch.Tensor | None:
@@ -492,40 +509,63 @@ class ChunkResult:
     lse: torch.Tensor
 
 
+@dataclasses.dataclass(frozen=True)
+class ScalarReduction:
+    """How "mean"/"sum" weigh the rows: the gradients' :class:`RowScales`, and the loss's normalisers in fp64:
+    ``total_weight`` (sum of ``w_y``) and the z-term's ``z_scale`` (1/count of rows not ignored for "mean", 1
+    for "sum"; None without z-loss)."""
+
+    scales: RowScales
+    total_weight: torch.Tensor
+    z_scale: torch.Tensor | None
+
+    @classmethod
+    def of(cls, plan: Plan, targets: Targets, with_grads: bool,
+           max_class_weight: float | None = None) -> ScalarReduction:
+        device = targets.valid.device
+        total_weight = targets.row_weight.sum(dtype=torch.float64)
+        mean = plan.reduction == "mean"
+        # An all-ignored batch has a 0/0 = NaN loss but must get zero gradients.
+        ones = torch.ones((), dtype=torch.float64, device=device)
+        main_scale = torch.where(total_weight > 0, 1.0 / total_weight, 0.0) if mean else ones
+        z_scale = None
+        if targets.z_loss:
+            count = targets.valid.sum(dtype=torch.float64)
+            z_scale = torch.where(count > 0, 1.0 / count, 0.0) if mean else ones
+        main = main_scale.to(plan.stats_dtype)
+        rescale = grad_logits_rescale(plan, targets, main, max_class_weight=max_class_weight) if with_grads else 1.0
+        z = None if z_scale is None else z_scale.to(plan.stats_dtype)
+        return cls(RowScales(main, z, main, rescale, max_class_weight), total_weight, z_scale)
+
+    def loss(self, plan: Plan, targets: Targets, loss_sum: torch.Tensor, z_sum: torch.Tensor) -> torch.Tensor:
+        """The reduced loss in the input dtype, from the fp64 sums of the row losses and of ``lse**2``."""
+        loss = loss_sum / self.total_weight if plan.reduction == "mean" else loss_sum
+        if self.z_scale is not None:
+            loss = loss + targets.z_loss * z_sum * self.z_scale
+        return loss.to(plan.input_dtype)
+
+
 def scalar_loss_and_grads(plan: Plan, head: HeadTensors,
                           targets: Targets) -> tuple[torch.Tensor, Gradients, torch.Tensor | None]:
     """Loss for "mean"/"sum" and, as the plan requests, its gradients (already scaled for the reduction), and
     the per-row log-sum-exp in fp32 when the plan returns it (else None)."""
     n, device = head.input.shape[0], head.input.device
     sums = GradientSums(plan, head) if any(plan.needs_grad) else None
-    total_weight = targets.row_weight.sum(dtype=torch.float64)
-    mean = plan.reduction == "mean"
-    # An all-ignored batch has a 0/0 = NaN loss but must get zero gradients.
-    main_scale = torch.where(total_weight > 0, 1.0 / total_weight, 0.0) if mean else torch.ones((), device=device)
-    z_scale = None
-    if targets.z_loss:
-        count = targets.valid.sum(dtype=torch.float64)
-        z_scale = torch.where(count > 0, 1.0 / count, 0.0) if mean else torch.ones((), device=device)
-    stats_dtype = plan.stats_dtype
-    main = main_scale.to(stats_dtype)
-    rescale = grad_logits_rescale(plan, targets, main) if sums is not None else 1.0
-    scales = RowScales(main, None if z_scale is None else z_scale.to(stats_dtype), main, rescale)
+    reduction = ScalarReduction.of(plan, targets, sums is not None)
     bias = bias_for_logits(plan, head.bias)
     lse_out = torch.empty(n, dtype=torch.float32, device=device) if plan.return_lse else None
     loss_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
     z_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
     chunk = _scalar_chunk_tiled if plan.tiles_classes else _scalar_chunk
     for rows in plan.row_chunks():
-        result = chunk(plan, head, bias, targets, sums, rows, scales)
+        result = chunk(plan, head, bias, targets, sums, rows, reduction.scales)
         loss_sum += result.loss_sum
-        if z_scale is not None:
+        if targets.z_loss:
             z_sum += torch.where(targets.valid[rows], result.lse.square(), 0).sum(dtype=LOSS_SUM_DTYPE)
         if lse_out is not None:
             lse_out[rows] = result.lse
-    loss = loss_sum / total_weight if mean else loss_sum
-    if z_scale is not None:
-        loss = loss + targets.z_loss * z_sum * z_scale
-    return loss.to(plan.input_dtype), (sums.finish() if sums is not None else Gradients()), lse_out
+    loss = reduction.loss(plan, targets, loss_sum, z_sum)
+    return loss, (sums.finish() if sums is not None else Gradients()), lse_out
 
 
 def _scalar_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
@@ -670,10 +710,12 @@ def _tiled_statistics(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, 
 
 def _tiled_gradients(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
                      sums: GradientSums, rows: slice, x_in_acc: torch.Tensor | None, lse: torch.Tensor,
-                     other_prob: torch.Tensor, scales: RowScales) -> None:
+                     other_prob: torch.Tensor, scales: RowScales,
+                     complete_input_sum: Callable[[torch.Tensor], None] | None = None) -> None:
     """The chunk's gradients, block by block: each block's logits are computed again, turned into dz
     with the row statistics of the whole vocabulary, and multiplied out; the input gradient's blocks are
-    summed in the stats dtype and rounded once."""
+    summed in the stats dtype and rounded once, after ``complete_input_sum`` (if any) has added the other
+    processes' blocks to the sum in place."""
     input_sum = None
     if sums.input is not None:
         input_sum = torch.zeros(rows.stop - rows.start, plan.in_features, dtype=plan.stats_dtype,
@@ -684,6 +726,8 @@ def _tiled_gradients(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, t
         _block_gradients(plan, head, bias, targets, sums, rows, cols, x_in_acc, lse, other_prob,
                          scales.at(scales.main, rows), rescale, lse_coef, input_sum)
     if input_sum is not None:
+        if complete_input_sum is not None:
+            complete_input_sum(input_sum)
         sums.input[rows].copy_(input_sum)
 
 

@@ -1,0 +1,394 @@
+"""Vocab-parallel linear cross-entropy over ``torch.distributed``: each rank holds a slice of the classes.
+
+Every rank of a process group passes the same ``input`` (N, D) and ``target``
+(global class indices) and its own contiguous shard of the classifier rows, in
+rank order; shards may differ in size. Each rank runs lce's chunk loop on its
+shard (any policy, row and class chunking, soft-capping, z-loss) and, per
+chunk of rows, exchanges only per-row softmax statistics:
+
+* the row maximum and the target's logit (an all-reduce MAX of two values per
+  row; only the rank holding the target has a finite one),
+* the sum of exponentials apart from the target, rescaled to the global
+  maximum, and the smoothing term's logit sum (an all-reduce SUM),
+
+always in the plan's stats dtype (at least fp32), so the log-sum-exp, the
+losses and ``1 - p_y`` are those of the whole vocabulary on every rank: every
+rank returns the full loss. Each rank's input-gradient products are formed in
+the stats dtype, summed across ranks and rounded once, so every rank holds the
+full input gradient; each rank gets the gradient of its own weight (and bias)
+shard. Communication is O(N) per chunk for the statistics, plus the input
+gradient itself (O(N x D)), never O(N x C).
+
+Before any of that, the ranks agree: an ``all_gather_object`` of every rank's
+description of its call (shapes, dtypes, options, a checksum of the targets,
+and the rank's own argument errors), after which every rank raises the same
+error if any rank's call is bad or the ranks disagree -- so bad input fails on
+every rank and never leaves a rank waiting in a collective.
+
+Costs against one process (measured in ``python -m analysis vocab-parallel``):
+each rank computes its shard's logits twice (once for the statistics, once for
+the gradients, as with class tiling) and its input-gradient partials in the
+stats dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .autograd import hand_out_gradients
+from .chunked import (
+    Gradients,
+    GradientSums,
+    HeadTensors,
+    RowScales,
+    RowStatistics,
+    ScalarReduction,
+    Targets,
+    _tiled_gradients,
+    _tiled_statistics,
+    bias_for_logits,
+    grad_logits_rescale,
+    input_chunk_in_acc,
+)
+from .functional import _check_arguments, check_features
+from .options import LinearCrossEntropyOptions, dtype_name
+from .plan import LOSS_SUM_DTYPE, Plan, make_plan
+from .reference import DEFAULT_IGNORE_INDEX
+
+__all__ = ["vocab_parallel_linear_cross_entropy", "VocabParallelLinearCrossEntropyLoss", "ShardLayout",
+           "shard_bounds"]
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def shard_bounds(sizes: list[int]) -> list[tuple[int, int]]:
+    """The global classes ``[start, stop)`` of each rank's shard, from the shard sizes in rank order."""
+    bounds, start = [], 0
+    for size in sizes:
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardLayout:
+    """Where this rank's classes lie among the group's: ``start`` (its first global class), ``size`` and
+    ``num_classes`` (the sum of every rank's shard), and the group the statistics are reduced over."""
+
+    start: int
+    size: int
+    num_classes: int
+    group: dist.ProcessGroup | None
+
+    def all_reduce_(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        dist.all_reduce(tensor, op=op, group=self.group)
+        return tensor
+
+
+# ---- agreement before any collective of the loop ---------------------------------------------------------------
+
+def _local_problem(input, weight_shard, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
+                   softcap, z_loss) -> str | None:
+    """This rank's own argument errors (as text), or None: the single-device checks on its shard."""
+    try:
+        check_features(softcap, z_loss, False)
+        if not isinstance(weight_shard, torch.Tensor) or weight_shard.dim() != 2:
+            shape = tuple(weight_shard.shape) if isinstance(weight_shard, torch.Tensor) else type(weight_shard)
+            raise ValueError(f"weight_shard must be a (C_shard, in_features) tensor, got {shape}")
+        if weight_shard.shape[0] < 1:
+            raise ValueError("weight_shard must hold at least one class")
+        if isinstance(target, torch.Tensor) and target.is_floating_point():
+            raise TypeError("target must hold int64 global class indices (class probabilities are not supported "
+                            "vocab-parallel)")
+        # the single-device checks, against the shard (targets are checked against the global range later)
+        _check_arguments(input, weight_shard, torch.zeros_like(target) if isinstance(target, torch.Tensor) else target,
+                         linear_bias, weight, reduction, ignore_index, label_smoothing)
+    except (TypeError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _target_checksum(target: torch.Tensor) -> int:
+    """A number that differs, almost surely, between two different target tensors (positions weigh in)."""
+    flat = target.reshape(-1).to(torch.int64)
+    weights = torch.arange(1, flat.numel() + 1, dtype=torch.int64, device=flat.device) % 1_000_003
+    return int(((flat % 1_000_033) * weights).sum())
+
+
+def _description(input, weight_shard, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
+                 softcap, z_loss, options, problem) -> dict:
+    """What every rank must agree on, and this rank's shard size and errors."""
+    tensors_ok = problem is None
+    return {
+        "problem": problem,
+        "shard": int(weight_shard.shape[0]) if tensors_ok else None,
+        "input": (tuple(input.shape), dtype_name(input.dtype)) if tensors_ok else None,
+        "target": (tuple(target.shape), _target_checksum(target)) if tensors_ok else None,
+        "bias": linear_bias is not None, "weight": weight is not None,
+        "call": (reduction, ignore_index, float(label_smoothing), softcap, float(z_loss)),
+        "options": None if options is None else repr(LinearCrossEntropyOptions.coerce(options)),
+    }
+
+
+_AGREED = {"input": "input shape or dtype", "target": "target (shape or values)",
+           "bias": "whether linear_bias is given", "weight": "whether a class weight is given",
+           "call": "reduction, ignore_index, label_smoothing, softcap or z_loss", "options": "options"}
+
+
+def _agree(descriptions: list[dict], num_classes: int | None) -> list[int]:
+    """Every rank's shard size, or ``ValueError`` naming the ranks and what is wrong (raised on every rank)."""
+    problems = [f"rank {rank}: {d['problem']}" for rank, d in enumerate(descriptions) if d["problem"]]
+    if problems:
+        raise ValueError("vocab_parallel_linear_cross_entropy: bad arguments on " + "; ".join(problems))
+    for key, words in _AGREED.items():
+        values = [d[key] for d in descriptions]
+        if any(value != values[0] for value in values):
+            seen = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
+            raise ValueError(f"vocab_parallel_linear_cross_entropy: the ranks disagree on {words} ({seen}); every "
+                             "rank must pass the same input, target and arguments, and its own weight shard")
+    sizes = [d["shard"] for d in descriptions]
+    if num_classes is not None and sum(sizes) != num_classes:
+        raise ValueError(f"vocab_parallel_linear_cross_entropy: the shards hold {sum(sizes)} classes "
+                         f"({' + '.join(map(str, sizes))}), not num_classes={num_classes}")
+    return sizes
+
+
+def _check_targets(target: torch.Tensor, num_classes: int, ignore_index: int) -> None:
+    """Targets must lie in the global range (the same verdict on every rank: the targets agree)."""
+    out_of_range = ((target < 0) | (target >= num_classes)) & (target != ignore_index)
+    if target.numel() and bool(out_of_range.any()):
+        bad = int(target[out_of_range].flatten()[0])
+        raise ValueError(f"vocab_parallel_linear_cross_entropy: target values must lie in [0, {num_classes}) (the "
+                         f"classes of every shard) or equal ignore_index={ignore_index}, found {bad}")
+
+
+# ---- the loop on one rank ----------------------------------------------------------------------------------------
+
+def _shard_targets(target: torch.Tensor, class_weight: torch.Tensor | None, ignore_index: int, label_smoothing: float,
+                   z_loss: float, layout: ShardLayout, stats_dtype: torch.dtype) -> tuple[Targets, float | None]:
+    """The :class:`~lce.chunked.Targets` of this rank's classes in local indices, with the global row weights,
+    class count and weight sum; and the largest class weight of the group (None without class weights)."""
+    valid = target != ignore_index
+    local_target = torch.where(valid, target, 0) - layout.start  # outside [0, size): another rank's class
+    weight = None if class_weight is None else class_weight.to(stats_dtype)
+    if weight is None:
+        row_weight, weight_sum, max_weight = valid.to(stats_dtype), float(layout.num_classes), None
+    else:
+        mine = valid & (local_target >= 0) & (local_target < layout.size)
+        row_weight = layout.all_reduce_(torch.where(mine, weight[local_target.clamp(0, layout.size - 1)], 0))
+        totals = layout.all_reduce_(weight.sum().reshape(1))
+        weight_sum = totals[0]
+        max_weight = float(layout.all_reduce_(weight.abs().max().reshape(1), dist.ReduceOp.MAX))
+    targets = Targets(valid, local_target, row_weight, weight, weight_sum, label_smoothing, layout.num_classes,
+                      z_loss)
+    return targets, max_weight
+
+
+def _group_statistics(local: RowStatistics, layout: ShardLayout) -> RowStatistics:
+    """The statistics of the whole vocabulary from each rank's: O(rows) values per rank, in the stats dtype."""
+    maxima = layout.all_reduce_(torch.stack([local.row_max, local.target_logit], 1), dist.ReduceOp.MAX)
+    row_max, target_logit = maxima[:, 0], maxima[:, 1]
+    carried = (local.row_max - row_max).exp().nan_to_num_(0.0)
+    columns = [local.other * carried] + ([local.weighted_logit_sum] if local.weighted_logit_sum is not None else [])
+    sums = layout.all_reduce_(torch.stack(columns, 1))
+    return RowStatistics(row_max.contiguous(), sums[:, 0].contiguous(), target_logit.contiguous(),
+                         sums[:, 1].contiguous() if sums.shape[1] > 1 else None)
+
+
+def _rows_statistics(plan: Plan, head: HeadTensors, bias, targets: Targets, rows: slice, layout: ShardLayout,
+                     x_in_acc) -> RowStatistics:
+    return _group_statistics(_tiled_statistics(plan, head, bias, targets, rows, x_in_acc), layout)
+
+
+def _scalar_loss_and_grads(plan: Plan, head: HeadTensors, targets: Targets, max_weight: float | None,
+                           layout: ShardLayout) -> tuple[torch.Tensor, Gradients]:
+    device = head.input.device
+    sums = GradientSums(plan, head, wide_input_partials=True) if any(plan.needs_grad) else None
+    reduction = ScalarReduction.of(plan, targets, sums is not None, max_weight)
+    bias = bias_for_logits(plan, head.bias)
+    loss_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
+    z_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
+    for rows in plan.row_chunks():
+        x_in_acc = input_chunk_in_acc(plan, head, rows)
+        stats = _rows_statistics(plan, head, bias, targets, rows, layout, x_in_acc)
+        loss_sum += stats.losses(targets, rows).sum(dtype=LOSS_SUM_DTYPE)
+        if targets.z_loss:
+            z_sum += stats.squared_lse(targets, rows).sum(dtype=LOSS_SUM_DTYPE)
+        if sums is not None:
+            _tiled_gradients(plan, head, bias, targets, sums, rows, x_in_acc, stats.lse, stats.other_prob,
+                             reduction.scales, layout.all_reduce_)
+    return reduction.loss(plan, targets, loss_sum, z_sum), (sums.finish() if sums is not None else Gradients())
+
+
+def _per_row_loss(plan: Plan, head: HeadTensors, targets: Targets, layout: ShardLayout):
+    n, device = head.input.shape[0], head.input.device
+    losses = torch.empty(n, dtype=plan.input_dtype, device=device)
+    lse = torch.empty(n, dtype=plan.stats_dtype, device=device)
+    other_prob = torch.empty(n, dtype=plan.stats_dtype, device=device)
+    bias = bias_for_logits(plan, head.bias)
+    for rows in plan.row_chunks():
+        stats = _rows_statistics(plan, head, bias, targets, rows, layout, input_chunk_in_acc(plan, head, rows))
+        row_losses = stats.losses(targets, rows)
+        if targets.z_loss:
+            row_losses = row_losses + targets.z_loss * stats.squared_lse(targets, rows)
+        losses[rows], lse[rows], other_prob[rows] = row_losses, stats.lse, stats.other_prob
+    return losses, lse, other_prob
+
+
+def _per_row_grads(plan: Plan, head: HeadTensors, targets: Targets, max_weight: float | None, layout: ShardLayout,
+                   lse, other_prob, grad_losses) -> Gradients:
+    sums = GradientSums(plan, head, wide_input_partials=True)
+    row_scale = grad_losses.to(plan.stats_dtype)
+    # the same bound on every rank: the incoming gradients agree (every rank computes the same loss)
+    max_scale = row_scale.abs().max() if row_scale.numel() else 0.0
+    scales = RowScales(row_scale, row_scale if targets.z_loss else None, max_scale,
+                       grad_logits_rescale(plan, targets, max_scale, max_class_weight=max_weight), max_weight)
+    bias = bias_for_logits(plan, head.bias)
+    for rows in plan.row_chunks():
+        _tiled_gradients(plan, head, bias, targets, sums, rows, input_chunk_in_acc(plan, head, rows), lse[rows],
+                         other_prob[rows], scales, layout.all_reduce_)
+    return sums.finish()
+
+
+class _ScalarVocabParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias, targets, max_weight, layout, plan):
+        loss, grads = _scalar_loss_and_grads(plan, HeadTensors(input, weight, bias), targets, max_weight, layout)
+        ctx.grads = (grads.input, grads.weight, grads.bias)
+        ctx.allow_retain_graph = plan.allow_retain_graph
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        return (*hand_out_gradients(ctx, grad_loss), None, None, None, None)
+
+
+class _PerRowVocabParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, bias, targets, max_weight, layout, plan):
+        losses, lse, other_prob = _per_row_loss(plan, HeadTensors(input, weight, bias), targets, layout)
+        ctx.save_for_backward(input, weight, bias, lse, other_prob)
+        ctx.targets, ctx.max_weight, ctx.layout, ctx.plan = targets, max_weight, layout, plan
+        return losses
+
+    @staticmethod
+    def backward(ctx, grad_losses):
+        input, weight, bias, lse, other_prob = ctx.saved_tensors
+        grads = _per_row_grads(ctx.plan, HeadTensors(input, weight, bias), ctx.targets, ctx.max_weight, ctx.layout,
+                               lse, other_prob, grad_losses)
+        return grads.input, grads.weight, grads.bias, None, None, None, None
+
+
+def vocab_parallel_linear_cross_entropy(
+    input: torch.Tensor,
+    weight_shard: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    linear_bias: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
+    reduction: str = "mean",
+    ignore_index: int | None = None,
+    label_smoothing: float = 0.0,
+    options: LinearCrossEntropyOptions | None = None,
+    softcap: float | None = None,
+    z_loss: float = 0.0,
+    num_classes: int | None = None,
+) -> torch.Tensor:
+    """Cross-entropy of ``input @ W.T + b`` against ``target``, with ``W``'s rows (the classes) sharded across the
+    ranks of ``group`` (default: the world).
+
+    Call it on every rank of ``group`` with the same ``input``, ``target`` and
+    arguments; ``weight_shard`` (C_r, D) is this rank's contiguous slice of the
+    classifier rows, slices in rank order, sizes free. ``linear_bias`` and the
+    per-class ``weight`` are sliced the same way. Every rank returns the full
+    loss (as :func:`lce.linear_cross_entropy` on the unsharded weight would);
+    backward gives every rank the full gradient of ``input`` and its own
+    shard's weight (and bias) gradient. Every rank must run backward (it holds
+    collectives for reduction "none").
+
+    ``options`` are lce's (or torch's): each rank chunks its own shard by them
+    (``None``: the default options; the unfused formula has no sharded form).
+    ``softcap`` and ``z_loss`` are as in :func:`lce.linear_cross_entropy`.
+    ``num_classes``, if given, is checked against the sum of the shards.
+    Bad arguments, or ranks that disagree, raise ``ValueError``/``TypeError``
+    on every rank before any collective of the loop.
+    """
+    world = dist.get_world_size(group)
+    problem = _local_problem(input, weight_shard, target, linear_bias, weight, reduction, ignore_index,
+                             label_smoothing, softcap, z_loss)
+    descriptions: list[dict | None] = [None] * world
+    dist.all_gather_object(descriptions, _description(input, weight_shard, target, linear_bias, weight, reduction,
+                                                      ignore_index, label_smoothing, softcap, z_loss, options,
+                                                      problem), group=group)
+    sizes = _agree(descriptions, num_classes)
+    rank = dist.get_rank(group)
+    start, stop = shard_bounds(sizes)[rank]
+    layout = ShardLayout(start, stop - start, sum(sizes), group)
+    ignored = DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index
+    _check_targets(target, layout.num_classes, ignored)
+
+    unbatched = input.dim() == 1
+    if unbatched:
+        input, target = input.unsqueeze(0), target.reshape(1)
+    resolved = make_plan(LinearCrossEntropyOptions.coerce(options) if options is not None
+                         else LinearCrossEntropyOptions(),
+                         num_rows=input.shape[0], in_features=input.shape[1], num_classes=layout.size,
+                         dtype=input.dtype, device=input.device, reduction=reduction,
+                         needs_grad=_needs_grad(input, weight_shard, linear_bias), softcap=softcap, z_loss=z_loss)
+    targets, max_weight = _shard_targets(target, weight, ignored, float(label_smoothing), float(z_loss), layout,
+                                         resolved.stats_dtype)
+    function = _PerRowVocabParallel if reduction == "none" else _ScalarVocabParallel
+    loss = function.apply(input, weight_shard, linear_bias, targets, max_weight, layout, resolved)
+    return loss.squeeze(0) if unbatched and reduction == "none" else loss
+
+
+def _needs_grad(input, weight_shard, linear_bias) -> tuple[bool, bool, bool]:
+    if not torch.is_grad_enabled():
+        return (False, False, False)
+    return (input.requires_grad, weight_shard.requires_grad, linear_bias is not None and linear_bias.requires_grad)
+
+
+class VocabParallelLinearCrossEntropyLoss(nn.Module):
+    """A linear head whose classes are sharded across ``group``: this rank's ``nn.Linear(in_features, shard_size)``
+    and the loss of :func:`vocab_parallel_linear_cross_entropy`.
+
+    ``shard_sizes`` lists every rank's number of classes in rank order (this
+    rank holds ``shard_sizes[rank]``); ``weight`` is this rank's slice of the
+    per-class weights, if any. Initialise the shards as one would the whole
+    head (the module draws its own slice only).
+    """
+
+    def __init__(self, in_features: int, shard_sizes: list[int], *, group: dist.ProcessGroup | None = None,
+                 bias: bool = False, device=None, dtype=None, reduction: str = "mean",
+                 weight: torch.Tensor | None = None, ignore_index: int | None = None, label_smoothing: float = 0.0,
+                 options: LinearCrossEntropyOptions | None = None, softcap: float | None = None,
+                 z_loss: float = 0.0) -> None:
+        super().__init__()
+        if not shard_sizes or any(not isinstance(s, int) or s < 1 for s in shard_sizes):
+            raise ValueError(f"shard_sizes must list one positive int per rank, got {shard_sizes!r}")
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        check_features(softcap, z_loss, False)
+        self.group, self.shard_sizes = group, list(shard_sizes)
+        rank = dist.get_rank(group) if dist.is_initialized() else 0
+        if len(self.shard_sizes) != (dist.get_world_size(group) if dist.is_initialized() else 1):
+            raise ValueError(f"shard_sizes has {len(self.shard_sizes)} entries for a group of "
+                             f"{dist.get_world_size(group) if dist.is_initialized() else 1} ranks")
+        self.reduction, self.ignore_index, self.label_smoothing = reduction, ignore_index, label_smoothing
+        self.options, self.softcap, self.z_loss = options, softcap, float(z_loss)
+        self.register_buffer("weight", weight)
+        self.linear = nn.Linear(in_features, self.shard_sizes[rank], bias=bias, device=device, dtype=dtype)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_linear_cross_entropy(
+            input, self.linear.weight, target, group=self.group, linear_bias=self.linear.bias, weight=self.weight,
+            reduction=self.reduction, ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
+            options=self.options, softcap=self.softcap, z_loss=self.z_loss, num_classes=sum(self.shard_sizes))
+
+    def extra_repr(self) -> str:
+        return f"shard_sizes={self.shard_sizes}, reduction={self.reduction!r}, options={self.options}"
