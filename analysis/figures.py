@@ -16,7 +16,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from . import plots_budgets, plots_error_model, plots_matter
+from . import plots_budgets, plots_error_model, plots_features, plots_matter, plots_vocab_parallel
 from .decision import rule_lines
 from .error_model_fit import VALIDATION_FILE, llm_predictions
 from .pareto import load_table, verdict_lines
@@ -28,12 +28,14 @@ from .results_io import (
     CHUNK_SWEEP,
     CLASS_TILING,
     FAMILY_STATS,
+    FEATURES,
     MARGINS,
     MEMORY_BREAKDOWN,
     MEMORY_TRACE,
     NOISE,
     RARE_ROWS,
     TRAINING,
+    VOCAB_PARALLEL,
     load_kind,
 )
 
@@ -82,9 +84,12 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
     (_, breakdown), (_, trace), (_, bench), (_, chunks), (_, family_stats), (_, margins), (_, rare) = studies
     figures = draw_all(table, memory_breakdown=breakdown, memory_trace=trace, bench=bench, chunk_sweep=chunks,
                        family_stats=family_stats, margins=margins, rare_rows=rare)
-    matter = [load_kind(results, kind.name) for kind in (NOISE, TRAINING, BUDGETS, CLASS_TILING)]
+    matter = [load_kind(results, kind.name)
+              for kind in (NOISE, TRAINING, BUDGETS, CLASS_TILING, FEATURES, VOCAB_PARALLEL)]
     figures += plots_matter.draw_all(matter[0][1], matter[1][1])
     figures += plots_budgets.draw_all(matter[2][1], matter[3][1])
+    figures += plots_features.draw_all(matter[4][1])
+    figures += plots_vocab_parallel.draw_all(matter[5][1])
     validation_path = results / VALIDATION_FILE
     if validation_path.exists():
         figures += plots_error_model.draw_all(pd.read_csv(validation_path), llm_predictions())
