@@ -16,7 +16,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from . import plots_budgets, plots_error_model, plots_matter
+from . import plots_budgets, plots_error_model, plots_gpu, plots_matter
 from .decision import rule_lines
 from .error_model_fit import VALIDATION_FILE, llm_predictions
 from .pareto import load_table, verdict_lines
@@ -85,6 +85,7 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
     matter = [load_kind(results, kind.name) for kind in (NOISE, TRAINING, BUDGETS, CLASS_TILING)]
     figures += plots_matter.draw_all(matter[0][1], matter[1][1])
     figures += plots_budgets.draw_all(matter[2][1], matter[3][1])
+    figures += plots_gpu.draw_all(table)
     validation_path = results / VALIDATION_FILE
     if validation_path.exists():
         figures += plots_error_model.draw_all(pd.read_csv(validation_path), llm_predictions())

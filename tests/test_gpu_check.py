@@ -12,9 +12,10 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis import gpu_check
+from analysis import gpu_check, plots_gpu
 from analysis.grids import CUDA_FAMILY_SHAPE, CUDA_HEADLINE_SHAPES, FAMILIES_IN_GRIDS, get_grid
 from analysis.implementations import float32_matmul_precision, tensor_device
+from analysis.pareto import _devices_for
 from analysis.paths import ROOT
 from analysis.reference import REFERENCE_BLOCK_ELEMENTS
 from analysis.results_io import file_kind
@@ -139,3 +140,38 @@ def test_wheels_are_unpacked_without_pip(tmp_path):
         assert (tmp_path / "site" / "liger_kernel" / "__init__.py").exists()
         assert "liger-kernel: unpacked liger_kernel-9.9-py3-none-any.whl" in lines
     assert any(line.startswith("cut-cross-entropy: no wheel") for line in lines)
+
+
+def _sweep_rows(device: str, floors: float, policy: str = "balanced") -> list[dict]:
+    rows = []
+    for seed in (0, 1):
+        rows.append(dict(op="lce", dtype="bfloat16", N=2048, D=128, C=16384, policy=policy, chunking="auto",
+                         acc_dtype="float32", bias=True, family="calibrated", seed=seed, device=device, status="ok",
+                         resolved_policy=policy, grad_input_fro_in_floors=floors, grad_weight_fro_in_floors=2 * floors,
+                         device_name="NVIDIA H200" if device == "cuda" else "CPU"))
+    return rows
+
+
+def test_emulated_and_real_runs_pair_on_the_same_computation():
+    table = pd.DataFrame(_sweep_rows("cuda-emulated", 1.0) + _sweep_rows("cuda", 1.5) + _sweep_rows("cuda-tf32", 9.0)
+                         + _sweep_rows("cuda", 3.0, policy="compact"))  # no emulated twin: left out
+    pairs = plots_gpu.emulated_vs_real(table)
+    assert len(pairs) == 2 and set(pairs["resolved_policy"]) == {"balanced"}
+    assert pairs["grad_weight_ratio"].tolist() == [1.5, 1.5] and pairs["grad_input_real"].tolist() == [1.5, 1.5]
+    figure = plots_gpu.plot_emulated_vs_real(table)
+    assert figure.stem == "cuda_emulated_vs_real" and "2 lce configurations" in figure.caption
+    assert "NVIDIA H200" in figure.caption and "median 1.50" in figure.caption
+
+
+def test_no_gpu_rows_draw_nothing():
+    assert plots_gpu.plot_emulated_vs_real(pd.DataFrame(_sweep_rows("cuda-emulated", 1.0))) is None
+    assert plots_gpu.draw_all(pd.DataFrame()) == []
+
+
+def test_cuda_verdicts_use_the_gpus_runs_where_there_are_any():
+    emulated_only = pd.DataFrame(_sweep_rows("cuda-emulated", 1.0))
+    both = pd.DataFrame(_sweep_rows("cuda-emulated", 1.0) + _sweep_rows("cuda", 1.5))
+    assert _devices_for("cuda", emulated_only, "bfloat16") == ("cuda-emulated",)
+    assert _devices_for("cuda", both, "bfloat16") == ("cuda",)
+    assert _devices_for("cuda", both, "float16") == ("cuda-emulated",)
+    assert _devices_for("cpu", both, "bfloat16") == ("cpu",)
