@@ -14,7 +14,7 @@ KERNEL := lce-lab
 KERNEL_DISPLAY := Python (lce-lab)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo lint test explore check-lab lab figures reproduce notebooks clean
+.PHONY: help setup demo lint test explore check-lab lab figures reproduce notebooks gpu-wheels gpu-dry-run clean
 
 help: ## Show this list of targets
 	@echo "Usage: make <target>   (PYTHON=$(PYTHON) VENV=$(VENV))"
@@ -56,6 +56,12 @@ reproduce: $(STAMP) ## Quick reproduction of the results (python -m analysis rep
 
 notebooks: $(STAMP) ## Execute every notebook from its notebooks/NN_*.py source and write the .ipynb with outputs
 	$(VENV)/bin/python -m analysis notebooks
+
+gpu-wheels: $(STAMP) ## Download Liger-Kernel and Cut Cross-Entropy wheels for the lent GPU's Python 3.12 into .gpu/wheels (< 60 MiB)
+	$(VENV)/bin/python -m analysis gpu-wheels
+
+gpu-dry-run: $(STAMP) ## The GPU check's dry run on this CPU: every step's plan, the wheels, the grid emulated (< 1 min)
+	$(VENV)/bin/python -m analysis gpu-check --dry-run
 
 clean: ## Remove caches and build outputs (keeps the venv and data)
 	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -prune -exec rm -rf {} +

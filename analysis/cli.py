@@ -383,6 +383,34 @@ def _lm_command(args: argparse.Namespace) -> None:
           f"sessions, {torch.get_num_threads()} thread(s); checkpoints in {display_path(result.run_dir)})")
 
 
+def _gpu_check_command(args: argparse.Namespace) -> int:
+    from . import gpu_check
+
+    if args.step:
+        return gpu_check.run_step(args.step, args.out or gpu_check.DEFAULT_OUT, args.step_seconds,
+                                  dry_run=args.dry_run)
+    if args.out is None and args.dry_run:
+        import tempfile
+
+        args.out = Path(tempfile.mkdtemp(prefix="gpu-check-dry-run-"))
+    results = gpu_check.run_check(args.out or gpu_check.DEFAULT_OUT, budget_s=args.budget_s, dry_run=args.dry_run,
+                                  wheels=args.wheels)
+    failed = [name for name, (code, _) in results.items() if code != 0]
+    return 1 if failed else 0
+
+
+def _gpu_wheels_command(args: argparse.Namespace) -> int:
+    from .gpu_check import download_wheels
+
+    try:
+        lines = download_wheels(args.dest)
+    except RuntimeError as error:
+        print(f"gpu-wheels: {error}")
+        return 1
+    print("\n".join(lines))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m analysis`` parser: every subcommand with its flags and handler."""
     from .lm.pipeline import DEFAULT_STEPS
@@ -652,6 +680,33 @@ def build_parser() -> argparse.ArgumentParser:
                              help="skip the gradient errors on the fp32 arm's snapshots")
     results_folder(train_study)
     train_study.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    from .gpu_check import DEFAULT_BUDGET_S, DEFAULT_OUT, STEPS, WHEELS_DIR, step_seconds
+
+    gpu = add("gpu-check", _gpu_check_command, "everything a lent GPU should measure, in one budgeted call",
+              "Steps, each in its own process with its share of the budget ("
+              + ", ".join(f"{step.name} {step.share:.0%}" for step in STEPS) + "): "
+              + "; ".join(step.summary for step in STEPS) + ". Writes cuda.csv, gpu_memory.csv, gpu_bench.csv and "
+              "gpu_check.log (provenance) to --out; a step cut short keeps its rows. --dry-run: every step's plan, "
+              "the wheels folder, the grid on tiny shapes with the CUDA layouts emulated (CPU, under a minute).")
+    gpu.add_argument("--budget-s", type=_argument(lambda text: step_seconds(float(text)) and float(text)),
+                     default=DEFAULT_BUDGET_S, metavar="S",
+                     help=f"wall-clock budget of all steps in seconds (default: {DEFAULT_BUDGET_S:.0f})")
+    gpu.add_argument("--out", type=Path, default=None,
+                     help=f"output folder (default: {display_path(DEFAULT_OUT)}; a fresh temporary folder with "
+                          "--dry-run)")
+    gpu.add_argument("--dry-run", action="store_true", help="on a CPU: plans, wheels, tiny emulated grid")
+    gpu.add_argument("--wheels", type=Path, default=WHEELS_DIR,
+                     help=f"folder of Liger-Kernel / Cut Cross-Entropy wheels (default: {display_path(WHEELS_DIR)})")
+    gpu.add_argument("--step", choices=[step.name for step in STEPS], default=None, help=argparse.SUPPRESS)
+    gpu.add_argument("--step-seconds", type=float, default=60.0, help=argparse.SUPPRESS)
+
+    wheels = add("gpu-wheels", _gpu_wheels_command, "download the GPU check's wheels for the GPU machine's Python",
+                 "liger-kernel and cut-cross-entropy, pure-Python wheels for Python 3.12 without their dependencies "
+                 "(torch and Triton are on the GPU machine); fails when one has no wheel or they weigh 60 MiB or "
+                 "more (make gpu-wheels).")
+    wheels.add_argument("--dest", type=Path, default=WHEELS_DIR,
+                        help=f"folder (default: {display_path(WHEELS_DIR)}, ignored by git)")
 
     add("grids", _grids_command, "list the named grids and their sizes", "Measures nothing.")
 

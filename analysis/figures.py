@@ -16,7 +16,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from . import plots_budgets, plots_error_model, plots_features, plots_matter, plots_vocab_parallel
+from . import plots_budgets, plots_error_model, plots_features, plots_gpu, plots_matter, plots_vocab_parallel
 from .decision import rule_lines
 from .error_model_fit import VALIDATION_FILE, llm_predictions
 from .pareto import load_table, verdict_lines
@@ -90,6 +90,7 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
     figures += plots_budgets.draw_all(matter[2][1], matter[3][1])
     figures += plots_features.draw_all(matter[4][1])
     figures += plots_vocab_parallel.draw_all(matter[5][1])
+    figures += plots_gpu.draw_all(table)
     validation_path = results / VALIDATION_FILE
     if validation_path.exists():
         figures += plots_error_model.draw_all(pd.read_csv(validation_path), llm_predictions())

@@ -10,9 +10,11 @@ measured (:class:`Measurement`). Grids:
 * ``full`` -- the publication CPU grid: larger shapes up to LLM-like aspect
   ratios (C/D >= 32), torch.compile of the reference, and lce's CUDA layouts
   emulated on CPU tensors (their errors; memory and time are CPU's).
-* ``cuda`` -- for a lent GPU (<= 8 minutes on one H200): CUDA-sized shapes,
-  every chunked config, the reference, torch.compile, Liger / Cut
-  Cross-Entropy when installed.
+* ``cuda`` -- what ``python -m analysis gpu-check`` runs on one lent H200 in
+  its grid share (about 3 minutes), most telling first: every family at the
+  trained head's shape (``medium``'s, whose emulated rows are the stand-in's
+  numbers on the very same inputs), the LLM heads 16384x4096x128256 and
+  8192x2304x256000 in bf16, TF32 allowed (``cuda-tf32``), then more seeds.
 
 ``tiny`` is a seconds-long grid for tests and CI.
 """
@@ -31,7 +33,7 @@ from .implementations import ImplSpec
 from .inputs import Shape
 
 __all__ = ["RunConfig", "Measurement", "Grid", "GRIDS", "get_grid", "CHUNKINGS", "LOW_PRECISION", "chunked_configs",
-           "family_grid", "SEEDS", "FAMILIES_IN_GRIDS"]
+           "family_grid", "SEEDS", "FAMILIES_IN_GRIDS", "CUDA_FAMILY_SHAPE", "CUDA_HEADLINE_SHAPES", "CUDA_SEEDS"]
 
 CHUNKINGS: tuple[str, ...] = ("auto", "aspect_ratio", "aspect_ratio:2", "aspect_ratio:4", "aspect_ratio:8")
 LOW_PRECISION: tuple[str, ...] = ("bfloat16", "float16")
@@ -238,7 +240,40 @@ _FULL_SHAPES = (Shape(256, 128, 4096), Shape(512, 64, 1024), Shape(1024, 256, 81
 _MEDIUM_PROBLEMS = tuple((family, Shape(2048, TRAINED_D, TRAINED_C)) for family in FAMILIES_IN_GRIDS)
 _MEDIUM_WIDE = (("calibrated", Shape(1024, 1024, 8192)), ("calibrated", Shape(1024, 256, 65536)))
 _MEDIUM_CHUNKINGS = ("auto", "aspect_ratio", "aspect_ratio:2")
-_CUDA_SHAPES = (Shape(4096, 1024, 32768), Shape(8192, 2048, 65536), Shape(8192, 4096, 131072))
+CUDA_FAMILY_SHAPE = Shape(2048, TRAINED_D, TRAINED_C)
+CUDA_HEADLINE_SHAPES: tuple[Shape, ...] = (Shape(16384, 4096, 128256), Shape(8192, 2304, 256000))
+"""LLM heads (Llama 3 8B's vocabulary at 16k tokens; Gemma 2 2B's, the Cut Cross-Entropy paper's bench shape)."""
+CUDA_SEEDS: tuple[int, ...] = (0, 1, 2)
+
+
+def _cuda_configs() -> tuple[RunConfig, ...]:
+    """The ``cuda`` grid in the order a time budget should cut it: what is only learnt on a GPU comes first.
+
+    1. every family at :data:`CUDA_FAMILY_SHAPE`, every dtype, seed 0, with ``medium``'s chunkings (its
+       ``cuda-emulated`` rows hold the stand-in's errors on the same inputs: emulated vs real per layout), the
+       unfused reference, Liger and CCE (milliseconds each here);
+    2. the LLM heads in bf16, seed 0, "auto" chunking only (one run is a second or more, and a fp64 reference
+       of several GiB); lce's policies with fp32 accumulation, the unfused reference;
+    3. TF32 allowed (``cuda-tf32``): lce at the family shape in fp32 and bf16 and at the first LLM head;
+    4. seeds 1 and 2 of step 1.
+    """
+    def families(seeds: Sequence[int], dtypes: Sequence[str], device: str, unchunked: Sequence[str]) -> list:
+        out: list[RunConfig] = []
+        for family in FAMILIES_IN_GRIDS:
+            chunked = chunked_configs([CUDA_FAMILY_SHAPE], dtypes, chunkings=_MEDIUM_CHUNKINGS, device=device,
+                                      family=family, seeds=seeds, ops=("lce", "torch") if unchunked else ("lce",))
+            out += _with_unchunked(chunked, unchunked)
+        return out
+
+    configs = families((0,), _DTYPES, "cuda", ("reference", "liger", "cce"))
+    configs += _with_unchunked(chunked_configs(CUDA_HEADLINE_SHAPES, ("bfloat16",), chunkings=("auto",),
+                                               device="cuda"), ("reference",))
+    configs += families((0,), ("float32", "bfloat16"), "cuda-tf32", ())
+    configs += chunked_configs(CUDA_HEADLINE_SHAPES[:1], ("bfloat16",), ops=("lce",), chunkings=("auto",),
+                               device="cuda-tf32")
+    configs += families(CUDA_SEEDS[1:], _DTYPES, "cuda", ("reference", "liger", "cce"))
+    return tuple(configs)
+
 
 GRIDS: dict[str, Grid] = {
     "tiny": Grid(
@@ -279,10 +314,11 @@ GRIDS: dict[str, Grid] = {
         Measurement(warmup=1, repeats=5),
     ),
     "cuda": Grid(
-        "cuda", "one lent GPU (H200): CUDA-sized shapes, every chunked config, reference, compile, Liger, CCE",
-        _with_unchunked(chunked_configs(_CUDA_SHAPES, _DTYPES, device="cuda", bias=False),
-                        ("reference", "compiled", "liger", "cce")),
-        Measurement(warmup=2, repeats=5, threads=0, parallel=False),
+        "cuda", f"one lent GPU (python -m analysis gpu-check): each family at {CUDA_FAMILY_SHAPE}, every dtype; "
+                f"the LLM heads {' and '.join(map(str, CUDA_HEADLINE_SHAPES))} in bf16; TF32 allowed; "
+                f"{len(CUDA_SEEDS)} seeds; lce, torch (where present), the reference, Liger and CCE (when installed)",
+        _cuda_configs(),
+        Measurement(warmup=1, repeats=3, threads=0, parallel=False),
     ),
 }
 

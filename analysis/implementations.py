@@ -23,7 +23,9 @@ Registered ops (:data:`OPS`):
 
 ``device="cuda-emulated"`` runs lce's CUDA precision layouts on CPU tensors
 (:func:`lce.testing.emulate_device_kind`): the numbers of the CUDA path, but
-CPU memory and time.
+CPU memory and time. ``device="cuda-tf32"`` runs on the GPU with fp32 GEMMs
+allowed to use TF32 (``torch.set_float32_matmul_precision("high")``, as many
+training scripts set it) for the duration of each call.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +45,7 @@ from lce.testing import emulate_device_kind
 from .inputs import DTYPES, Inputs, Outputs, outputs_of
 
 __all__ = ["ImplSpec", "Implementation", "OPS", "DEVICES", "make_implementation", "unavailable_reason",
-           "resolved_plan"]
+           "resolved_plan", "CUDA_DEVICES", "tensor_device"]
 
 OPS: dict[str, str] = {
     "lce": "lce.linear_cross_entropy (chunked, this repo)",
@@ -56,7 +58,16 @@ OPS: dict[str, str] = {
 """Every registered op and what it is."""
 
 CHUNKED_OPS = ("lce", "torch")
-DEVICES = ("cpu", "cuda", "cuda-emulated")
+DEVICES = ("cpu", "cuda", "cuda-emulated", "cuda-tf32")
+CUDA_DEVICES = ("cuda", "cuda-tf32")
+"""The devices whose tensors live on the GPU (``cuda-tf32``: fp32 GEMMs may use TF32)."""
+
+
+def tensor_device(device: str) -> str:
+    """Where a run on ``device`` keeps its tensors: ``"cuda"`` for :data:`CUDA_DEVICES`, else ``"cpu"``."""
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    return "cuda" if device in CUDA_DEVICES else "cpu"
 
 
 ROWS_PREFIX = "rows:"
@@ -118,7 +129,7 @@ def unavailable_reason(op: str, device: str) -> str | None:
         raise ValueError(f"op must be one of {tuple(OPS)}, got {op!r}")
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
+    if device in CUDA_DEVICES and not torch.cuda.is_available():
         return "no CUDA device"
     if device == "cuda-emulated" and op != "lce":
         return "only lce can emulate the CUDA layouts on CPU tensors"
@@ -126,11 +137,22 @@ def unavailable_reason(op: str, device: str) -> str | None:
         return f"torch {torch.__version__} has no torch.nn.functional.linear_cross_entropy"
     if op in ("liger", "cce"):
         module = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}[op]
-        if device != "cuda":
+        if device not in CUDA_DEVICES:
             return f"{op} runs on CUDA only (Triton kernels)"
         if importlib.util.find_spec(module) is None:
             return f"{module} is not installed"
     return None
+
+
+@contextlib.contextmanager
+def float32_matmul_precision(precision: str) -> Iterator[None]:
+    """``torch.set_float32_matmul_precision(precision)`` inside the block, the previous setting restored after."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 def _unfused(inputs: Inputs) -> torch.Tensor:
@@ -156,7 +178,11 @@ class Implementation:
             return self.loss_fn(inputs)
 
     def _context(self) -> contextlib.AbstractContextManager:
-        return emulate_device_kind("cuda") if self.device == "cuda-emulated" else contextlib.nullcontext()
+        if self.device == "cuda-emulated":
+            return emulate_device_kind("cuda")
+        if self.device == "cuda-tf32":
+            return float32_matmul_precision("high")
+        return contextlib.nullcontext()
 
     def plan(self, inputs: Inputs) -> lce.Plan | None:
         """lce's resolved plan for these inputs (chunked ops), or None.

@@ -181,8 +181,14 @@ def auto_entries() -> list[tuple[str, str]]:
     return keys
 
 
-def _devices_for(kind: str) -> tuple[str, ...]:
-    return ("cpu",) if kind == "cpu" else ("cuda", "cuda-emulated")
+def _devices_for(kind: str, table: pd.DataFrame | None = None, dtype: str | None = None) -> tuple[str, ...]:
+    """The devices whose runs judge ``kind``'s entries: for CUDA the GPU's own runs (``cuda``) where ``table`` holds
+    any in ``dtype``, the CPU emulation of the layouts otherwise (real data replaces the stand-in)."""
+    if kind == "cpu":
+        return ("cpu",)
+    if table is not None and ((table["device"] == "cuda") & (table["dtype"] == dtype)).any():
+        return ("cuda",)
+    return ("cuda-emulated",) if table is not None else ("cuda", "cuda-emulated")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,7 +310,7 @@ def verdicts(table: pd.DataFrame) -> pd.DataFrame:
     for kind, dtype in auto_entries():
         pick = auto_pick(kind, getattr(torch, dtype))
         listed = pick is not AUTO_FALLBACK
-        for device in _devices_for(kind):
+        for device in _devices_for(kind, table, dtype):
             subset = table[(table["device"] == device) & (table["dtype"] == dtype)]
             for (family, n, d, c), problem in subset.groupby(["family", "N", "D", "C"], sort=True):
                 mine = problem[_is_auto_pick(problem)].drop_duplicates("seed")

@@ -58,8 +58,8 @@ def git_revision() -> str:
 
 
 def device_name(device: str) -> str:
-    """The GPU's name for ``"cuda"``, else the CPU model (``"cuda-emulated"`` runs on the CPU)."""
-    if device == "cuda" and torch.cuda.is_available():
+    """The GPU's name for ``"cuda"`` and ``"cuda-tf32"``, else the CPU model (``"cuda-emulated"`` runs on the CPU)."""
+    if device in ("cuda", "cuda-tf32") and torch.cuda.is_available():
         return torch.cuda.get_device_name()
     return cpu_model()
 

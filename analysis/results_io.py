@@ -40,7 +40,7 @@ from .provenance import PROVENANCE_COLUMNS
 
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
            "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "FEATURES",
-           "FEATURE_COST", "VOCAB_PARALLEL", "COLUMNS",
+           "FEATURE_COST", "VOCAB_PARALLEL", "GPU_BENCH", "GPU_MEMORY", "COLUMNS",
            "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
            "load_kind", "done_keys", "latest", "load_results"]
 
@@ -169,6 +169,19 @@ VOCAB_PARALLEL = Kind("vocab_parallel", tuple(["kind", "ranks", "impl", "policy"
                                                *PROVENANCE_COLUMNS]),
                       "vocab-parallel lce on 1-4 CPU processes (gloo), per policy, family, dtype and seed: errors "
                       "against fp64 and the peak extra memory per rank (python -m analysis vocab-parallel)")
+_GPU_ERRORS = ["loss_ulps", "grad_input_fro_in_floors", "grad_weight_fro_in_floors", "grad_bias_fro_in_floors"]
+GPU_BENCH = Kind("gpu_bench", tuple(["kind", "impl", "op", "policy", "acc_dtype", "dtype", "family", "N", "D", "C",
+                                     "resolved_policy", "num_chunks", "time_median_s", "time_spread_s", "repeats",
+                                     "peak_allocated_bytes", "peak_reserved_bytes", "modeled_peak_bytes",
+                                     *_GPU_ERRORS, "status", "note", *PROVENANCE_COLUMNS]),
+                 "one implementation's forward+backward at the bench shape on a GPU: CUDA-event time (median after "
+                 "warm-up), allocator peaks, errors vs fp64 (python -m analysis gpu-check)")
+GPU_MEMORY = Kind("gpu_memory", tuple(["kind", "policy", "acc_dtype", "dtype", "N", "D", "C", "resolved_policy",
+                                       "num_chunks", "modeled_peak_bytes", "peak_allocated_bytes",
+                                       "peak_reserved_bytes", "measured_over_modeled", "status", "note",
+                                       *PROVENANCE_COLUMNS]),
+                  "lce's modeled peak (lce.plan(...).peak_extra_bytes) against the CUDA allocator's measured peaks, "
+                  "per policy and shape (python -m analysis gpu-check)")
 
 REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s", "memory_study_s", "figures_s",
                                      "total_s", *PROVENANCE_COLUMNS]),
@@ -177,7 +190,7 @@ REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
                                                        TRAINING, BUDGETS, CLASS_TILING, FEATURES, FEATURE_COST,
-                                                       VOCAB_PARALLEL)}
+                                                       VOCAB_PARALLEL, GPU_BENCH, GPU_MEMORY)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

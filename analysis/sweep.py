@@ -25,17 +25,18 @@ from tqdm.auto import tqdm
 from lce.options import dtype_name
 
 from .grids import Grid, RunConfig
-from .implementations import make_implementation, unavailable_reason
+from .implementations import make_implementation, tensor_device, unavailable_reason
 from .inputs import DTYPES, Inputs, Outputs, make_inputs
 from .memory import default_method, measure_peak
 from .metrics import compare
 from .paths import RESULTS_DIR
 from .provenance import provenance
-from .reference import reference_outputs
+from .reference import REFERENCE_BLOCK_ELEMENTS, reference_outputs
 from .results_io import SWEEP, append_row, done_keys
 from .timing import time_call
 
-__all__ = ["results_path", "parse_shard", "measure_run", "run_grid", "default_workers", "SweepSummary"]
+__all__ = ["results_path", "parse_shard", "measure_run", "run_grid", "default_workers", "SweepSummary",
+           "reference_block_elements"]
 
 
 def results_path(grid: str, shard: tuple[int, int] = (1, 1), folder: Path = RESULTS_DIR) -> Path:
@@ -56,6 +57,20 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+GPU_REFERENCE_BLOCK_ELEMENTS = 2**28
+"""Logits per block of the fp64 reference on a GPU (2 GiB of fp64): with the CPU's 2**24 an LLM head of 128256
+classes gets blocks of 130 rows, and each block's update of the (C, D) fp64 weight gradient rereads all of it."""
+
+
+def reference_block_elements(device: torch.device) -> int:
+    """The fp64 reference's block size on ``device``: :data:`GPU_REFERENCE_BLOCK_ELEMENTS` on a GPU, bounded by an
+    eighth of its free memory (a few blocks' buffers are live at once); the CPU's default elsewhere."""
+    if device.type != "cuda":
+        return REFERENCE_BLOCK_ELEMENTS
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    return max(REFERENCE_BLOCK_ELEMENTS, min(GPU_REFERENCE_BLOCK_ELEMENTS, free_bytes // (8 * 8)))
+
+
 class _InputsCache:
     """Inputs and fp64 reference of the most recent inputs key (grids keep the runs sharing inputs together)."""
 
@@ -66,10 +81,10 @@ class _InputsCache:
     def get(self, config: RunConfig) -> tuple[Inputs, Outputs]:
         if config.inputs_key() != self._key:
             self._value = None  # free the previous inputs before building the next
-            device = "cuda" if config.device == "cuda" else "cpu"
             inputs = make_inputs(config.shape, DTYPES[config.dtype], family=config.family, seed=config.seed,
-                                 bias=config.bias, device=device)
-            self._key, self._value = config.inputs_key(), (inputs, reference_outputs(inputs))
+                                 bias=config.bias, device=tensor_device(config.device))
+            reference = reference_outputs(inputs, block_elements=reference_block_elements(inputs.input.device))
+            self._key, self._value = config.inputs_key(), (inputs, reference)
         return self._value
 
 
@@ -97,12 +112,13 @@ def measure_run(config: RunConfig, inputs: Inputs, reference: Outputs, *, warmup
         return row
     for _ in range(max(warmup, 1 if config.op == "compiled" else 0)):
         call()  # compile / first-call setup stays out of the memory measurement
-    method = default_method("cuda" if config.device == "cuda" else "cpu")
+    device = tensor_device(config.device)
+    method = default_method(device)
     outputs, memory = measure_peak(call, method=method)
     for name, report in compare(outputs, reference).items():
         row.update(report.columns(name))
     del outputs
-    timing = time_call(call, warmup=0, repeats=repeats, device="cuda" if config.device == "cuda" else "cpu")
+    timing = time_call(call, warmup=0, repeats=repeats, device=device)
     row.update(peak_bytes_measured=memory.peak_bytes, memory_method=memory.method, time_median_s=timing.median_s,
                time_spread_s=timing.spread_s, time_repeats=repeats)
     return row
