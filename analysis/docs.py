@@ -155,24 +155,27 @@ def grid_sizes(results: Path) -> str:
 
 
 def baseline_bench(results: Path) -> str:
-    """lce here against an earlier revision (``bench --baseline``), as time ratios per dtype."""
+    """lce here against an earlier revision (``bench --baseline``), as time ratios per dtype: every run against
+    the most recent baseline revision, so one noisy run cannot stand for the comparison."""
     _, bench = load_kind(results, BENCH.name)
     rows = bench[bench["impl"].astype(str).str.startswith("lce@") | (bench["impl"] == "lce now")]
     if rows.empty:
         return "No baseline comparison has been run yet (`python -m analysis bench --baseline REV`).\n"
-    last = rows.sort_values("date").groupby(["dtype", "impl"]).tail(1)
-    baseline = next(impl for impl in last["impl"] if impl.startswith("lce@"))
+    baseline = rows[rows["impl"].str.startswith("lce@")].sort_values("date")["impl"].iloc[-1]
+    runs = rows[rows["date"].isin(rows[rows["impl"] == baseline]["date"])]
     parts = []
-    for dtype, group in last.groupby("dtype", sort=True):
+    for (date, dtype), group in runs.groupby(["date", "dtype"], sort=True):
         value = dict(zip(group["impl"], group["value"], strict=True))
         parts.append(f"{dtype} {value['lce now']:.2f} s against {value[baseline]:.2f} s "
-                     f"({value['lce now'] / value[baseline]:.2f}x)")
-    first = last.iloc[0]
+                     f"({value['lce now'] / value[baseline]:.2f}x, {int(group['repeats'].iloc[0])} rounds, "
+                     f"{str(date)[:16]})")
+    first = runs.iloc[0]
+    ratios = [float(part.split("(")[1].split("x")[0]) for part in parts]
     return (f"lce's default options at N={first.N} D={first.D} C={first.C}, one forward+backward, against "
-            f"{baseline.removeprefix('lce@')}, fresh processes "
-            f"alternating, {int(first.repeats)} rounds, median: {'; '.join(parts)} on an {first.cpu_model}, "
-            f"{str(first.date)[:10]} (`python -m analysis bench --baseline "
-            f"{baseline.removeprefix('lce@')}`).\n")
+            f"{baseline.removeprefix('lce@')}, fresh processes alternating, median over the rounds: "
+            f"{'; '.join(parts)} on an {first.cpu_model} (`python -m analysis bench --baseline "
+            f"{baseline.removeprefix('lce@')}`). Runs of the same comparison range over {min(ratios):.2f}-"
+            f"{max(ratios):.2f}x: on this shared machine differences within that band are noise.\n")
 
 
 def _finding(conclusion: str) -> str:
@@ -260,6 +263,52 @@ def budgets(results: Path) -> str:
     return budgets_markdown(*(load_kind(results, kind.name)[1] for kind in (BUDGETS, CLASS_TILING)))
 
 
+def features(results: Path) -> str:
+    """Notebook 08's findings, one bullet each: the features' errors next to the plain op, the cap's effect on
+    the softmax, their time and memory at the bench shape."""
+    from . import feature_conclusions as beyond
+    from .results_io import FEATURE_COST, FEATURES
+
+    table, cost = (load_kind(results, kind.name)[1] for kind in (FEATURES, FEATURE_COST))
+    findings = [("Errors", beyond.errors(table)), ("The cap and the softmax", beyond.softmax_statistics(table)),
+                ("Time and memory", beyond.cost(cost))]
+    lines = [f"- **{name}.** {_finding(text)}" for name, text in findings]
+    if not table.empty:
+        lines += ["", "Per feature set (seed medians over families, policies and layouts):", ""]
+        lines += [line for line in findings[0][1].splitlines() if line.startswith("- ")]
+    return "\n".join(lines) + "\n"
+
+
+def vocab_parallel(results: Path) -> str:
+    """The vocab-parallel study: difference to one process, errors per rank count, peak memory per rank."""
+    from .results_io import VOCAB_PARALLEL
+
+    table = load_kind(results, VOCAB_PARALLEL.name)[1]
+    if table.empty:
+        return "(no vocab-parallel study yet: run `python -m analysis vocab-parallel`)\n"
+    sharded = table[table["ranks"] > 1]
+    row = table.iloc[0]
+    exact = sharded[sharded["dtype"] == "float64"]
+    low = table[table["dtype"] != "float64"]
+    lines = [f"Measured ({row.N}x{row.D}x{row.C}, {', '.join(sorted(table['family'].unique()))} inputs, "
+             f"{table['seed'].nunique()} seeds, CPU {row.cpu_model}, gloo; `python -m analysis vocab-parallel`):", ""]
+    if not exact.empty:
+        worst = exact[["loss_diff_to_single", "grad_input_diff_to_single", "grad_weight_diff_to_single"]].max()
+        lines.append(f"- fp64: the largest difference to one process over 2-{int(sharded['ranks'].max())} ranks and "
+                     f"every policy is {worst.max():.2g} (relative to the largest entry; loss {worst.iloc[0]:.2g}, "
+                     f"grad_input {worst.iloc[1]:.2g}, grad_weight {worst.iloc[2]:.2g}).")
+    lines += ["", "| ranks | dtype | policy | grad_input floors | grad_weight floors | peak per rank (largest) |",
+              "|---:|---|---|---:|---:|---:|"]
+    medians = low.groupby(["ranks", "dtype", "policy"], sort=False)[
+        ["grad_input_floors", "grad_weight_floors", "peak_bytes_max"]].median()
+    for (ranks, dtype, policy), values in medians.iterrows():
+        lines.append(f"| {ranks} | {dtype} | {policy} | {values.grad_input_floors:.2f} | "
+                     f"{values.grad_weight_floors:.2f} | {values.peak_bytes_max / 2**20:.1f} MiB |")
+    lines += ["", "Floors are seed and family medians against fp64; 1 rank is `lce.linear_cross_entropy` in one "
+              "process. Figure `vocab_parallel`."]
+    return "\n".join(lines) + "\n"
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "reproduce-time": reproduce_time,
     "bench-table": bench_table,
@@ -272,6 +321,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "error-model": error_model,
     "recommend": recommend,
     "budgets": budgets,
+    "features": features,
+    "vocab-parallel": vocab_parallel,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""
 

@@ -7,6 +7,8 @@ limits it rests on, like :mod:`analysis.conclusions`.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from .conclusions import _conclusion, _join, _missing, _range, _shapes
@@ -85,8 +87,9 @@ def softmax_statistics(table: pd.DataFrame) -> str:
         bullets.append(f"{name}: the mean largest logit falls by {_range(drop, '.0%')} and the median target "
                        f"probability goes from {_range(plain['stat_median_target_prob'], '.2g')} to "
                        f"{_range(capped['stat_median_target_prob'], '.2g')} (per family)")
-    finding = ("A cap compresses the logits long before they reach it (tanh(1/3) is already 4% below 1/3), so even "
-               "a cap of 30 lowers every family's largest logits and raises the entropy a little; a cap of 5 "
+    finding = (f"A cap compresses the logits long before they reach it (tanh(1/3) is already "
+               f"{1 - 3 * math.tanh(1 / 3):.1%} below 1/3), so even a cap of 30 lowers every family's largest logits "
+               "and raises the entropy a little; a cap of 5 "
                "flattens the softmax. The statistics lce's error depends on (how peaked each row is, how far the "
                "target leads) therefore change with the cap, and the errors above are measured against the fp64 "
                "result of the capped formula itself.")

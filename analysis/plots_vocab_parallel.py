@@ -15,9 +15,11 @@ __all__ = ["plot_vocab_parallel", "draw_all"]
 
 def plot_vocab_parallel(table: pd.DataFrame) -> CaptionedFigure | None:
     """Left: the largest per-rank peak (measured) and lce's model of one shard, against the ranks; right: both
-    gradients' floors against the ranks (seed and family medians)."""
+    gradients' floors against the ranks (seed and family medians); bf16 rows where there are any."""
     if table.empty:
         return None
+    dtype = "bfloat16" if (table["dtype"] == "bfloat16").any() else table["dtype"].iloc[0]
+    table = table[table["dtype"] == dtype]
     _style()
     fig = _figure(10.5, 4.0)
     memory, error = fig.subplots(1, 2)
@@ -45,7 +47,7 @@ def plot_vocab_parallel(table: pd.DataFrame) -> CaptionedFigure | None:
     error.legend(fontsize=6, ncol=2)
     row = table.iloc[0]
     caption = (f"lce.distributed on CPU processes over gloo, the {row.C} classes split evenly, at N={row.N} "
-               f"D={row.D} ({', '.join(sorted(table['dtype'].unique()))}, "
+               f"D={row.D} ({dtype}; the other dtypes are in vocab_parallel.csv, "
                f"{', '.join(sorted(table['family'].unique()))} inputs, {table['seed'].nunique()} seeds, fp32 "
                "acc_dtype), against lce.linear_cross_entropy in one process (1 rank). Left: each rank's peak extra "
                "memory of one forward + backward, measured by the allocator profiler (the largest rank), and lce's "

@@ -17,7 +17,7 @@ SOURCES = sources()
 
 
 def test_there_are_notebooks():
-    assert [s.stem[:2] for s in SOURCES] == ["01", "02", "03", "04", "05", "06", "07"]
+    assert [s.stem[:2] for s in SOURCES] == ["01", "02", "03", "04", "05", "06", "07", "08"]
 
 
 @pytest.mark.slow
