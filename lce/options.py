@@ -140,12 +140,12 @@ class LinearCrossEntropyOptions:
         ``RuntimeError`` on a torch without that class (it arrived in 2.13);
         ``ValueError`` when ``class_chunk_size`` is set, which torch cannot express.
         """
-        torch_class = getattr(torch.nn, "LinearCrossEntropyOptions", None)
-        if torch_class is None:
-            raise RuntimeError(f"torch {torch.__version__} has no torch.nn.LinearCrossEntropyOptions")
         if self.class_chunk_size is not None:
             raise ValueError(f"class_chunk_size={self.class_chunk_size} is lce-only; torch's options have no "
                              "vocabulary tiling")
+        torch_class = getattr(torch.nn, "LinearCrossEntropyOptions", None)
+        if torch_class is None:
+            raise RuntimeError(f"torch {torch.__version__} has no torch.nn.LinearCrossEntropyOptions")
         return torch_class(**{name: getattr(self, name) for name in _field_names(torch_class)})
 
 

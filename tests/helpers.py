@@ -18,6 +18,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +26,11 @@ import lce
 from analysis.metrics import rel_fro
 
 F64 = torch.float64
+
+TORCH_HAS_OP = hasattr(F, "linear_cross_entropy") and hasattr(torch.nn, "LinearCrossEntropyOptions")
+"""Whether this torch has the op lce mirrors (2.13+): comparisons with it skip where it is absent (lce runs on 2.11)."""
+needs_torch_op = pytest.mark.skipif(not TORCH_HAS_OP, reason=f"torch {torch.__version__} has no "
+                                    "torch.nn.functional.linear_cross_entropy (added in 2.13)")
 
 # ------------------------------------------------------------------ problems
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import lce
-from helpers import F64, CallArgs, assert_parity, ref_run, reference_loss, run
+from helpers import F64, TORCH_HAS_OP, CallArgs, assert_parity, needs_torch_op, ref_run, reference_loss, run
 
 KDIM_REASON = r"k-dim|out_features|multi-?dim"
 PROBS_REASON = r"probabilit"  # matched case-insensitively
@@ -59,8 +59,8 @@ def _run_recording(problem, options):
 
 def _check_fallback(problem, reason):
     ref = ref_run(problem)
-    for options in (lce.LinearCrossEntropyOptions(), lce.LinearCrossEntropyOptions(batch_chunk_size=5),
-                    torch.nn.LinearCrossEntropyOptions(acc_policy="compact")):
+    torch_built = [torch.nn.LinearCrossEntropyOptions(acc_policy="compact")] if TORCH_HAS_OP else []
+    for options in (lce.LinearCrossEntropyOptions(), lce.LinearCrossEntropyOptions(batch_chunk_size=5), *torch_built):
         got, caught = _run_recording(problem, options)
         assert len(caught) == 1, f"expected exactly one warning, got {[str(w.message) for w in caught]}"
         assert issubclass(caught[0].category, UserWarning)
@@ -92,6 +92,7 @@ def test_kdim_probability_targets_fall_back():
     _check_fallback(problem, f"{KDIM_REASON}|{PROBS_REASON}")
 
 
+@needs_torch_op
 def test_reference_handles_kdim_like_torch():
     """The helper's K-dim reference is torch's own options=None result (sanity of the oracle)."""
     p = _kdim_problem((2, 3), "none", bias=True)

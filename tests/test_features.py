@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import lce
-from helpers import GRAD_NAMES, Case, assert_parity, make_options, make_problem, run
+from helpers import GRAD_NAMES, Case, assert_parity, make_options, make_problem, needs_torch_op, run
 from lce.options import EXPLICIT_POLICIES
 from lce.testing import emulate_device_kind
 
@@ -209,6 +209,7 @@ def test_features_off_change_nothing():
         assert all(torch.equal(plain[1][name], spelled[1][name]) for name in GRAD_NAMES)
 
 
+@needs_torch_op
 def test_torch_built_options_run_the_features():
     problem = make_problem(Case(reduction="sum", bias=True), seed=8)
     features = FEATURES["both"]

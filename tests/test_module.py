@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import lce
-from helpers import F64, rel_err
+from helpers import F64, needs_torch_op, rel_err
 
 IN, C = 8, 11
 
@@ -42,6 +42,7 @@ def _targets(out_features, ignore_index, g, n=13):
     return t
 
 
+@needs_torch_op
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_module_matches_torch(name):
     cfg = CONFIGS[name]
@@ -97,6 +98,7 @@ def test_module_kdim_warns_once_with_options():
     assert len(caught) == 1 and issubclass(caught[0].category, UserWarning)
 
 
+@needs_torch_op
 def test_module_defaults_and_attributes():
     module = lce.LinearCrossEntropyLoss(IN, C)
     ref = nn.LinearCrossEntropyLoss(IN, C)
@@ -108,6 +110,7 @@ def test_module_defaults_and_attributes():
     assert sorted(n for n, _ in module.named_parameters()) == sorted(n for n, _ in ref.named_parameters())
 
 
+@needs_torch_op
 @pytest.mark.parametrize("with_weight", [False, True])
 def test_state_dict_interchangeable_with_torch(with_weight):
     cw = torch.rand(C, dtype=F64) + 0.5 if with_weight else None

@@ -23,6 +23,7 @@ from helpers import (
     lce_run,
     make_options,
     make_problem,
+    needs_torch_op,
     pairwise_design,
     ref_run,
     torch_options,
@@ -94,6 +95,7 @@ def test_reference_path_matches_reference_fp64(case):
     assert_parity(lce_run(problem, None), ref_run(problem), TOL, label="[options=None]")
 
 
+@needs_torch_op
 @pytest.mark.parametrize("chunking", ["auto", "bcs7", "aspect_ratio:2"])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_accepts_torch_options_instance(policy, chunking):
