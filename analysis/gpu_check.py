@@ -6,7 +6,9 @@ ignored ``.gpu/wheels``, see :func:`download_wheels`). One call runs, in order, 
 of its own with its share of ``--budget-s`` (:data:`STEPS`):
 
 1. ``tests``: ``pytest -m cuda`` on :data:`CUDA_TEST_FILES` (fp64 parity of every policy on CUDA
-   tensors, bf16/fp16 errors at the floor, the memory model against the allocator);
+   tensors, bf16/fp16 errors at the floor, the memory model against the allocator), then lce's public-API
+   suites (:data:`API_TEST_FILES`) on the machine's own torch (2.11 there: their comparisons with torch's op
+   skip);
 2. ``grid``: the ``cuda`` grid (:mod:`analysis.grids`: every input family, the LLM heads, TF32 off and
    on, three seeds) into ``cuda.csv``, with the fp64 reference computed on the GPU in blocks of rows
    (:func:`analysis.sweep.reference_block_elements`), so its memory is bounded at 128256 or 256000 classes;
@@ -96,8 +98,12 @@ GRACE_S = 20.0
 """A step's process is killed this long after its share ends; it stops itself at the share."""
 
 CUDA_TEST_FILES: tuple[str, ...] = ("tests/test_cuda.py",)
-"""The test files step 1 runs with ``-m cuda``. The other suites compare against torch's native op, which
-torch 2.11 lacks, at module level: collecting them there would fail before a test ran."""
+"""The test files step 1 runs with ``-m cuda``."""
+API_TEST_FILES: tuple[str, ...] = tuple(f"tests/{name}" for name in (
+    "test_options.py", "test_module.py", "test_fallback.py", "test_parity_fp64.py", "test_features.py",
+    "test_low_precision.py", "test_errors.py"))
+"""lce's public-API suites, which step 1 runs after the CUDA tests: they pass on a torch without
+``linear_cross_entropy`` (2.11), their comparisons with it skipping (tests/test_torch_range.py checks that here)."""
 
 BENCH_SHAPE = Shape(8192, 2304, 256000)
 BENCH_DTYPE = "bfloat16"
@@ -529,18 +535,24 @@ def _bench_one(spec: ImplSpec, inputs, reference, device: str) -> dict[str, obje
 
 def run_tests_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
                    echo: Callable[[str], None] = print) -> int:
-    """Step 1: ``pytest -m cuda`` on :data:`CUDA_TEST_FILES` (the dry run only collects them); returns pytest's
-    exit status (5, no test collected, counts as 0: off a GPU every test is skipped or deselected)."""
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", *CUDA_TEST_FILES]
-    command += ["--collect-only"] if dry_run else [f"--junitxml={out / 'cuda_tests.xml'}"]
-    echo("$ " + " ".join(command[1:]))
-    try:
-        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=max(deadline.left(), 1))
-    except subprocess.TimeoutExpired:
-        echo(f"tests: stopped at the step's limit ({deadline.left():.0f} s left)")
-        return 124
-    echo((result.stdout + result.stderr).strip()[-6000:])
-    return 0 if result.returncode == 5 else result.returncode
+    """Step 1: ``pytest -m cuda`` on :data:`CUDA_TEST_FILES`, then the suites of :data:`API_TEST_FILES` (the dry run
+    only collects them); returns the worse pytest exit status (5, no test collected, counts as 0: off a GPU
+    every CUDA test is skipped or deselected)."""
+    runs = (("cuda", ["-m", "cuda", *CUDA_TEST_FILES]), ("api", list(API_TEST_FILES)))
+    worst = 0
+    for name, arguments in runs:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *arguments]
+        command += ["--collect-only"] if dry_run else [f"--junitxml={out / f'{name}_tests.xml'}"]
+        echo("$ " + " ".join(command[1:]))
+        try:
+            result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                                    timeout=max(deadline.left(), 1))
+        except subprocess.TimeoutExpired:
+            echo(f"tests: stopped at the step's limit ({deadline.left():.0f} s left)")
+            return 124
+        echo((result.stdout + result.stderr).strip()[-6000:])
+        worst = max(worst, 0 if result.returncode == 5 else result.returncode)
+    return worst
 
 
 _STEP_RUNNERS = {"tests": run_tests_step, "grid": run_grid_step, "memory": run_memory_step, "bench": run_bench_step}

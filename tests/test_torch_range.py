@@ -29,6 +29,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 import lce
+from analysis.gpu_check import API_TEST_FILES as API_SUITES  # gpu-check runs them on torch 2.11
 from analysis.implementations import unavailable_reason
 from analysis.paths import ROOT
 
@@ -141,10 +142,6 @@ def test_the_analysis_skips_torchs_op_without_it(torch_2_11):
     assert unavailable_reason("lce", "cpu") is None
 
 
-API_SUITES = ("test_options.py", "test_module.py", "test_fallback.py", "test_parity_fp64.py", "test_features.py",
-              "test_low_precision.py", "test_errors.py")
-"""lce's public-API suites: on a torch without the newer names they must pass, their comparisons with torch's op
-skipping (helpers.needs_torch_op), so the GPU machine's torch 2.11 can run them."""
 
 _WITHOUT_NEWER_NAMES = """
 import sys, torch, torch.nn, torch.nn.functional
@@ -162,7 +159,7 @@ def test_the_api_suites_pass_without_the_newer_names():
     import sys
 
     script = _WITHOUT_NEWER_NAMES.format(names=tuple(NEWER_NAMES))
-    done = subprocess.run([sys.executable, "-c", script, *(f"tests/{name}" for name in API_SUITES)], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-c", script, *API_SUITES], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-2000:]
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
