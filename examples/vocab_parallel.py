@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import lce
-from lce.distributed import shard_bounds, vocab_parallel_linear_cross_entropy
+from lce.distributed import even_shard_sizes, shard_bounds, vocab_parallel_linear_cross_entropy
 
 
 def main() -> None:
@@ -36,8 +36,7 @@ def main() -> None:
     x = torch.randn(args.rows, args.features, generator=generator).to(dtype)
     weight = (torch.randn(args.classes, args.features, generator=generator) / args.features**0.5).to(dtype)
     target = torch.randint(0, args.classes, (args.rows,), generator=generator)
-    sizes = [args.classes // world + (1 if r < args.classes % world else 0) for r in range(world)]
-    start, stop = shard_bounds(sizes)[rank]
+    start, stop = shard_bounds(even_shard_sizes(args.classes, world))[rank]
     options = lce.LinearCrossEntropyOptions()
 
     x_here = x.clone().requires_grad_()

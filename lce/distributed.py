@@ -54,15 +54,18 @@ from .chunked import (
     grad_logits_rescale,
     input_chunk_in_acc,
 )
-from .functional import _check_arguments, check_features
+from .functional import REDUCTIONS, _check_arguments, _needs_grad, check_features
 from .options import LinearCrossEntropyOptions, dtype_name
 from .plan import LOSS_SUM_DTYPE, Plan, make_plan
 from .reference import DEFAULT_IGNORE_INDEX
 
 __all__ = ["vocab_parallel_linear_cross_entropy", "VocabParallelLinearCrossEntropyLoss", "ShardLayout",
-           "shard_bounds"]
+           "shard_bounds", "even_shard_sizes"]
 
-REDUCTIONS = ("mean", "sum", "none")
+def even_shard_sizes(num_classes: int, world: int) -> list[int]:
+    """Shard sizes that split ``num_classes`` as evenly as possible over ``world`` ranks (the first ranks get one
+    class more when it does not divide)."""
+    return [num_classes // world + (1 if rank < num_classes % world else 0) for rank in range(world)]
 
 
 def shard_bounds(sizes: list[int]) -> list[tuple[int, int]]:
@@ -345,12 +348,6 @@ def vocab_parallel_linear_cross_entropy(
     function = _PerRowVocabParallel if reduction == "none" else _ScalarVocabParallel
     loss = function.apply(input, weight_shard, linear_bias, targets, max_weight, layout, resolved)
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
-
-
-def _needs_grad(input, weight_shard, linear_bias) -> tuple[bool, bool, bool]:
-    if not torch.is_grad_enabled():
-        return (False, False, False)
-    return (input.requires_grad, weight_shard.requires_grad, linear_bias is not None and linear_bias.requires_grad)
 
 
 class VocabParallelLinearCrossEntropyLoss(nn.Module):

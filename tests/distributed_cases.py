@@ -15,7 +15,12 @@ import torch
 import torch.distributed as dist
 
 import lce
-from lce.distributed import VocabParallelLinearCrossEntropyLoss, shard_bounds, vocab_parallel_linear_cross_entropy
+from lce.distributed import (
+    VocabParallelLinearCrossEntropyLoss,
+    even_shard_sizes,
+    shard_bounds,
+    vocab_parallel_linear_cross_entropy,
+)
 
 TIMEOUT = datetime.timedelta(seconds=60)
 SHARDS = {2: [20, 17], 3: [10, 15, 12]}  # uneven, C = 37
@@ -101,8 +106,7 @@ def low_precision(rank: int, world: int) -> list[dict]:
     from lce.testing import emulate_device_kind
 
     c = 1000
-    sizes = [c // world + (1 if r < c % world else 0) for r in range(world)]
-    start, stop = shard_bounds(sizes)[rank]
+    start, stop = shard_bounds(even_shard_sizes(c, world))[rank]
     rows = []
     for dtype, kind, policy in itertools.product((torch.bfloat16, torch.float16), ("cpu", "cuda"),
                                                  ("accurate", "balanced", "compact")):

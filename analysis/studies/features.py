@@ -117,8 +117,11 @@ def measure(problems: Sequence[tuple[str, Shape]] = FEATURES_PROBLEMS, dtypes: S
                                                  return_lse=True, **exact_inputs.loss_arguments())[1].double()
         statistics = softmax_statistics(inputs)
         results = run_contenders(contenders, inputs)
+        lse_errors: dict[int, float | None] = {}  # contenders that ran one call share its outputs and its lse
         for contender in contenders:
             result, out = results[contender.label], results[contender.label].outputs
+            if id(out) not in lse_errors:
+                lse_errors[id(out)] = _lse_error(contender, inputs, exact_lse)
             rows.append({
                 "impl": contender.label, "op": contender.spec.op, "policy": contender.spec.policy,
                 "layout": contender.layout, "acc_dtype": contender.spec.acc_dtype,
@@ -129,7 +132,7 @@ def measure(problems: Sequence[tuple[str, Shape]] = FEATURES_PROBLEMS, dtypes: S
                 "grad_weight_floors": report(out.grad_weight, exact.grad_weight, dtype).fro_in_floors,
                 "grad_bias_floors": report(out.grad_bias, exact.grad_bias, dtype).fro_in_floors,
                 "loss_ulps": ulps(out.loss, exact.loss, dtype),
-                "lse_max_error": _lse_error(contender, inputs, exact_lse),
+                "lse_max_error": lse_errors[id(out)],
                 **statistics,
             })
     return pd.DataFrame(rows)

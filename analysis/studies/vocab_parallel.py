@@ -38,9 +38,9 @@ DTYPES_STUDIED: tuple[str, ...] = ("bfloat16", "float16", "float64")
 
 
 def _shard(classes: int, world: int, rank: int) -> slice:
-    sizes = [classes // world + (1 if r < classes % world else 0) for r in range(world)]
-    start = sum(sizes[:rank])
-    return slice(start, start + sizes[rank])
+    from lce.distributed import even_shard_sizes, shard_bounds
+
+    return slice(*shard_bounds(even_shard_sizes(classes, world))[rank])
 
 
 def _one_call(rank: int, world: int, case: dict) -> dict:
