@@ -4,7 +4,11 @@ Every rank of a process group passes the same ``input`` (N, D) and ``target``
 (global class indices) and its own contiguous shard of the classifier rows, in
 rank order; shards may differ in size. Each rank runs lce's chunk loop on its
 shard (any policy, row and class chunking, soft-capping, z-loss) and, per
-chunk of rows, exchanges only per-row softmax statistics:
+chunk of rows, exchanges only per-row softmax statistics. The row chunks are
+the group's, not the rank's: automatic chunking is sized for the largest shard
+(the same rows per chunk on every rank, so the per-chunk collectives pair up),
+while each rank cuts its own classes into blocks (no collective inside them).
+The statistics exchanged per chunk of rows:
 
 * the row maximum and the target's logit (an all-reduce MAX of two values per
   row; only the rank holding the target has a finite one),
@@ -21,7 +25,8 @@ gradient itself (O(N x D)), never O(N x C).
 
 Before any of that, the ranks agree: an ``all_gather_object`` of every rank's
 description of its call (shapes, dtypes, options, a checksum of the targets,
-and the rank's own argument errors), after which every rank raises the same
+the device kind, which tensors require grad, and the rank's own argument
+errors), after which every rank raises the same
 error if any rank's call is bad or the ranks disagree -- so bad input fails on
 every rank and never leaves a rank waiting in a collective.
 
@@ -54,6 +59,7 @@ from .chunked import (
     grad_logits_rescale,
     input_chunk_in_acc,
 )
+from .device import device_kind_of, has_mixed_precision_mm
 from .functional import REDUCTIONS, _check_arguments, _needs_grad, check_features
 from .options import LinearCrossEntropyOptions, dtype_name
 from .plan import LOSS_SUM_DTYPE, Plan, make_plan
@@ -95,9 +101,11 @@ class ShardLayout:
 # ---- agreement before any collective of the loop ---------------------------------------------------------------
 
 def _local_problem(input, weight_shard, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
-                   softcap, z_loss) -> str | None:
+                   softcap, z_loss, options) -> str | None:
     """This rank's own argument errors (as text), or None: the single-device checks on its shard."""
     try:
+        if options is not None:
+            LinearCrossEntropyOptions.coerce(options)
         check_features(softcap, z_loss, False)
         if not isinstance(weight_shard, torch.Tensor) or weight_shard.dim() != 2:
             shape = tuple(weight_shard.shape) if isinstance(weight_shard, torch.Tensor) else type(weight_shard)
@@ -133,13 +141,25 @@ def _description(input, weight_shard, target, linear_bias, weight, reduction, ig
         "target": (tuple(target.shape), _target_checksum(target)) if tensors_ok else None,
         "bias": linear_bias is not None, "weight": weight is not None,
         "call": (reduction, ignore_index, float(label_smoothing), softcap, float(z_loss)),
-        "options": None if options is None else repr(LinearCrossEntropyOptions.coerce(options)),
+        "options": None if options is None or not tensors_ok else repr(LinearCrossEntropyOptions.coerce(options)),
+        "plan": _plan_inputs(input, weight_shard, linear_bias) if tensors_ok else None,
     }
+
+
+def _plan_inputs(input: torch.Tensor, weight_shard: torch.Tensor, linear_bias: torch.Tensor | None) -> dict:
+    """What :func:`~lce.plan.make_plan` reads from this rank's tensors and device beyond the agreed shapes and
+    options: the layout table, the "auto" ``acc_dtype`` rule's answer, which gradients are needed. With these
+    agreed, every rank resolves the same row chunks, dtypes and gradient passes, so the same collectives."""
+    kind = device_kind_of(input.device)
+    return {"device kind": kind,
+            "mixed-precision GEMMs": has_mixed_precision_mm(input.device, kind, input.dtype),
+            "needs grad (input, weight_shard, linear_bias)": _needs_grad(input, weight_shard, linear_bias)}
 
 
 _AGREED = {"input": "input shape or dtype", "target": "target (shape or values)",
            "bias": "whether linear_bias is given", "weight": "whether a class weight is given",
-           "call": "reduction, ignore_index, label_smoothing, softcap or z_loss", "options": "options"}
+           "call": "reduction, ignore_index, label_smoothing, softcap or z_loss", "options": "options",
+           "plan": "the device kind or which tensors require grad"}
 
 
 def _agree(descriptions: list[dict], num_classes: int | None) -> list[int]:
@@ -314,8 +334,10 @@ def vocab_parallel_linear_cross_entropy(
     shard's weight (and bias) gradient. Every rank must run backward (it holds
     collectives for reduction "none").
 
-    ``options`` are lce's (or torch's): each rank chunks its own shard by them
-    (``None``: the default options; the unfused formula has no sharded form).
+    ``options`` are lce's (or torch's), the same on every rank (``None``: the
+    default options; the unfused formula has no sharded form). Rows per chunk
+    are resolved for the largest shard, so every rank walks the same row chunks;
+    ``class_chunk_size`` tiles each rank's own shard.
     ``softcap`` and ``z_loss`` are as in :func:`lce.linear_cross_entropy`.
     ``num_classes``, if given, is checked against the sum of the shards.
     Bad arguments, or ranks that disagree, raise ``ValueError``/``TypeError``
@@ -323,7 +345,7 @@ def vocab_parallel_linear_cross_entropy(
     """
     world = dist.get_world_size(group)
     problem = _local_problem(input, weight_shard, target, linear_bias, weight, reduction, ignore_index,
-                             label_smoothing, softcap, z_loss)
+                             label_smoothing, softcap, z_loss, options)
     descriptions: list[dict | None] = [None] * world
     dist.all_gather_object(descriptions, _description(input, weight_shard, target, linear_bias, weight, reduction,
                                                       ignore_index, label_smoothing, softcap, z_loss, options,
@@ -338,11 +360,14 @@ def vocab_parallel_linear_cross_entropy(
     unbatched = input.dim() == 1
     if unbatched:
         input, target = input.unsqueeze(0), target.reshape(1)
+    # One row chunking for the group, sized for the largest shard: the per-chunk all-reduces must pair up
+    # across ranks. Each rank still tiles its own classes (no collective inside the class blocks).
     resolved = make_plan(LinearCrossEntropyOptions.coerce(options) if options is not None
                          else LinearCrossEntropyOptions(),
                          num_rows=input.shape[0], in_features=input.shape[1], num_classes=layout.size,
                          dtype=input.dtype, device=input.device, reduction=reduction,
-                         needs_grad=_needs_grad(input, weight_shard, linear_bias), softcap=softcap, z_loss=z_loss)
+                         needs_grad=_needs_grad(input, weight_shard, linear_bias), softcap=softcap, z_loss=z_loss,
+                         chunking_classes=max(sizes))
     targets, max_weight = _shard_targets(target, weight, ignored, float(label_smoothing), float(z_loss), layout,
                                          resolved.stats_dtype)
     function = _PerRowVocabParallel if reduction == "none" else _ScalarVocabParallel

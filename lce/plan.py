@@ -243,6 +243,7 @@ def make_plan(
     softcap: float | None = None,
     z_loss: float = 0.0,
     return_lse: bool = False,
+    chunking_classes: int | None = None,
 ) -> Plan:
     """Resolve ``options`` for one call (the rules of the options contract).
 
@@ -257,7 +258,13 @@ def make_plan(
     ``softcap``, ``z_loss`` and ``return_lse`` are lce's features beyond torch's
     op (see :func:`lce.linear_cross_entropy`); they change what the loop
     computes and keeps, not the chunking or the precision layout.
+
+    ``chunking_classes`` (default ``num_classes``) is the class count the row
+    chunking is sized for. :mod:`lce.distributed` passes the largest shard of
+    its group, so that every rank walks the same row chunks, and so issues the
+    same collectives in the same order, whatever the size of its own shard.
     """
+    sizing_classes = num_classes if chunking_classes is None else chunking_classes
     kind = device_kind_of(device)
     pick = auto_pick(kind, dtype)
     policy = pick.acc_policy if options.acc_policy == "auto" else options.acc_policy
@@ -269,12 +276,12 @@ def make_plan(
     if method is None:
         chunk = num_rows if options.batch_chunk_size is None else min(options.batch_chunk_size, num_rows)
     else:
-        chunk = aspect_ratio_chunk_size(num_rows, in_features, num_classes, parse_chunking_method(method))
+        chunk = aspect_ratio_chunk_size(num_rows, in_features, sizing_classes, parse_chunking_method(method))
         if options.batch_chunk_size is not None and options.batch_chunk_size != chunk:
             raise ValueError(
                 f"batch_chunk_size={options.batch_chunk_size} disagrees with chunking_method="
                 f"{method!r}, which gives {chunk} rows for N={num_rows}, D={in_features}, "
-                f"C={num_classes}; pass only one of them"
+                f"C={sizing_classes}; pass only one of them"
             )
         if options.chunking_method == "auto" and chunk < min(pick.min_rows, num_rows):
             chunk = min(pick.min_rows, num_rows)

@@ -93,6 +93,109 @@ def fp64_parity(rank: int, world: int) -> list[dict]:
     return results
 
 
+UNEVEN = {2: [1, 36], 3: [5, 1, 31], 4: [1, 20, 3, 13]}
+"""Uneven shards of the C = 37 classes: a rank with a single class, ranks with fewer classes than D = 8."""
+
+CHUNKINGS = {
+    "automatic": {},
+    "explicit rows": dict(batch_chunk_size=7),
+    "aspect_ratio": dict(chunking_method="aspect_ratio"),
+    "automatic, class tiled": dict(class_chunk_size=3),
+    "explicit rows, class tiled": dict(batch_chunk_size=5, chunking_method=None, class_chunk_size=2),
+}
+"""Row chunkings whose automatic forms size the chunks from the class count (the shard's, before issue 24)."""
+
+
+def _compare(label: str, start: int, stop: int, single, sharded) -> dict:
+    return dict(label=label, loss=_rel(sharded[0], single[0]), grad_input=_rel(sharded[1], single[1]),
+                grad_weight=_rel(sharded[2], single[2][start:stop]),
+                grad_bias=_rel(sharded[3], None if single[3] is None else single[3][start:stop]))
+
+
+def uneven_parity(rank: int, world: int) -> list[dict]:
+    """Uneven shards (:data:`UNEVEN`), fp64, every policy, reduction and chunking of :data:`CHUNKINGS`, with a
+    bias: sharded against single-process lce on the unsharded weight."""
+    sizes = UNEVEN[world]
+    start, stop = shard_bounds(sizes)[rank]
+    x, w, b, class_weight, target, grad_rows = _problem()
+    results = []
+    for policy, reduction, (chunking, fields) in itertools.product(("accurate", "balanced", "compact"),
+                                                                   ("mean", "sum", "none"), CHUNKINGS.items()):
+        options = lce.LinearCrossEntropyOptions(acc_policy=policy, **fields)
+        single = _run(lce.linear_cross_entropy, x, w, b, target, grad_rows, reduction, options=options)
+        sharded = _run(vocab_parallel_linear_cross_entropy, x, w[start:stop], b[start:stop], target, grad_rows,
+                       reduction, options=options, num_classes=C)
+        results.append(_compare(f"{policy} {reduction} {chunking}", start, stop, single, sharded))
+    return results
+
+
+def reported_case(rank: int, world: int) -> list[dict]:
+    """Issue 24 as reported: 3 ranks, shards of 10, 3 and 19 classes, N=40, D=4, fp64, reduction "none", a bias,
+    acc_policy="accurate" with automatic chunking (5, 2 and 10 chunks had each rank planned its own)."""
+    sizes = [10, 3, 19]
+    start, stop = shard_bounds(sizes)[rank]
+    x, w, b, _, target, grad_rows = _problem(n=40, d=4, c=32)
+    target = target.clamp_max(31)
+    options = lce.LinearCrossEntropyOptions(acc_policy="accurate")
+    single = _run(lce.linear_cross_entropy, x, w, b, target, grad_rows, "none", options=options)
+    sharded = _run(vocab_parallel_linear_cross_entropy, x, w[start:stop], b[start:stop], target, grad_rows, "none",
+                   options=options)
+    return [_compare("reported", start, stop, single, sharded)]
+
+
+RANDOM_CASES = 24
+
+
+def random_parity(rank: int, world: int) -> list[dict]:
+    """:data:`RANDOM_CASES` calls drawn from one seed (the same draws on every rank): shard sizes from 1 to 3 D,
+    N, D, policy, reduction, row and class chunking, bias, class weights, ignored rows, smoothing, soft-capping
+    and z-loss; sharded against single-process lce in fp64."""
+    draw = torch.Generator().manual_seed(24)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=draw))]
+
+    def integer(low, high):
+        return int(torch.randint(low, high + 1, (1,), generator=draw))
+
+    results = []
+    for case in range(RANDOM_CASES):
+        n, d = integer(1, 48), integer(2, 10)
+        sizes = [integer(1, 3 * d) for _ in range(world)]
+        c = sum(sizes)
+        start, stop = shard_bounds(sizes)[rank]
+        fields = dict(acc_policy=pick(("accurate", "balanced", "compact", "auto")))
+        row_chunking = pick(("auto", "explicit", "aspect_ratio", "aspect_ratio:4"))
+        if row_chunking == "explicit":
+            fields.update(chunking_method=None, batch_chunk_size=integer(1, n))
+        elif row_chunking.startswith("aspect"):
+            fields.update(chunking_method=row_chunking)
+        if pick((False, True)):
+            fields.update(class_chunk_size=integer(1, max(sizes)))
+        options = lce.LinearCrossEntropyOptions(**fields)
+        x, w, b, class_weight, target, grad_rows = _problem(seed=100 + case, n=n, d=d, c=c)
+        target = torch.where(target >= c, c - 1, target)
+        kw = dict(options=options, ignore_index=IGNORE)
+        if pick((False, True)):
+            kw.update(weight=class_weight)
+        if pick((False, True)):
+            kw.update(label_smoothing=0.1)
+        if pick((False, True)):
+            kw.update(softcap=3.0)
+        if pick((False, True)):
+            kw.update(z_loss=0.01)
+        bias = b if pick((False, True)) else None
+        reduction = pick(("mean", "sum", "none"))
+        single = _run(lce.linear_cross_entropy, x, w, bias, target, grad_rows, reduction, **kw)
+        shard_kw = {**kw, "weight": kw["weight"][start:stop]} if "weight" in kw else kw
+        sharded = _run(vocab_parallel_linear_cross_entropy, x, w[start:stop],
+                       None if bias is None else bias[start:stop], target, grad_rows, reduction, **shard_kw)
+        label = (f"case {case}: shards {sizes}, N={n} D={d}, {reduction}, {fields}, "
+                 f"{sorted(k for k in kw if k != 'options')}, bias {bias is not None}")
+        results.append(_compare(label, start, stop, single, sharded))
+    return results
+
+
 def _gathered(shard: torch.Tensor) -> torch.Tensor:
     pieces: list[torch.Tensor | None] = [None] * dist.get_world_size()
     dist.all_gather_object(pieces, shard)
@@ -155,6 +258,11 @@ def bad_inputs(rank: int, world: int) -> list[dict]:
         "targets differ": dict(target=torch.roll(target, 1) if rank == world - 1 else target),
         "bad bias shard": dict(linear_bias=b[start:stop - 1] if rank == 0 else b[start:stop]),
         "bad softcap": dict(softcap=-1.0),
+        "options differ": dict(options=lce.LinearCrossEntropyOptions(acc_policy="accurate" if rank == 1
+                                                                      else "balanced")),
+        "chunking differs": dict(options=lce.LinearCrossEntropyOptions(batch_chunk_size=4 + (rank == 0))),
+        "bad options type": dict(options="fast" if rank == world - 1 else None),
+        "requires grad differs": dict(input=x.clone().requires_grad_(rank == 0)),
     }
     out = []
     for name, change in cases.items():
@@ -191,4 +299,5 @@ def module(rank: int, world: int) -> list[dict]:
 
 
 SCENARIOS = {"fp64": fp64_parity, "low_precision": low_precision, "all_ignored": all_ignored,
-             "bad_inputs": bad_inputs, "module": module}
+             "bad_inputs": bad_inputs, "module": module, "uneven": uneven_parity, "reported": reported_case,
+             "random": random_parity}

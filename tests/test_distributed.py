@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from distributed_cases import N, run_group
+from distributed_cases import RANDOM_CASES, N, run_group
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="needs torch.distributed with gloo")
@@ -53,6 +53,33 @@ def test_all_ignored_batch_gets_zero_gradients(tmp_path):
         assert all(row["max_grad"] == 0.0 for row in rows)
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_uneven_shards_equal_single_process_lce(world, tmp_path):
+    """Issue 24: every rank walks the same row chunks whatever its shard's size (a single class, fewer classes
+    than in_features), for every policy, reduction and chunking, automatic included."""
+    for rank, rows in enumerate(_spawn(world, "uneven", tmp_path)):
+        assert len(rows) == 3 * 3 * 5
+        for row in rows:
+            worst = max(row[key] for key in ("loss", "grad_input", "grad_weight", "grad_bias"))
+            assert worst <= 1e-12, f"{world} ranks, rank {rank}, {row['label']}: {row}"
+
+
+def test_the_reported_uneven_case_completes_on_every_rank(tmp_path):
+    """Issue 24's report: shards 10, 3, 19 under automatic chunking aborted ranks 0 and 2 inside gloo."""
+    for rank, (row,) in enumerate(_spawn(3, "reported", tmp_path)):
+        worst = max(row[key] for key in ("loss", "grad_input", "grad_weight", "grad_bias"))
+        assert worst <= 1e-12, f"rank {rank}: {row}"
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_random_shards_and_options_equal_single_process_lce(world, tmp_path):
+    for rank, rows in enumerate(_spawn(world, "random", tmp_path)):
+        assert len(rows) == RANDOM_CASES
+        for row in rows:
+            worst = max(row[key] for key in ("loss", "grad_input", "grad_weight", "grad_bias"))
+            assert worst <= 1e-12, f"{world} ranks, rank {rank}, {row['label']}: {row}"
+
+
 EXPECTED_ERRORS = {
     "rows differ": "disagree on input shape",
     "dtype differs": "disagree on input shape or dtype",
@@ -61,6 +88,10 @@ EXPECTED_ERRORS = {
     "targets differ": "disagree on target",
     "bad bias shard": "rank 0: ValueError: linear_bias must have shape",
     "bad softcap": "softcap must be a finite float > 0",
+    "options differ": "disagree on options",
+    "chunking differs": "disagree on options",
+    "bad options type": "TypeError: options must be None or a LinearCrossEntropyOptions",
+    "requires grad differs": "disagree on the device kind or which tensors require grad",
 }
 
 

@@ -179,3 +179,22 @@ def test_readme_shows_the_layout_tables_and_auto_picks_from_the_code():
     for (kind, dtype), pick in AUTO_TABLE.items():
         row = f"| {kind} | {dtype_name(dtype)} | {pick.acc_policy} | {pick.chunking_method} |"
         assert row in readme, f"README lacks the auto row {row}"
+
+
+def test_chunking_classes_sizes_the_row_chunks_and_nothing_else():
+    """lce.distributed sizes every rank's rows per chunk for the largest shard (issue 24): a 1-class shard
+    planned with chunking_classes=36 walks the rows of a 36-class head, and keeps its own class count."""
+    kw = dict(num_rows=29, in_features=8, dtype=torch.float64, device=torch.device("cpu"))
+    options = lce.LinearCrossEntropyOptions(class_chunk_size=3)
+    from lce.plan import make_plan
+
+    big = make_plan(options, num_classes=36, **kw)
+    small_alone = make_plan(options, num_classes=1, **kw)
+    small_in_group = make_plan(options, num_classes=1, chunking_classes=36, **kw)
+    assert small_alone.batch_chunk_size != big.batch_chunk_size  # the bug's cause: 16 rows against 4
+    assert small_in_group.batch_chunk_size == big.batch_chunk_size == 4  # fp64 auto: aspect_ratio:2
+    assert small_in_group.num_classes == 1 and small_in_group.class_chunk_size == 1
+    assert big.class_chunk_size == 3
+    with pytest.raises(ValueError, match="C=36"):
+        make_plan(lce.LinearCrossEntropyOptions(chunking_method="aspect_ratio", batch_chunk_size=3),
+                  num_classes=1, chunking_classes=36, **kw)
