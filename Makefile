@@ -9,7 +9,7 @@ VENV ?= .venv
 PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.installed
-# The Jupyter kernel every notebook names (analysis/notebooks.py: KERNEL), registered inside the venv.
+# The Jupyter kernel every notebook names (analysis/report/notebooks.py: KERNEL), registered inside the venv.
 KERNEL := lce-lab
 KERNEL_DISPLAY := Python (lce-lab)
 
@@ -40,10 +40,10 @@ test: $(STAMP) ## Run the test suite (extra pytest flags: PYTEST_ARGS="-m 'not s
 	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
 explore: $(STAMP) ## Property tests with fresh random examples (Hypothesis "explore" profile, 5000 per test)
-	HYPOTHESIS_PROFILE=explore $(VENV)/bin/python -m pytest -q tests/test_parity_hypothesis.py
+	HYPOTHESIS_PROFILE=explore $(VENV)/bin/python -m pytest -q tests/lce/test_parity_hypothesis.py
 
 check-lab: $(STAMP) ## Open every notebook in JupyterLab (headless chromium) and check nothing is rewritten (~3 min)
-	LCE_BROWSER_TESTS=1 $(VENV)/bin/python -m pytest -q tests/test_jupyterlab_browser.py
+	LCE_BROWSER_TESTS=1 $(VENV)/bin/python -m pytest -q tests/repo/test_jupyterlab_browser.py
 
 lab: $(STAMP) ## Start JupyterLab on notebooks/ (the notebooks open with the venv's "Python (lce-lab)" kernel)
 	$(VENV)/bin/jupyter lab notebooks/

@@ -1,5 +1,5 @@
 """``python -m analysis``: see :mod:`analysis.cli`."""
 
-from .cli import main
+from analysis.cli import main
 
 raise SystemExit(main())

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .grids import GRIDS, get_grid
-from .inputs import Shape, parse_shape
-from .paths import FIGURES_DIR, LM_CACHE_DIR, LM_DATA_DIR, RESULTS_DIR, display_path
+from analysis.core.problem import Shape, parse_shape
+from analysis.paths import FIGURES_DIR, LM_CACHE_DIR, LM_DATA_DIR, RESULTS_DIR, display_path
+from analysis.sweep.grids import GRIDS, get_grid
 
 __all__ = ["main", "build_parser"]
 
@@ -37,7 +37,7 @@ def _argument(parse: Callable[[str], object]) -> Callable[[str], object]:
 
 
 def _set_aside(path: Path) -> None:
-    from .results_io import set_aside
+    from analysis.core.results_io import set_aside
 
     if set_aside(path) is not None:
         print(f"moved the existing {display_path(path)} to {display_path(path)}.previous")
@@ -47,14 +47,14 @@ def _draw_figures(results: Path, out: Path, command: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no window, whatever the environment's default backend
-    from .figures import make_figures
+    from analysis.report.figures import make_figures
 
     for path in make_figures(results, out, command):
         print(display_path(path))
 
 
 def _record_memory_study(results: Path, shape: Shape, dtype: str) -> None:
-    from .studies.memory_study import record
+    from analysis.studies.memory_study import record
 
     for path in record(results, shape, dtype):
         print(f"{display_path(path)} (an earlier one, if any, is now {path.name}.previous)")
@@ -62,7 +62,7 @@ def _record_memory_study(results: Path, shape: Shape, dtype: str) -> None:
 
 def _run_sweep(grid_name: str, shard: tuple[int, int], results: Path, progress: bool, workers: int | None,
                families: Sequence[str] | None = None):
-    from .sweep import default_workers, run_grid
+    from analysis.sweep.run import default_workers, run_grid
 
     grid = get_grid(grid_name)
     workers = default_workers(grid) if workers is None else workers
@@ -74,7 +74,7 @@ def _run_sweep(grid_name: str, shard: tuple[int, int], results: Path, progress: 
 
 
 def _families(text: str) -> tuple[str, ...]:
-    from .families import parse_family
+    from analysis.core.families import parse_family
 
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     for name in names:
@@ -111,7 +111,7 @@ def _seed_list(text: str) -> tuple[int, ...]:
 
 
 def _arms(text: str) -> tuple:
-    from .studies.training import ARM_NAMES
+    from analysis.studies.training import ARM_NAMES
 
     return tuple(ARM_NAMES[name] for name in _names(tuple(ARM_NAMES))(text))
 
@@ -130,9 +130,9 @@ def _figures_command(args: argparse.Namespace) -> None:
 
 
 def _reproduce_command(args: argparse.Namespace) -> None:
-    from .provenance import provenance
-    from .results_io import REPRODUCE, append_row
-    from .studies.memory_study import BREAKDOWN_FILE, STUDY_DTYPE, STUDY_SHAPE, TRACE_FILE
+    from analysis.core.provenance import provenance
+    from analysis.core.results_io import REPRODUCE, append_row
+    from analysis.studies.memory_study import BREAKDOWN_FILE, STUDY_DTYPE, STUDY_SHAPE, TRACE_FILE
 
     started = time.perf_counter()
     grid = args.grid or "quick"
@@ -159,8 +159,8 @@ def _memory_study_command(args: argparse.Namespace) -> None:
 
 
 def _bench_command(args: argparse.Namespace) -> None:
-    from .results_io import BENCH, CHUNK_SWEEP, append_rows
-    from .studies import bench
+    from analysis.core.results_io import BENCH, CHUNK_SWEEP, append_rows
+    from analysis.studies import bench
 
     dtypes = tuple(args.dtypes)
     if args.baseline:
@@ -186,9 +186,9 @@ def _bench_command(args: argparse.Namespace) -> None:
 
 
 def _family_stats_command(args: argparse.Namespace) -> None:
-    from .provenance import provenance
-    from .results_io import FAMILY_STATS, append_rows
-    from .studies.family_stats import STUDY_FAMILIES, study
+    from analysis.core.provenance import provenance
+    from analysis.core.results_io import FAMILY_STATS, append_rows
+    from analysis.studies.family_stats import STUDY_FAMILIES, study
 
     table = study(args.family or STUDY_FAMILIES, seed=args.seed)
     path = args.results / "family_stats.csv"
@@ -204,14 +204,14 @@ def _print_study(path: Path, seconds: float) -> None:
 
 
 def _margins_command(args: argparse.Namespace) -> None:
-    from .studies import margins
+    from analysis.studies import margins
 
     _print_study(*margins.record(args.results, shape=args.shape, dtypes=tuple(args.dtypes), margins=args.margins,
                                  seeds=tuple(range(args.seeds))))
 
 
 def _rare_rows_command(args: argparse.Namespace) -> None:
-    from .studies import rare_rows
+    from analysis.studies import rare_rows
 
     runs = rare_rows.contenders(args.policies, args.chunkings)
     _print_study(*rare_rows.record(args.results, args.file, shape=args.shape, dtypes=tuple(args.dtypes),
@@ -219,9 +219,9 @@ def _rare_rows_command(args: argparse.Namespace) -> None:
 
 
 def _budgets_command(args: argparse.Namespace) -> None:
-    from .results_io import BUDGETS, CLASS_TILING
-    from .studies import budgets
-    from .studies.peers import record_study
+    from analysis.core.results_io import BUDGETS, CLASS_TILING
+    from analysis.studies import budgets
+    from analysis.studies.peers import record_study
 
     if not args.skip_budgets:
         _print_study(*record_study(args.results / "budgets.csv", BUDGETS, budgets.measure_budgets,
@@ -231,7 +231,7 @@ def _budgets_command(args: argparse.Namespace) -> None:
 
 
 def _features_command(args: argparse.Namespace) -> None:
-    from .studies import features
+    from analysis.studies import features
 
     if not args.cost_only:
         _print_study(*features.record(args.results, seeds=tuple(range(args.seeds)), progress=not args.quiet))
@@ -240,14 +240,14 @@ def _features_command(args: argparse.Namespace) -> None:
 
 
 def _vocab_parallel_command(args: argparse.Namespace) -> None:
-    from .studies import vocab_parallel
+    from analysis.studies import vocab_parallel
 
     _print_study(*vocab_parallel.record(args.results, worlds=tuple(args.ranks), seeds=tuple(range(args.seeds)),
                                         progress=not args.quiet))
 
 
 def _remeasure_memory_command(args: argparse.Namespace) -> None:
-    from .studies import remeasure_memory
+    from analysis.sweep import remeasure as remeasure_memory
 
     for name in args.grids:
         path = args.results / f"{name}.csv"
@@ -256,7 +256,7 @@ def _remeasure_memory_command(args: argparse.Namespace) -> None:
 
 
 def _error_model_command(args: argparse.Namespace) -> int:
-    from . import error_model_fit
+    from analysis.studies import error_model as error_model_fit
 
     if args.check:
         problems = error_model_fit.check(args.results)
@@ -274,7 +274,7 @@ def _error_model_command(args: argparse.Namespace) -> int:
 
 
 def _noise_command(args: argparse.Namespace) -> None:
-    from .studies import noise
+    from analysis.studies import noise
 
     device = "cuda" if args.device == "cuda" else "cuda-emulated"
     file_name = args.file or ("noise_cuda.csv" if device == "cuda" else noise.NOISE_FILE)
@@ -286,11 +286,11 @@ def _noise_command(args: argparse.Namespace) -> None:
 def _train_command(args: argparse.Namespace) -> None:
     import torch
 
-    from .lm.model import ModelConfig
-    from .lm.pipeline import DEFAULT_VOCAB
-    from .provenance import provenance
-    from .results_io import NOISE, TRAINING, append_rows, set_aside
-    from .studies import training
+    from analysis.core.provenance import provenance
+    from analysis.core.results_io import NOISE, TRAINING, append_rows, set_aside
+    from analysis.lm.model import ModelConfig
+    from analysis.lm.pipeline import DEFAULT_VOCAB
+    from analysis.studies import training
 
     started = time.monotonic()
     setting = training.SETTINGS["quick" if args.quick else args.setting]
@@ -333,7 +333,7 @@ def _train_command(args: argparse.Namespace) -> None:
 
 
 def _docs_command(args: argparse.Namespace) -> int:
-    from .docs import update
+    from analysis.report.readme import update
 
     changed = update(results=args.results, check=args.check)
     for path in changed:
@@ -342,22 +342,22 @@ def _docs_command(args: argparse.Namespace) -> int:
 
 
 def _demo_command(args: argparse.Namespace) -> None:
-    from .studies.demo import run_demo
+    from analysis.studies.demo import run_demo
 
     run_demo(Shape(args.rows, args.features, args.classes), tuple(args.dtypes))
 
 
 def _notebooks_command(args: argparse.Namespace) -> None:
-    from .notebooks import build_all
+    from analysis.report.notebooks import build_all
 
     for path in build_all(quick=not args.full):
         print(display_path(path))
 
 
 def _verdicts_command(args: argparse.Namespace) -> None:
-    from .decision import rule_lines
-    from .pareto import load_table, verdict_lines
-    from .results_io import NOISE, load_kind
+    from analysis.core.results_io import NOISE, load_kind
+    from analysis.judge.pareto import load_table, verdict_lines
+    from analysis.judge.rule import rule_lines
 
     _, table = load_table(args.results)
     print("\n".join(verdict_lines(table)))
@@ -369,7 +369,7 @@ def _verdicts_command(args: argparse.Namespace) -> None:
 def _lm_command(args: argparse.Namespace) -> None:
     import torch
 
-    from .lm.pipeline import run_pipeline
+    from analysis.lm.pipeline import run_pipeline
 
     started = time.perf_counter()
     torch.set_num_threads(args.threads)
@@ -384,23 +384,23 @@ def _lm_command(args: argparse.Namespace) -> None:
 
 
 def _gpu_check_command(args: argparse.Namespace) -> int:
-    from . import gpu_check
+    from analysis.gpu import check
 
     if args.step:
-        return gpu_check.run_step(args.step, args.out or gpu_check.DEFAULT_OUT, args.step_seconds,
+        return check.run_step(args.step, args.out or check.DEFAULT_OUT, args.step_seconds,
                                   dry_run=args.dry_run)
     if args.out is None and args.dry_run:
         import tempfile
 
         args.out = Path(tempfile.mkdtemp(prefix="gpu-check-dry-run-"))
-    results = gpu_check.run_check(args.out or gpu_check.DEFAULT_OUT, budget_s=args.budget_s, dry_run=args.dry_run,
+    results = check.run_check(args.out or check.DEFAULT_OUT, budget_s=args.budget_s, dry_run=args.dry_run,
                                   wheels=args.wheels)
     failed = [name for name, (code, _) in results.items() if code != 0]
     return 1 if failed else 0
 
 
 def _gpu_wheels_command(args: argparse.Namespace) -> int:
-    from .gpu_check import download_wheels
+    from analysis.gpu.wheels import download_wheels
 
     try:
         lines = download_wheels(args.dest)
@@ -413,16 +413,16 @@ def _gpu_wheels_command(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m analysis`` parser: every subcommand with its flags and handler."""
-    from .lm.pipeline import DEFAULT_STEPS
-    from .studies.margins import MARGIN_VALUES, MARGINS_SHAPE
-    from .studies.memory_study import STUDY_DTYPE, STUDY_SHAPE
-    from .studies.noise import FAMILIES as NOISE_FAMILIES
-    from .studies.noise import NOISE_SHAPE
-    from .studies.noise import STUDY_DTYPES as NOISE_DTYPES
-    from .studies.rare_rows import CHUNKINGS, POLICIES, RARE_ROWS_SHAPE
-    from .studies.training import ARMS as TRAIN_ARMS
-    from .studies.training import SETTINGS as TRAIN_SETTINGS
-    from .sweep import parse_shard
+    from analysis.lm.pipeline import DEFAULT_STEPS
+    from analysis.studies.margins import MARGIN_VALUES, MARGINS_SHAPE
+    from analysis.studies.memory_study import STUDY_DTYPE, STUDY_SHAPE
+    from analysis.studies.noise import FAMILIES as NOISE_FAMILIES
+    from analysis.studies.noise import NOISE_SHAPE
+    from analysis.studies.noise import STUDY_DTYPES as NOISE_DTYPES
+    from analysis.studies.rare_rows import CHUNKINGS, POLICIES, RARE_ROWS_SHAPE
+    from analysis.studies.training import ARMS as TRAIN_ARMS
+    from analysis.studies.training import SETTINGS as TRAIN_SETTINGS
+    from analysis.sweep.run import parse_shard
 
     parser = argparse.ArgumentParser(
         prog="python -m analysis",
@@ -497,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     docs = add("docs", _docs_command, "rewrite the generated passages of the READMEs from the results files",
                "Every number a README quotes from data sits between <!-- BEGIN generated:NAME --> and "
-               "<!-- END generated:NAME --> comments; this rewrites them (analysis/docs.py). --check only "
+               "<!-- END generated:NAME --> comments; this rewrites them (analysis/report/readme.py). --check only "
                "reports the files that are out of date and exits with 1 if any is.")
     docs.add_argument("--check", action="store_true", help="change nothing; exit 1 if a README is out of date")
     results_folder(docs, "folder of results files")
@@ -621,7 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
              "Corpus (this Python's standard library source) -> byte-level BPE tokenizer -> a small transformer "
              "trained on one core (about 10 minutes; resumes from its last checkpoint in analysis/cache/lm) -> "
              "head dumps of the early and final checkpoints on held-out text (analysis/data/lm; load them with "
-             "analysis.lm.load_head_dump).")
+             "analysis.core.head_dumps.load_head_dump).")
     lm.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
                     help=f"training steps (default: {DEFAULT_STEPS})")
     lm.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
@@ -681,7 +681,8 @@ def build_parser() -> argparse.ArgumentParser:
     results_folder(train_study)
     train_study.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    from .gpu_check import DEFAULT_BUDGET_S, DEFAULT_OUT, STEPS, WHEELS_DIR, step_seconds
+    from analysis.gpu.check import DEFAULT_BUDGET_S, DEFAULT_OUT, STEPS, step_seconds
+    from analysis.gpu.wheels import WHEELS_DIR
 
     gpu = add("gpu-check", _gpu_check_command, "everything a lent GPU should measure, in one budgeted call",
               "Steps, each in its own process with its share of the budget ("

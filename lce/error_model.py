@@ -1,6 +1,6 @@
 """Predicted rounding error of lce's gradients, in rounding floors, from a plan and a few input statistics.
 
-The unit is the floor of :mod:`analysis.metrics`: ``||v - r||_F / ||round_t(r) - r||_F`` against the
+The unit is the floor of :mod:`analysis.core.metrics`: ``||v - r||_F / ||round_t(r) - r||_F`` against the
 fp64 answer ``r``, ``t`` the input dtype. Rounding a value to ``t`` adds an error of relative size
 about ``u_t`` (the unit roundoff) in a direction unrelated to the others, so independent sources add
 in *squared* floors::
@@ -44,9 +44,9 @@ Input gradient (one row per token, no sum over rows, so no chunk dependence): (c
 row statistics measured directly; with class tiling (``class_chunk_size``) and a grad_input GEMM whose
 result is the input dtype (CPU balanced and compact), (b) over the class blocks: each block's product is
 rounded, and the target's block holds nearly all of dz, so ``sum_b ||P_b||^2 / ||g||^2 ~ 1``
-(``tests/test_class_tiling.py`` measures 1.31 -> 1.65 floors at 8 blocks; the model says 1.19 -> 1.63).
+(``tests/lce/test_class_tiling.py`` measures 1.31 -> 1.65 floors at 8 blocks; the model says 1.19 -> 1.63).
 
-Accuracy: :data:`ACCURACY` (held-out families and shapes; ``analysis.error_model_fit``).
+Accuracy: :data:`ACCURACY` (held-out families and shapes; ``analysis.studies.error_model``).
 Predictions outside the fitted range (LLM shapes) are extrapolations.
 """
 
@@ -134,7 +134,7 @@ def load_constants() -> Constants:
 
 
 def constants_from_json(data: dict) -> Constants:
-    """:class:`Constants` from the JSON object ``analysis.error_model_fit`` writes."""
+    """:class:`Constants` from the JSON object ``analysis.studies.error_model`` writes."""
     missing = set(TERMS) - set(data["terms"])
     if missing:
         raise ValueError(f"error model constants lack the terms {sorted(missing)}")
@@ -149,7 +149,7 @@ ACCURACY: str = load_constants().accuracy
 
 WORST_COMMITTED_STATS: InputStats = load_constants().worst_stats
 """The conservative default of :func:`predict_errors`: the committed input family (and shape) whose statistics
-predict the largest errors -- Zipfian ``calibrated`` heads (see ``analysis.error_model_fit``)."""
+predict the largest errors -- Zipfian ``calibrated`` heads (see ``analysis.studies.error_model``)."""
 
 
 def _unit_roundoff(dtype: torch.dtype) -> float:

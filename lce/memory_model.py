@@ -17,11 +17,11 @@ chunk really holds at once, not the sum of everything it ever makes.
 :func:`peak_extra_bytes` builds the predicted peak from those.
 
 Nothing here reads the loop's code, so two tests tie them together:
-``tests/test_memory_model.py`` runs the op for every policy x device kind x
+``tests/lce/test_memory_model.py`` runs the op for every policy x device kind x
 reduction x dtype x acc_dtype, records every tensor it creates, and requires
 each listed buffer to be made with its shape and dtype, nothing as large as a
 chunk of logits to be made unlisted, and each pass's chunk peak to equal the
-recorded one; ``tests/test_analysis_memory.py`` compares the predicted peak with
+recorded one; ``tests/analysis/test_memory.py`` compares the predicted peak with
 one measured by the allocator (which also sees the kernels' own workspaces).
 """
 

@@ -130,7 +130,7 @@ AUTO_TABLE: dict[tuple[str, torch.dtype], AutoPick] = {
         "compact's once-per-chunk rounding of the bf16 weight gradient overturned on realistic inputs: ~10 "
         "floors on calibrated Zipfian heads, growing with the chunk count, 100+ floors on the rows of rarely "
         "targeted classes; balanced (an fp32 weight-gradient sum, 4*C*D bytes more) stays within ~1.3. "
-        "Meets the error/noise rule (analysis.decision, notebook 06) on an H200; compact at 256 chunks fails it "
+        "Meets the error/noise rule (analysis.judge.rule, notebook 06) on an H200; compact at 256 chunks fails it "
         "(its bias reaches ~0.5 of the sampling noise)",
         evidence=("rare_rows", "row_errors_cuda-emulated", "error_vs_chunks_cuda-emulated", "noise_vs_chunks_cuda"),
     ),
@@ -138,28 +138,28 @@ AUTO_TABLE: dict[tuple[str, torch.dtype], AutoPick] = {
         "balanced", "aspect_ratio:2",
         "as for bf16: in each dtype's own floors compact's per-chunk rounding costs fp16 as much as bf16 "
         "(fp16's extra mantissa bits do not help the rare classes' tiny rows). Meets the error/noise rule "
-        "(analysis.decision, notebook 06) on an H200; compact at 256 chunks fails it",
+        "(analysis.judge.rule, notebook 06) on an H200; compact at 256 chunks fails it",
         evidence=("rare_rows", "row_errors_cuda-emulated", "error_vs_chunks_cuda-emulated", "noise_vs_chunks_cuda"),
     ),
     ("cpu", torch.bfloat16): AutoPick(
         "accurate", "aspect_ratio",
         "every GEMM in fp32: the lowest gradient error, paid for with fp32 GEMMs, slower than the bf16 "
         "ones of balanced on both CPU kinds measured; chunks of at least CPU_MIN_ROWS rows. Meets the "
-        "error/noise rule (analysis.decision, notebook 06)",
+        "error/noise rule (analysis.judge.rule, notebook 06)",
         evidence=("error_vs_memory_cpu", "chunk_sweep"),
         min_rows=CPU_MIN_ROWS[torch.bfloat16],
     ),
     ("cpu", torch.float16): AutoPick(
         "accurate", "aspect_ratio",
         "CPU fp16 GEMMs are emulated (far slower than fp32), so fp32 GEMMs are also the fast ones; "
-        "chunks of at least CPU_MIN_ROWS rows. Meets the error/noise rule (analysis.decision, notebook 06)",
+        "chunks of at least CPU_MIN_ROWS rows. Meets the error/noise rule (analysis.judge.rule, notebook 06)",
         evidence=("error_vs_memory_cpu", "time_vs_shape"),
         min_rows=CPU_MIN_ROWS[torch.float16],
     ),
     ("cpu", torch.float32): AutoPick(
         "compact", "aspect_ratio",
         "not in torch's table: with acc_dtype == fp32 all policies compute the same numbers and compact "
-        "allocates least; chunks of at least CPU_MIN_ROWS rows. Meets the error/noise rule (analysis.decision, "
+        "allocates least; chunks of at least CPU_MIN_ROWS rows. Meets the error/noise rule (analysis.judge.rule, "
         "notebook 06)",
         evidence=("error_vs_memory_cpu", "chunk_sweep"),
         min_rows=CPU_MIN_ROWS[torch.float32],

@@ -14,7 +14,7 @@ chunk and, where memory needs it, a number of classes per block -- is planned
 
 The choice: among the candidates within ``memory_budget`` (default: what lce's
 "auto" options would use for this call) and ``max_error`` (default:
-:data:`DEFAULT_MAX_ERROR`, the error/noise rule of ``analysis.decision``
+:data:`DEFAULT_MAX_ERROR`, the error/noise rule of ``analysis.judge.rule``
 translated into floors), the fastest. Not "the fastest point of the error-memory front": with
 ties in predicted error that front is degenerate -- on CPU it is accurate with one row per chunk
 (least error, least memory, ten times slower than the pick) -- so the default budget stands in for
@@ -41,11 +41,11 @@ __all__ = ["Recommendation", "Candidate", "recommend", "candidates", "estimated_
 DEFAULT_MAX_ERROR: dict[torch.dtype, float] = {torch.bfloat16: 2.0, torch.float16: 10.0}
 """The largest predicted gradient error, in floors of each dtype, that ``recommend`` accepts by default.
 
-The decision rule of the analysis (``analysis.decision``: bias below 1% and error below 10% of the
+The decision rule of the analysis (``analysis.judge.rule``: bias below 1% and error below 10% of the
 gradient's sampling noise, on the worst input family) measured on ``noise.csv`` / ``noise_cuda.csv``
 (N=1024, D=128, C=16384; CPU emulation and an H200): every bf16 pick at or below 2.3 floors met it
 and every fp16 pick at or below 11.9; the first failures sat at 2.34 (bf16) and 14.9 (fp16) floors.
-``tests/test_recommend.py`` checks these limits against the committed data. fp32 and fp64 inputs
+``tests/lce/test_recommend.py`` checks these limits against the committed data. fp32 and fp64 inputs
 have no limit: with fp32 sums every policy computes the same numbers. Larger batches shrink the
 sampling noise, so at LLM batch sizes the limit is optimistic; pass ``max_error`` to be stricter.
 """

@@ -15,10 +15,10 @@ import os
 
 from IPython.display import Markdown
 
-from analysis import conclusions
-from analysis.provenance import cpu_model
+from analysis.core.provenance import cpu_model
+from analysis.report import nb01_gradcheck
+from analysis.report.tables import check, details, show
 from analysis.studies import fp64_checks
-from analysis.tables import check, details, show
 
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # quick: CPU layouts and two chunkings; else both layout tables
 cases = fp64_checks.path_cases(quick=QUICK)
@@ -35,7 +35,7 @@ show(gradchecks[["device_kind", "policy", "chunking", "reduction", "features", "
      .rename(columns={"device_kind": "layouts"}), {"gradcheck": check}, name="gradcheck")
 
 # %%
-Markdown(conclusions.gradcheck(gradchecks, cpu=CPU))
+Markdown(nb01_gradcheck.gradcheck(gradchecks, cpu=CPU))
 
 # %% [markdown]
 # ## Largest error against the reference path, lce and torch
@@ -61,4 +61,4 @@ details(f"Every path ({len(by_path)}): the worst error over its outputs",
 
 # %%
 assert (summary[f"lce {bound}"]).all(), "an fp64 path disagrees with the reference beyond rounding"
-Markdown(conclusions.parity(parity, cpu=CPU))
+Markdown(nb01_gradcheck.parity(parity, cpu=CPU))

@@ -16,11 +16,12 @@ import os
 import pandas as pd
 from IPython.display import Markdown, display
 
-from analysis import conclusions, pareto, plots
-from analysis.inputs import Shape
-from analysis.provenance import cpu_model
+from analysis.core.problem import Shape
+from analysis.core.provenance import cpu_model
+from analysis.judge import pareto
+from analysis.report import nb02_accuracy
+from analysis.report.tables import show
 from analysis.studies import defects, growth
-from analysis.tables import show
 
 # %matplotlib inline
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"
@@ -44,7 +45,7 @@ medians.columns = [f"{op}: {'loss' if column == 'loss_fro_in_floors' else 'worst
 show(medians.reset_index(), {column: "{:.2f}" for column in medians.columns}, name="errors-per-policy")
 
 # %%
-Markdown(conclusions.policy_errors(table))
+Markdown(nb02_accuracy.policy_errors(table))
 
 # %% [markdown]
 # ## Growth with the number of chunks, and a fitted law
@@ -67,11 +68,11 @@ show(fits[["layouts", "impl", "policy", "exponent", "prefactor", "at_max_chunks"
      {"exponent": "{:.2f}", "prefactor": "{:.2f}", f"floors at {counts[-1]} chunks": "{:.2f}"}, name="growth-fits")
 
 # %%
-figure = plots.plot_error_vs_chunks(table, "cpu")  # the function `python -m analysis figures` calls
+figure = nb02_accuracy.plot_error_vs_chunks(table, "cpu")  # the function `python -m analysis figures` calls
 display(figure.figure, Markdown(figure.markdown))
 
 # %%
-Markdown(conclusions.chunk_growth(growth_runs, fits, cpu=CPU))
+Markdown(nb02_accuracy.chunk_growth(growth_runs, fits, cpu=CPU))
 
 # %% [markdown]
 # ## Defect 1 — the loss drifts with the chunk count (bf16, default options)
@@ -88,7 +89,7 @@ show(worst_drift.reset_index().rename(columns={"lce": "lce (ulps)", "torch": "to
      {"lce (ulps)": "{:.2f}", "torch (ulps)": "{:.2f}"}, name="loss-drift")
 
 # %%
-Markdown(conclusions.loss_drift(drift, cpu=CPU))
+Markdown(nb02_accuracy.loss_drift(drift, cpu=CPU))
 
 # %% [markdown]
 # ## Defect 2 — an all-ignored batch
@@ -105,4 +106,4 @@ show(shown[["impl", "loss", "grad_input_nan_entries", "grad_weight_nan_entries",
      {"largest finite |grad|": "{:.3g}"}, name="all-ignored")
 
 # %%
-Markdown(conclusions.all_ignored(ignored, cpu=CPU))
+Markdown(nb02_accuracy.all_ignored(ignored, cpu=CPU))

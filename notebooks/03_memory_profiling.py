@@ -15,11 +15,12 @@ import os
 
 from IPython.display import Markdown, display
 
-from analysis import conclusions, pareto, plots
+from analysis.core.results_io import MEMORY_BREAKDOWN, MEMORY_TRACE, load_kind
+from analysis.judge import pareto
 from analysis.paths import RESULTS_DIR
-from analysis.results_io import MEMORY_BREAKDOWN, MEMORY_TRACE, load_kind
+from analysis.report import nb03_memory
+from analysis.report.tables import show
 from analysis.studies import memory_study
-from analysis.tables import show
 
 # %matplotlib inline
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # reads committed results only; nothing to shorten
@@ -39,11 +40,11 @@ ratios = (lce_runs.assign(ratio=lce_runs.peak_bytes_measured / lce_runs.peak_byt
 show(ratios, {"min": "{:.2f}", "median": "{:.2f}", "max": "{:.2f}"}, name="model-ratios")
 
 # %%
-figure = plots.plot_memory_model(table)
+figure = nb03_memory.plot_memory_model(table)
 display(figure.figure, Markdown(figure.markdown))
 
 # %%
-Markdown(conclusions.memory_model(table))
+Markdown(nb03_memory.memory_model(table))
 
 # %% [markdown]
 # ## Where the bytes go: lce's plan, buffer by buffer
@@ -57,11 +58,11 @@ mib.loc["predicted peak"] = breakdown.groupby("config", sort=False).predicted_pe
 show(mib.reset_index(), {config: "{:.2f}" for config in mib.columns}, name="buffers")
 
 # %%
-figure = plots.plot_buffer_breakdown(breakdown)
+figure = nb03_memory.plot_buffer_breakdown(breakdown)
 display(figure.figure, Markdown(figure.markdown))
 
 # %%
-Markdown(conclusions.buffer_breakdown(breakdown))
+Markdown(nb03_memory.buffer_breakdown(breakdown))
 
 # %% [markdown]
 # ## Memory over one forward+backward, measured
@@ -74,8 +75,8 @@ show(peaks.rename(columns={"measured_mib": "measured peak (MiB)", "predicted_mib
       "vs reference": "{:.2f}x"}, name="peaks")
 
 # %%
-figure = plots.plot_memory_trace(traces, breakdown)
+figure = nb03_memory.plot_memory_trace(traces, breakdown)
 display(figure.figure, Markdown(figure.markdown))
 
 # %%
-Markdown(conclusions.memory_trace(peaks, traces))
+Markdown(nb03_memory.memory_trace(peaks, traces))

@@ -19,10 +19,11 @@ import os
 import pandas as pd
 from IPython.display import Markdown, display
 
-from analysis import conclusions, pareto, plots
+from analysis.core.results_io import BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE, load_kind
+from analysis.judge import pareto
 from analysis.paths import RESULTS_DIR
-from analysis.results_io import BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE, load_kind
-from analysis.tables import show
+from analysis.report import figures, nb04_pareto
+from analysis.report.tables import show
 from lce.options import dtype_name
 from lce.policies import AUTO_FALLBACK, AUTO_TABLE
 
@@ -31,7 +32,7 @@ QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # reads committed data only; no
 paths, table = pareto.load_table()
 studies = {kind.name: load_kind(RESULTS_DIR, kind.name)[1] for kind in (MEMORY_BREAKDOWN, MEMORY_TRACE, BENCH,
                                                                          CHUNK_SWEEP)}
-figures = {figure.stem: figure for figure in plots.draw_all(table, **studies)}  # draws, measures nothing
+figures = {figure.stem: figure for figure in figures.draw_all(table, **studies)}  # draws, measures nothing
 print("data:", ", ".join(p.name for p in paths), "| devices:", ", ".join(sorted(table.device.unique())))
 
 # %% [markdown]
@@ -57,7 +58,7 @@ show(entries[["device", "dtype", "policy", "chunking", "reason"]].assign(evidenc
 
 # %%
 verdicts = pareto.verdicts(table)
-Markdown(conclusions.auto_table(entries, verdicts, figures))
+Markdown(nb04_pareto.auto_table(entries, verdicts, figures))
 
 # %% [markdown]
 # ## Verdicts
@@ -70,7 +71,7 @@ show(pareto.verdict_summary(verdicts), {"error (floors)": "{:.2f}", "× unfused"
      wrap=["memory front", "time front"], wrap_width="32ch", name="verdicts")
 
 # %%
-Markdown(conclusions.verdicts(verdicts, table))
+Markdown(nb04_pareto.verdicts_conclusion(verdicts, table))
 
 # %% [markdown]
 # ## Fronts on this CPU (error vs measured peak memory)
@@ -80,7 +81,7 @@ figure = figures["error_vs_memory_cpu"]
 display(figure.figure, Markdown(figure.markdown))
 
 # %%
-Markdown(conclusions.fronts(table, "cpu"))
+Markdown(nb04_pareto.fronts(table, "cpu"))
 
 # %% [markdown]
 # ## CUDA layouts (emulated on CPU tensors; memory from lce's model)
@@ -90,7 +91,7 @@ figure = figures["error_vs_memory_cuda-emulated"]
 display(figure.figure, Markdown(figure.markdown))
 
 # %%
-Markdown(conclusions.fronts(table, "cuda-emulated"))
+Markdown(nb04_pareto.fronts(table, "cuda-emulated"))
 
 # %% [markdown]
 # ## What should fp32 use? (the entries torch's table lacks, ranked from the data)
@@ -103,4 +104,4 @@ show(pareto.choices_summary(table, "float32"), {"score": "{:.2f}", "worst gradie
      wrap=["same numbers as"], wrap_width="36ch", name="fp32-choices")
 
 # %%
-Markdown(conclusions.fp32_choice(table))
+Markdown(nb04_pareto.fp32_choice(table))

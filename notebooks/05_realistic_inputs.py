@@ -17,16 +17,18 @@ import os
 
 from IPython.display import Markdown, display
 
-from analysis import family_conclusions, pareto, plots
+from analysis.core.results_io import FAMILY_STATS, MARGINS, RARE_ROWS, load_kind
+from analysis.judge import pareto
 from analysis.paths import RESULTS_DIR
-from analysis.results_io import FAMILY_STATS, MARGINS, RARE_ROWS, load_kind
-from analysis.tables import show
+from analysis.report import figures
+from analysis.report import nb05_realistic_inputs as family_conclusions
+from analysis.report.tables import show
 
 # %matplotlib inline
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # reads committed data only; nothing to shorten
 paths, table = pareto.load_table()
 studies = {kind.name: load_kind(RESULTS_DIR, kind.name)[1] for kind in (FAMILY_STATS, MARGINS, RARE_ROWS)}
-figures = {figure.stem: figure for figure in plots.draw_all(table, **studies)}  # draws, measures nothing
+figures = {figure.stem: figure for figure in figures.draw_all(table, **studies)}  # draws, measures nothing
 print("data:", ", ".join(p.name for p in paths), "| families:", ", ".join(sorted(table.family.unique())))
 
 # %% [markdown]

@@ -22,19 +22,21 @@ from pathlib import Path
 
 from IPython.display import Markdown, display
 
-from analysis import decision, matter_conclusions, plots_matter
+from analysis.core.results_io import NOISE, TRAINING, load_kind
+from analysis.judge import rule
 from analysis.lm.model import ModelConfig
 from analysis.lm.pipeline import DEFAULT_VOCAB
 from analysis.paths import RESULTS_DIR
-from analysis.results_io import NOISE, TRAINING, load_kind
+from analysis.report import nb06_does_it_matter
+from analysis.report import nb06_does_it_matter as matter_conclusions
+from analysis.report.tables import show
 from analysis.studies import training as study
-from analysis.tables import show
 
 # %matplotlib inline
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # both settings run the training study's quick setting only
 noise_paths, noise = load_kind(RESULTS_DIR, NOISE.name)
 training_paths, training = load_kind(RESULTS_DIR, TRAINING.name)
-figures = {figure.stem: figure for figure in plots_matter.draw_all(noise, training)}  # draws, measures nothing
+figures = {figure.stem: figure for figure in nb06_does_it_matter.draw_all(noise, training)}  # draws, measures nothing
 print("data:", ", ".join(p.name for p in [*noise_paths, *training_paths]))
 
 # %% [markdown]
@@ -45,7 +47,7 @@ print("data:", ", ".join(p.name for p in [*noise_paths, *training_paths]))
 # an fp32 `(C, D)` buffer rounded once at the end.
 
 # %%
-rows = decision.study_rows(noise)
+rows = rule.study_rows(noise)
 best = rows[rows.device == ("cuda" if (rows.device == "cuda").any() else "cuda-emulated")]
 floors = best[best.layout == "cuda"].pivot_table(index=["dtype", "policy"], columns="num_chunks",
                                                  values="grad_weight_floors", aggfunc="median")
@@ -70,7 +72,7 @@ display(figure.figure, Markdown(figure.markdown))
 if "noise_vs_chunks_cuda-emulated" in figures and figure.stem != "noise_vs_chunks_cuda-emulated":
     emulated = figures["noise_vs_chunks_cuda-emulated"]
     display(emulated.figure, Markdown(emulated.markdown))
-peers = decision.peer_table(noise)
+peers = rule.peer_table(noise)
 show(peers[["rule", "dtype", "policy", "num_chunks", "source", "worst_family", "weight_bias_over_noise",
             "weight_error_over_noise", "passes"]],
      {"weight_bias_over_noise": "{:.3g}", "weight_error_over_noise": "{:.3g}"}, name="chunking-rules")
@@ -81,8 +83,8 @@ show(peers[["rule", "dtype", "policy", "num_chunks", "source", "worst_family", "
 
 # %%
 at_256 = best[((best.num_chunks == 256) & (best.layout == "cuda")) | (best.policy == "unfused")]
-ratios = at_256.groupby(["dtype", "policy", "family"])[list(decision.RATIO_COLUMNS)].median()
-show(ratios.groupby(["dtype", "policy"]).max().reset_index(), {c: "{:.3g}" for c in decision.RATIO_COLUMNS},
+ratios = at_256.groupby(["dtype", "policy", "family"])[list(rule.RATIO_COLUMNS)].median()
+show(ratios.groupby(["dtype", "policy"]).max().reset_index(), {c: "{:.3g}" for c in rule.RATIO_COLUMNS},
      name="ratios-at-256")
 
 # %%
@@ -121,16 +123,16 @@ Markdown(matter_conclusions.training(training, noise, "cuda") + "\n\n"
 # A pick must lie on the error–memory front (notebook 04) and keep its weight-gradient bias
 # below 0.01 of the sampling noise along the gradient (10⁴ steps before it could stand out)
 # and its whole errors below 0.1 of the noise (1% more gradient variance), on the worst input
-# family (`analysis.decision`). What compact saves is real: the table gives, per policy in
+# family (`analysis.judge.rule`). What compact saves is real: the table gives, per policy in
 # bf16 on CUDA with `aspect_ratio:2`, lce's predicted peak extra memory of one forward+backward
 # at three LLM heads (N×D×C), next to its worst bias/noise at 256 chunks and the training
 # study's final-loss gap to the fp32 head.
 
 # %%
-costs = decision.policy_costs(noise, training)
+costs = rule.policy_costs(noise, training)
 show(costs, {c: ("{:.2f}" if c.startswith("GiB") else "{:.3g}") for c in costs.columns
              if c.startswith(("GiB", "bias"))}, name="policy-costs")
-show(decision.rule_table(noise)[["device", "dtype", "pick", "source", "worst_family", "weight_bias_over_noise",
+show(rule.rule_table(noise)[["device", "dtype", "pick", "source", "worst_family", "weight_bias_over_noise",
                                  "weight_error_over_noise", "input_error_over_noise", "passes"]],
      {c: "{:.3g}" for c in ("weight_bias_over_noise", "weight_error_over_noise", "input_error_over_noise")},
      name="auto-rule")
@@ -145,7 +147,7 @@ Markdown(matter_conclusions.rule(noise))
 #   rounding, so it can only show that no policy costs more than that here. It cannot show
 #   the effect of a bias acting over 10⁴–10⁶ steps at 128k–256k classes, nor on rare
 #   classes' embeddings over a long run; the rule's limits extrapolate from it (stated in
-#   `analysis.decision`).
+#   `analysis.judge.rule`).
 # - **Noise depends on the batch.** The ratios are at 1024 rows per batch; the noise shrinks as
 #   1/sqrt(rows), so at an LLM's 0.5–4M tokens per step every ratio is 20–60x larger, and a
 #   policy near a limit here fails it there.

@@ -17,18 +17,28 @@ import torch
 from IPython.display import Markdown
 
 import lce
-from analysis import choice_conclusions, error_model_fit, plots_budgets, plots_error_model, recommendations
+from analysis.core.results_io import BUDGETS, CLASS_TILING, load_kind
 from analysis.paths import RESULTS_DIR
-from analysis.results_io import BUDGETS, CLASS_TILING, load_kind
-from analysis.tables import show
+from analysis.report import (
+    nb07_choosing_options,
+)
+from analysis.report import (
+    nb07_choosing_options as choice_conclusions,
+)
+from analysis.report import (
+    nb07_choosing_options as recommendations,
+)
+from analysis.report.tables import show
+from analysis.studies import error_model as error_model_fit
 
 # %matplotlib inline
 validation = pd.read_csv(RESULTS_DIR / error_model_fit.VALIDATION_FILE)
 predictions = error_model_fit.llm_predictions()
 (budget_paths, budgets), (tiling_paths, tiling) = (load_kind(RESULTS_DIR, kind.name)
                                                    for kind in (BUDGETS, CLASS_TILING))
-figures = {figure.stem: figure for figure in [*plots_error_model.draw_all(validation, predictions),
-                                              *plots_budgets.draw_all(budgets, tiling)]}  # draws, measures nothing
+drawn = [*nb07_choosing_options.draw_error_model_figures(validation, predictions),
+         *nb07_choosing_options.draw_budget_figures(budgets, tiling)]  # draws, measures nothing
+figures = {figure.stem: figure for figure in drawn}
 print("data:", ", ".join(p.name for p in [*budget_paths, *tiling_paths]), "+", error_model_fit.VALIDATION_FILE)
 
 # %% [markdown]

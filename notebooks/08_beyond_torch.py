@@ -14,14 +14,16 @@
 # %%
 from IPython.display import Markdown
 
-from analysis import feature_conclusions, plots_features
+from analysis.core.results_io import FEATURE_COST, FEATURES, load_kind
 from analysis.paths import RESULTS_DIR
-from analysis.results_io import FEATURE_COST, FEATURES, load_kind
-from analysis.tables import show
+from analysis.report import nb08_beyond_torch
+from analysis.report import nb08_beyond_torch as feature_conclusions
+from analysis.report.tables import show
 
 # %matplotlib inline
 (feature_paths, features), (cost_paths, cost) = (load_kind(RESULTS_DIR, kind.name) for kind in (FEATURES, FEATURE_COST))
-figures = {figure.stem: figure for figure in plots_features.draw_all(features)}  # draws, measures nothing
+drawn = nb08_beyond_torch.draw_feature_figures(features)  # draws, measures nothing
+figures = {figure.stem: figure for figure in drawn}
 print("data:", ", ".join(path.name for path in [*feature_paths, *cost_paths]))
 
 # %% [markdown]

@@ -4,7 +4,7 @@
 # carried in .gpu/tokens.pt (python -m analysis train runs on the GPU's own Python, whose standard
 # library differs from the one the tokenizer was trained on). Every step has its own time limit and
 # writes its files as it goes, so a step that overruns costs only itself.
-#   1. the CUDA tests (tests/test_cuda.py), unless SKIP_TESTS=1;
+#   1. the CUDA tests (tests/lce/test_cuda.py), unless SKIP_TESTS=1;
 #   2. python -m analysis noise --device cuda: error against sampling noise on the real cuBLAS kernels;
 #   3. python -m analysis train --device cuda: the training study's full setting, for TRAIN_ARMS and
 #      TRAIN_SEEDS (default: every arm, seed 0), into TRAIN_FILE.
@@ -26,7 +26,7 @@ step() {  # step NAME SECONDS COMMAND...
   echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - started))s" | tee -a "$log"
 }
 
-[ "${SKIP_TESTS:-0}" = 1 ] || step cuda-tests "${TESTS_S:-100}" python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py
+[ "${SKIP_TESTS:-0}" = 1 ] || step cuda-tests "${TESTS_S:-100}" python3 -m pytest -q -p no:cacheprovider tests/lce/test_cuda.py
 [ "${SKIP_NOISE:-0}" = 1 ] || step noise "${NOISE_S:-110}" python3 -m analysis noise --device cuda --results "$OUT" --no-progress
 step train "${TRAIN_S:-300}" python3 -m analysis train --device cuda --tokens .gpu/tokens.pt --cache /tmp/lm \
   --results "$OUT" --file "${TRAIN_FILE:-training_cuda.csv}" --seed-list "${TRAIN_SEEDS:-0}" \

@@ -1,19 +1,12 @@
-"""pytest setup for the lce tests: import paths, determinism, markers."""
+"""pytest setup for every test: Hypothesis profiles and a seeded global RNG (import paths and markers are in
+pyproject.toml's [tool.pytest.ini_options])."""
 
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 from hypothesis import HealthCheck, settings
-
-_TESTS = os.path.dirname(os.path.abspath(__file__))
-_ROOT = os.path.dirname(_TESTS)
-for _p in (_ROOT, _TESTS):  # `import lce` and `import helpers` regardless of import mode
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
-
 
 # Hypothesis profiles. "ci" (the default, and what CI runs) is deterministic: the same examples
 # every run, no example database. "explore" draws fresh random examples each run and keeps the
@@ -24,10 +17,6 @@ settings.register_profile("ci", max_examples=500, derandomize=True, database=Non
 settings.register_profile("explore", max_examples=5000, derandomize=False, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: long-running accuracy checks (still run by default)")
 
 
 @pytest.fixture(autouse=True)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import lce
-from analysis.metrics import rel_fro
+from analysis.core.metrics import rel_fro
 
 F64 = torch.float64
 
@@ -232,7 +232,8 @@ def ref_run(problem: CallArgs, **kw):
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    """:func:`analysis.metrics.rel_fro` over the positions where ``ref`` is finite (absolute if ``ref`` is 0 there).
+    """:func:`analysis.core.metrics.rel_fro` over the positions where ``ref`` is finite (absolute if ``ref`` is 0
+    there).
 
     Positions where ``ref`` is NaN/inf are compared with :func:`same_nonfinite`; a NaN in ``got``
     where ``ref`` is finite makes the error infinite.

@@ -1,4 +1,4 @@
-"""The ``trained`` input family: a small language model trained here, and its head's ``(x, W, y)``.
+"""The ``trained`` input family's source: a small language model trained here, and its head's ``(x, W, y)``.
 
 Stages, one module each (``python -m analysis lm`` runs them all, :mod:`analysis.lm.pipeline`):
 
@@ -6,14 +6,10 @@ Stages, one module each (``python -m analysis lm`` runs them all, :mod:`analysis
 * :mod:`analysis.lm.tokenizer` -- a byte-level BPE tokenizer (``tokenizers``), cached as JSON;
 * :mod:`analysis.lm.model` -- a small decoder-only transformer with an untied, bias-free head;
 * :mod:`analysis.lm.train` -- deterministic, resumable AdamW training with a pluggable head loss;
-* :mod:`analysis.lm.dumps` -- the head dumps on held-out text, and their loader.
+* :mod:`analysis.lm.dumps` -- the head dumps on held-out text.
 
-Most callers need only the loader::
+The dumps are read back with :func:`analysis.core.head_dumps.load_head_dump`::
 
-    from analysis.lm import load_head_dump
+    from analysis.core.head_dumps import load_head_dump
     dump = load_head_dump("final")   # dump.x (2048, 128), dump.weight (16384, 128), dump.target (2048,)
 """
-
-from .dumps import HeadDump, available_checkpoints, load_head_dump
-
-__all__ = ["HeadDump", "load_head_dump", "available_checkpoints"]

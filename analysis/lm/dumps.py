@@ -1,4 +1,4 @@
-"""Head dumps: the ``(x, W, y)`` a trained model's head sees on held-out text, saved and loaded.
+"""Head dumps: the ``(x, W, y)`` a trained model's head sees on held-out text, computed from the model.
 
 A dump holds, for one checkpoint of the model,
 
@@ -14,42 +14,20 @@ positions from each window, drawn without replacement by a seeded generator. Eac
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass
-from pathlib import Path
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..paths import LM_DATA_DIR, display_path
-from .model import TinyLM
-from .train import heldout_windows, position_losses
+from analysis.core.head_dumps import HeadDump
+from analysis.lm.model import TinyLM
+from analysis.lm.train import heldout_windows, position_losses
 
-__all__ = ["HeadDump", "DUMP_ROWS", "DUMP_WINDOWS", "MAKE_COMMAND", "compute_head_dump", "save_head_dump",
-           "load_head_dump", "available_checkpoints"]
+__all__ = ["DUMP_ROWS", "DUMP_WINDOWS", "compute_head_dump"]
 
 DUMP_ROWS = 2048
 """Rows (positions) per dump."""
 DUMP_WINDOWS = 256
 """Held-out windows the rows are drawn from (``DUMP_ROWS // DUMP_WINDOWS`` from each); the recorded
 held-out loss is the model's mean over every position of these windows."""
-MAKE_COMMAND = "python -m analysis lm"
-"""The command that writes the committed dumps."""
-
-
-@dataclass(frozen=True)
-class HeadDump:
-    """One checkpoint's head inputs: ``x`` (N, D) fp32, ``weight`` (C, D) fp32, ``target`` (N,) int64,
-    all CPU tensors, and ``meta`` (the JSON metadata: provenance, step, losses)."""
-
-    x: torch.Tensor
-    weight: torch.Tensor
-    target: torch.Tensor
-    meta: dict
-
-
 @torch.no_grad()
 def compute_head_dump(model: TinyLM, heldout_tokens: torch.Tensor, rows: int = DUMP_ROWS,
                       windows: int = DUMP_WINDOWS, seed: int = 0) -> HeadDump:
@@ -87,48 +65,3 @@ def compute_head_dump(model: TinyLM, heldout_tokens: torch.Tensor, rows: int = D
     return HeadDump(x.float().contiguous(), weight.float().contiguous(), target.to(torch.int64), meta)
 
 
-def _paths(folder: Path, checkpoint: str) -> tuple[Path, Path]:
-    return folder / f"head-{checkpoint}.npz", folder / f"head-{checkpoint}.json"
-
-
-def save_head_dump(dump: HeadDump, checkpoint: str, folder: Path | str = LM_DATA_DIR) -> tuple[Path, Path]:
-    """Write ``head-<checkpoint>.npz`` and ``head-<checkpoint>.json`` into ``folder``; returns both paths."""
-    if not checkpoint or not checkpoint.replace("-", "").replace("_", "").isalnum():
-        raise ValueError(f"checkpoint name must be letters, digits, '-' or '_', got {checkpoint!r}")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    arrays, meta = _paths(folder, checkpoint)
-    with open(arrays.with_name(arrays.name + ".tmp"), "wb") as file:
-        np.savez(file, x=dump.x.numpy(), weight=dump.weight.numpy(), target=dump.target.numpy())
-    os.replace(arrays.with_name(arrays.name + ".tmp"), arrays)
-    meta.with_name(meta.name + ".tmp").write_text(json.dumps(dump.meta, indent=2, sort_keys=True) + "\n",
-                                                  encoding="utf-8")
-    os.replace(meta.with_name(meta.name + ".tmp"), meta)
-    return arrays, meta
-
-
-def available_checkpoints(folder: Path | str = LM_DATA_DIR) -> list[str]:
-    """The checkpoint names with both files in ``folder``, ordered by training step."""
-    folder = Path(folder)
-    names = [path.name[len("head-"):-len(".npz")] for path in folder.glob("head-*.npz")
-             if _paths(folder, path.name[len("head-"):-len(".npz")])[1].exists()]
-    steps = {name: json.loads(_paths(folder, name)[1].read_text(encoding="utf-8")).get("step", 0) for name in names}
-    return sorted(names, key=lambda name: (steps[name], name))
-
-
-def load_head_dump(checkpoint: str = "final", folder: Path | str = LM_DATA_DIR) -> HeadDump:
-    """The dump of ``checkpoint`` (``"early"``, ``"final"``, ...) from ``folder``.
-
-    Raises ``FileNotFoundError`` naming the available checkpoints and the command that writes them
-    when the dump is missing.
-    """
-    folder = Path(folder)
-    arrays, meta = _paths(folder, checkpoint)
-    if not (arrays.exists() and meta.exists()):
-        have = available_checkpoints(folder) if folder.is_dir() else []
-        raise FileNotFoundError(
-            f"no head dump {checkpoint!r} in {display_path(folder)} (available: {', '.join(have) or 'none'}); "
-            f"`{MAKE_COMMAND}` trains the model and writes the dumps (about 15 minutes on 2 cores)")
-    with np.load(arrays) as data:
-        x, weight, target = (torch.from_numpy(data[name].copy()) for name in ("x", "weight", "target"))
-    return HeadDump(x, weight, target, json.loads(meta.read_text(encoding="utf-8")))

@@ -18,13 +18,14 @@ from pathlib import Path
 import numpy
 import torch
 
-from ..paths import LM_CACHE_DIR, LM_DATA_DIR
-from ..provenance import cpu_model, git_revision
-from .corpus import HELDOUT_FRACTION, Corpus, load_corpus
-from .dumps import DUMP_ROWS, DUMP_WINDOWS, MAKE_COMMAND, compute_head_dump, save_head_dump
-from .model import ModelConfig
-from .tokenizer import encode_files, load_or_train_tokenizer
-from .train import TrainConfig, load_snapshot, train
+from analysis.core.head_dumps import MAKE_COMMAND, save_head_dump
+from analysis.core.provenance import cpu_model, git_revision
+from analysis.lm.corpus import HELDOUT_FRACTION, Corpus, load_corpus
+from analysis.lm.dumps import DUMP_ROWS, DUMP_WINDOWS, compute_head_dump
+from analysis.lm.model import ModelConfig
+from analysis.lm.tokenizer import encode_files, load_or_train_tokenizer
+from analysis.lm.train import TrainConfig, load_snapshot, train
+from analysis.paths import LM_CACHE_DIR, LM_DATA_DIR
 
 __all__ = ["DEFAULT_STEPS", "DEFAULT_VOCAB", "EARLY_FRACTION", "PipelineResult", "token_streams", "unigram_entropy",
            "run_pipeline"]

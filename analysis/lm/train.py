@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .model import ModelConfig, TinyLM
+from analysis.lm.model import ModelConfig, TinyLM
 
 __all__ = ["HeadLoss", "fp32_head_loss", "TrainConfig", "TrainResult", "train", "heldout_windows",
            "heldout_loss", "position_losses", "learning_rate", "load_snapshot", "LOG_COLUMNS"]

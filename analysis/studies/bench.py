@@ -6,7 +6,7 @@ One bench run at one problem (default: the issue's N=4096 D=512 C=32768):
   warm-up round, so a busy spell on the shared machine hits all of them
   alike; the median per implementation is reported;
 * peak extra memory: measured in a fresh process per implementation
-  (:func:`analysis.memory.measure_peak` on the allocator's event stream), so
+  (:func:`analysis.core.memory.measure_peak` on the allocator's event stream), so
   no caching or earlier call leaks into the figure;
 * the 3-GEMM floor: ``6 N D C`` flops at the rate of one ``(N, D) x (D, C)``
   GEMM measured in the same dtype -- what the three GEMMs of the op cost
@@ -17,7 +17,7 @@ Each measurement is one row of a ``bench`` results file
 policies against the chunk size (a ``chunk_sweep`` file, ``bench_chunks.csv``),
 the data behind the CPU entries of lce's "auto" table. The functions return
 tables; ``python -m analysis bench`` appends them through
-:func:`analysis.results_io.append_rows`.
+:func:`analysis.core.results_io.append_rows`.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ import time
 import pandas as pd
 import torch
 
+from analysis.core.implementations import ImplSpec, make_implementation, unavailable_reason
+from analysis.core.inputs import make_inputs
+from analysis.core.memory import measure_peak
+from analysis.core.problem import DTYPES, Shape, parse_shape
+from analysis.core.provenance import provenance
+from analysis.paths import ROOT
 from lce.options import dtype_name
-
-from ..implementations import ImplSpec, make_implementation, unavailable_reason
-from ..inputs import DTYPES, Shape, make_inputs, parse_shape
-from ..memory import measure_peak
-from ..paths import ROOT
-from ..provenance import provenance
 
 __all__ = ["BENCH_IMPLS", "SCALING_IMPLS", "CHUNK_SWEEP_POLICIES", "gemm_floor_s", "run_bench", "run_scaling",
            "chunk_sweep", "ratios", "against_baseline"]

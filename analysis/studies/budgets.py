@@ -32,13 +32,13 @@ import torch
 from tqdm import tqdm
 
 import lce
+from analysis.core.fp64 import reference_outputs
+from analysis.core.inputs import Inputs, make_inputs, outputs_of
+from analysis.core.memory import measure_peak
+from analysis.core.metrics import compare
+from analysis.core.problem import DTYPES, Shape
+from analysis.core.timing import time_call
 from lce.options import dtype_name
-
-from ..inputs import DTYPES, Inputs, Shape, make_inputs, outputs_of
-from ..memory import measure_peak
-from ..metrics import compare
-from ..reference import reference_outputs
-from ..timing import time_call
 
 __all__ = ["BUDGET_SHAPES", "GRADIENT_MULTIPLES", "FAMILY", "TILING_SHAPE", "TILING_BLOCKS", "budgets_for",
            "measure_options", "measure_budgets", "measure_tiling"]

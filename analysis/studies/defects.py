@@ -17,9 +17,10 @@ import math
 import pandas as pd
 import torch
 
-from ..implementations import ImplSpec, make_implementation
-from ..inputs import DTYPES, Shape, make_inputs
-from ..reference import fp64_loss
+from analysis.core.fp64 import fp64_loss
+from analysis.core.implementations import ImplSpec, make_implementation
+from analysis.core.inputs import make_inputs
+from analysis.core.problem import DTYPES, Shape
 
 __all__ = ["ulp", "loss_drift", "all_ignored_gradients"]
 

@@ -2,10 +2,10 @@
 
     python -m analysis demo [--rows 2048 --features 256 --classes 8192 --dtypes bfloat16 float16]
 
-Inputs are the analysis' seeded inputs (:func:`analysis.inputs.make_inputs`),
+Inputs are the analysis' seeded inputs (:func:`analysis.core.inputs.make_inputs`),
 rounded once to each dtype; the fp64 reference is computed from those same
 rounded values, so every error below is the op's own. Errors are relative
-Frobenius norms (:mod:`analysis.metrics`), also shown as multiples of the
+Frobenius norms (:mod:`analysis.core.metrics`), also shown as multiples of the
 rounding floor (the error of the exact answer merely rounded to the dtype).
 """
 
@@ -14,12 +14,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from analysis.core.fp64 import reference_outputs
+from analysis.core.implementations import ImplSpec, make_implementation, unavailable_reason
+from analysis.core.inputs import OUTPUT_NAMES, make_inputs
+from analysis.core.metrics import compare, rounding_floor
+from analysis.core.problem import DTYPES, Shape
 from lce.options import EXPLICIT_POLICIES
-
-from ..implementations import ImplSpec, make_implementation, unavailable_reason
-from ..inputs import DTYPES, OUTPUT_NAMES, Shape, make_inputs
-from ..metrics import compare, rounding_floor
-from ..reference import reference_outputs
 
 __all__ = ["DEMO_SHAPE", "SETTINGS", "run_demo"]
 

@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..families import draw
-from ..inputs import Shape
+from analysis.core.families import draw
+from analysis.core.problem import Shape
 
 __all__ = ["FAMILY_SHAPE", "STUDY_FAMILIES", "row_statistics", "family_statistics", "rank_frequencies", "study"]
 

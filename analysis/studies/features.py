@@ -2,7 +2,7 @@
 
 Errors (kind ``features``): for each feature set of :data:`FEATURE_SETS` and
 input family, in bf16 and fp16, the floors of both gradients and the loss's
-ulps against the fp64 reference of the same formula (:mod:`analysis.reference`
+ulps against the fp64 reference of the same formula (:mod:`analysis.core.fp64`
 falls back to autograd through the unfused fp64 formula for these features),
 next to the plain op on the same inputs; the returned log-sum-exp's largest
 error in nats against fp64; and, from the fp64 logits, what the cap does to
@@ -26,15 +26,15 @@ import pandas as pd
 import torch
 
 import lce
-
-from ..implementations import ImplSpec
-from ..inputs import DTYPES, Inputs, Shape, make_inputs
-from ..memory import measure_peak
-from ..metrics import report, ulps
-from ..reference import reference_outputs
-from ..results_io import FEATURE_COST, FEATURES
-from ..timing import time_call
-from .peers import Contender, lce_contenders, record_study, run_contenders
+from analysis.core.fp64 import reference_outputs
+from analysis.core.implementations import ImplSpec
+from analysis.core.inputs import Inputs, make_inputs
+from analysis.core.memory import measure_peak
+from analysis.core.metrics import report, ulps
+from analysis.core.problem import DTYPES, Shape
+from analysis.core.results_io import FEATURE_COST, FEATURES
+from analysis.core.timing import time_call
+from analysis.studies.peers import Contender, lce_contenders, record_study, run_contenders
 
 __all__ = ["FEATURE_SETS", "FEATURES_PROBLEMS", "SEEDS", "CONTENDERS", "FEATURES_FILE", "FEATURE_COST_FILE",
            "COST_SHAPE", "softmax_statistics", "measure", "measure_cost", "record", "record_cost"]

@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from analysis.core.fp64 import reference_outputs
+from analysis.core.implementations import ImplSpec, make_implementation
+from analysis.core.inputs import make_inputs
+from analysis.core.metrics import compare
+from analysis.core.problem import DTYPES, Shape
 from lce.options import EXPLICIT_POLICIES
-
-from ..implementations import ImplSpec, make_implementation
-from ..inputs import DTYPES, Shape, make_inputs
-from ..metrics import compare
-from ..reference import reference_outputs
 
 __all__ = ["chunk_growth", "fit_power_law"]
 

@@ -5,16 +5,16 @@ about ``(C - 1) e^-m``: below fp32's epsilon from about 17 nats, below fp64's
 from about 37. An implementation that forms ``p_y - 1`` or ``lse - z_y`` as a
 difference loses every digit of the target's gradient entry and of the loss
 there; lce sums the other classes' share instead (:mod:`lce.chunked`), and so
-does the fp64 reference (:mod:`analysis.reference`).
+does the fp64 reference (:mod:`analysis.core.fp64`).
 
-Inputs: :func:`analysis.families.confident_rows` (every row confident, at
+Inputs: :func:`analysis.core.families.confident_rows` (every row confident, at
 one margin), rounded to bf16 or fp16, several seeds. Contenders
 (:data:`CONTENDERS`): lce per policy on the CPU and the (emulated) CUDA
 layouts, with the default ``acc_dtype`` and fp32; torch 2.13's native op
 ("accurate" and "compact", ``acc_dtype`` fp32); the unfused formula in fp32
 on the upcast inputs, its gradients rounded back. Each run is one row of a
 ``margins`` results file (``analysis/results/margins.csv``): the floors of
-grad_input and grad_weight (:func:`analysis.metrics.report`), the loss in
+grad_input and grad_weight (:func:`analysis.core.metrics.report`), the loss in
 ulps of the dtype, the realized margin.
 """
 
@@ -26,13 +26,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..families import confident_rows
-from ..implementations import ImplSpec
-from ..inputs import DTYPES, Inputs, Shape
-from ..metrics import report, ulps
-from ..reference import reference_outputs
-from ..results_io import MARGINS
-from .peers import Contender, lce_contenders, record_study, run_contenders
+from analysis.core.families import confident_rows
+from analysis.core.fp64 import reference_outputs
+from analysis.core.implementations import ImplSpec
+from analysis.core.inputs import Inputs
+from analysis.core.metrics import report, ulps
+from analysis.core.problem import DTYPES, Shape
+from analysis.core.results_io import MARGINS
+from analysis.studies.peers import Contender, lce_contenders, record_study, run_contenders
 
 __all__ = ["MARGINS_SHAPE", "MARGIN_VALUES", "SEEDS", "CONTENDERS", "MARGINS_FILE", "confident_inputs",
            "measure", "record"]
@@ -54,7 +55,7 @@ CONTENDERS: tuple[Contender, ...] = (
 
 
 def confident_inputs(margin: float, shape: Shape, dtype: torch.dtype, seed: int) -> tuple[Inputs, float]:
-    """:func:`~analysis.families.confident_rows` as the op's inputs ("mean" reduction), and the realized margin."""
+    """:func:`~analysis.core.families.confident_rows` as the op's inputs ("mean" reduction), and the realized margin."""
     drawn, lead = confident_rows(margin, shape, dtype, seed=seed)
     return Inputs(drawn.x.requires_grad_(True), drawn.weight.requires_grad_(True), None, drawn.target), lead
 

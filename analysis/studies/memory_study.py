@@ -2,7 +2,7 @@
 
 Both are taken at one study problem (bf16 input by default), in seconds: the
 breakdown from :func:`lce.plan` (no measurement), the trace from the
-allocator's event stream (:func:`analysis.memory.allocation_trace`), for lce
+allocator's event stream (:func:`analysis.core.memory.allocation_trace`), for lce
 next to torch's native op and the unfused reference on the same inputs.
 :func:`record` writes them as the ``memory_breakdown`` and ``memory_trace``
 results files (``python -m analysis memory-study``), which the figures read.
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.core.implementations import ImplSpec, make_implementation
+from analysis.core.inputs import make_inputs
+from analysis.core.memory import allocation_trace
+from analysis.core.problem import DTYPES, Shape
+from analysis.core.provenance import provenance
+from analysis.core.results_io import MEMORY_BREAKDOWN, MEMORY_TRACE, append_rows, set_aside
 from lce.options import dtype_name
-
-from ..implementations import ImplSpec, make_implementation
-from ..inputs import DTYPES, Shape, make_inputs
-from ..memory import allocation_trace
-from ..provenance import provenance
-from ..results_io import MEMORY_BREAKDOWN, MEMORY_TRACE, append_rows, set_aside
 
 __all__ = ["STUDY_SHAPE", "STUDY_DTYPE", "STUDY_SPECS", "BREAKDOWN_FILE", "TRACE_FILE", "buffer_breakdown",
            "memory_traces", "peaks", "record"]

@@ -45,16 +45,16 @@ import pandas as pd
 import torch
 
 import lce
+from analysis.core.families import draw
+from analysis.core.fp64 import reference_outputs, residual_blocks
+from analysis.core.implementations import ImplSpec
+from analysis.core.inputs import Inputs, Outputs, rounded_inputs
+from analysis.core.metrics import report, rounding_floor
+from analysis.core.problem import DTYPES, Shape
+from analysis.core.results_io import NOISE
+from analysis.studies.peers import Contender, record_study, run_contenders
 from lce.plan import aspect_ratio_chunk_size
 from lce.testing import emulate_device_kind
-
-from ..families import draw
-from ..implementations import ImplSpec
-from ..inputs import DTYPES, Inputs, Outputs, Shape, rounded_inputs
-from ..metrics import report, rounding_floor
-from ..reference import reference_outputs, residual_blocks
-from ..results_io import NOISE
-from .peers import Contender, record_study, run_contenders
 
 __all__ = ["NOISE_SHAPE", "FAMILIES", "STUDY_DTYPES", "POLICIES", "CHUNK_COUNTS", "SEEDS", "NOISE_FILE",
            "SamplingNoise", "sampling_noise", "contenders", "chunk_rules", "measure_inputs", "measure", "record"]

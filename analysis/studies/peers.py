@@ -1,7 +1,7 @@
 """The implementations the numerics studies compare, run once per distinct arithmetic.
 
 A study names its contenders as :class:`Contender` rows (a label, an
-:class:`~analysis.implementations.ImplSpec`, the device it runs on, and
+:class:`~analysis.core.implementations.ImplSpec`, the device it runs on, and
 whether it sees the inputs upcast to fp32). :func:`run_contenders` runs them
 on one set of inputs and returns each one's outputs in the input dtype.
 
@@ -10,7 +10,7 @@ input dtype every policy computes the same numbers, "compact" with a wider
 ``acc_dtype`` runs the balanced layout on CPU, "auto" is one of the explicit
 policies. The chunk loop reads nothing of a plan but the dtypes its roles
 resolve to and its chunk size, so contenders whose plans agree on those get
-the outputs of one call (tests/test_analysis_numerics.py checks the shortcut against a real call).
+the outputs of one call (tests/analysis/test_numerics.py checks the shortcut against a real call).
 """
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from analysis.core.implementations import ImplSpec, make_implementation
+from analysis.core.inputs import Inputs, Outputs
+from analysis.core.provenance import provenance
+from analysis.core.results_io import Kind, append_rows, set_aside
 from lce.options import dtype_name
-
-from ..implementations import ImplSpec, make_implementation
-from ..inputs import Inputs, Outputs
-from ..provenance import provenance
-from ..results_io import Kind, append_rows, set_aside
 
 __all__ = ["Contender", "lce_contenders", "run_contenders", "Result", "LAYOUT_NAMES", "record_study"]
 

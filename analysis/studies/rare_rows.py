@@ -9,12 +9,12 @@ rounds the gradient once per chunk ("compact" on CUDA, the fp16 and bf16
 input dtype, where it can fall below half an ulp of the sum and be lost.
 
 Inputs: the ``calibrated`` family (Zipfian targets sampled from the model's
-softmax, :mod:`analysis.families`), drawn once per seed in fp32 and rounded to
+softmax, :mod:`analysis.core.families`), drawn once per seed in fp32 and rounded to
 each dtype. Contenders (:func:`contenders`): lce per policy ("auto" included)
 on the CPU and the (emulated) CUDA layouts, ``acc_dtype`` default and fp32,
 chunking "auto" and "aspect_ratio:2"; torch 2.13's native op (default
 options); the unfused reference in the input dtype. For every run,
-:func:`analysis.metrics.row_floors` of grad_weight is summarised per bin of
+:func:`analysis.core.metrics.row_floors` of grad_weight is summarised per bin of
 :data:`BINS` (median, 99th percentile, max, and the row count), with the
 Frobenius floors of both gradients; each (run, bin) is one row of a
 ``rare_rows`` results file (``analysis/results/rare_rows.csv``), bin ``all``
@@ -29,13 +29,14 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..families import draw
-from ..implementations import ImplSpec
-from ..inputs import DTYPES, Shape, rounded_inputs
-from ..metrics import report, row_floors, row_summary
-from ..reference import reference_outputs
-from ..results_io import RARE_ROWS
-from .peers import Contender, lce_contenders, record_study, run_contenders
+from analysis.core.families import draw
+from analysis.core.fp64 import reference_outputs
+from analysis.core.implementations import ImplSpec
+from analysis.core.inputs import rounded_inputs
+from analysis.core.metrics import report, row_floors, row_summary
+from analysis.core.problem import DTYPES, Shape
+from analysis.core.results_io import RARE_ROWS
+from analysis.studies.peers import Contender, lce_contenders, record_study, run_contenders
 
 __all__ = ["RARE_ROWS_SHAPE", "BINS", "SEEDS", "RARE_ROWS_FILE", "contenders", "bin_of", "bin_summaries",
            "measure", "record"]

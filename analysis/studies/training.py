@@ -35,12 +35,11 @@ import torch
 import torch.nn.functional as F
 
 import lce
+from analysis.core.problem import DTYPES
+from analysis.lm.model import ModelConfig
+from analysis.lm.train import HeadLoss, TrainConfig, fp32_head_loss, train
+from analysis.paths import LM_CACHE_DIR
 from lce.testing import emulate_device_kind
-
-from ..inputs import DTYPES
-from ..lm.model import ModelConfig
-from ..lm.train import HeadLoss, TrainConfig, fp32_head_loss, train
-from ..paths import LM_CACHE_DIR
 
 __all__ = ["Arm", "ARMS", "Setting", "SETTINGS", "head_loss_of", "run_arm", "collect", "run_study",
            "STUDY_CHUNKING"]
@@ -277,9 +276,9 @@ def load_streams(cache: Path, tokens_file: Path | None = None) -> tuple[torch.Te
     if tokens_file is not None:
         saved = torch.load(tokens_file, weights_only=True)
         return saved["train"].long(), saved["heldout"].long()
-    from ..lm.corpus import HELDOUT_FRACTION, load_corpus
-    from ..lm.pipeline import DEFAULT_VOCAB, token_streams
-    from ..lm.tokenizer import load_or_train_tokenizer
+    from analysis.lm.corpus import HELDOUT_FRACTION, load_corpus
+    from analysis.lm.pipeline import DEFAULT_VOCAB, token_streams
+    from analysis.lm.tokenizer import load_or_train_tokenizer
 
     cache.mkdir(parents=True, exist_ok=True)
     corpus = load_corpus(None, HELDOUT_FRACTION)
@@ -294,9 +293,9 @@ def checkpoint_errors(cache: Path, setting: Setting, streams: tuple[torch.Tensor
     the head's inputs are the model's hidden states on ``setting.batch_size`` held-out windows, its weight and
     the next tokens (family ``trained@step``), one row per (seed, step, dtype, contender) as
     :func:`analysis.studies.noise.measure_inputs` writes them."""
-    from ..inputs import Inputs
-    from ..lm.train import heldout_windows, load_snapshot
-    from .noise import contenders, measure_inputs
+    from analysis.core.inputs import Inputs
+    from analysis.lm.train import heldout_windows, load_snapshot
+    from analysis.studies.noise import contenders, measure_inputs
 
     windows = heldout_windows(streams[1], model_config.context, setting.batch_size)
     noise_device = "cuda" if device == "cuda" else "cuda-emulated"

@@ -21,9 +21,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from ..inputs import DTYPES, Shape, make_inputs
-from ..results_io import VOCAB_PARALLEL
-from .peers import record_study
+from analysis.core.inputs import make_inputs
+from analysis.core.problem import DTYPES, Shape
+from analysis.core.results_io import VOCAB_PARALLEL
+from analysis.studies.peers import record_study
 
 __all__ = ["VOCAB_PARALLEL_FILE", "SHAPE", "WORLDS", "POLICIES", "FAMILIES", "SEEDS", "DTYPES_STUDIED", "measure",
            "record"]
@@ -46,9 +47,8 @@ def _shard(classes: int, world: int, rank: int) -> slice:
 def _one_call(rank: int, world: int, case: dict) -> dict:
     """Inputs of ``case``, this rank's shard, one forward + backward measured; gradients for the reference."""
     import lce
+    from analysis.core.memory import measure_peak
     from lce.distributed import vocab_parallel_linear_cross_entropy
-
-    from ..memory import measure_peak
 
     shape = Shape(*case["shape"])
     inputs = make_inputs(shape, DTYPES[case["dtype"]], family=case["family"], seed=case["seed"], bias=False)
@@ -113,7 +113,7 @@ def _run_world(world: int, cases: list[dict]) -> list[dict]:
 def _errors(result: dict, exact, dtype: torch.dtype) -> dict[str, float]:
     """Floors of both gradients and the loss's ulps against fp64 (for fp16/bf16 runs: fp64 has no floor to
     measure in; its runs are judged by their difference to one process)."""
-    from ..metrics import report, ulps
+    from analysis.core.metrics import report, ulps
 
     return dict(grad_input_floors=report(result["grad_input"], exact.grad_input, dtype).fro_in_floors,
                 grad_weight_floors=report(result["grad_weight"], exact.grad_weight, dtype).fro_in_floors,
@@ -132,7 +132,7 @@ def measure(shape: Shape = SHAPE, worlds: Sequence[int] = WORLDS, policies: Sequ
     """One row per (ranks, policy, family, dtype, seed): floors and ulps against fp64, peaks per rank."""
     from tqdm import tqdm
 
-    from ..reference import reference_outputs
+    from analysis.core.fp64 import reference_outputs
 
     cases = [dict(shape=(shape.N, shape.D, shape.C), policy=p, family=f, dtype=d, seed=s)
              for f, d, s, p in itertools.product(families, dtypes, seeds, policies)]

@@ -1,0 +1,540 @@
+"""``python -m analysis gpu-check``: what a lent GPU should measure, as one command inside a time budget.
+
+A GPU is lent now and then for about 15 minutes in all, on a machine that reaches no package registry
+(torch 2.11, Triton 3.6, Python 3.12; Liger-Kernel and Cut Cross-Entropy travel as wheels in the
+ignored ``.gpu/wheels``, see :func:`download_wheels`). One call runs, in order, each step in a process
+of its own with its share of ``--budget-s`` (:data:`STEPS`):
+
+1. ``tests``: ``pytest -m cuda`` on :data:`CUDA_TEST_FILES` (fp64 parity of every policy on CUDA
+   tensors, bf16/fp16 errors at the floor, the memory model against the allocator), then lce's public-API
+   suites (:data:`API_TEST_FILES`) on the machine's own torch (2.11 there: their comparisons with torch's op
+   skip);
+2. ``grid``: the ``cuda`` grid (:mod:`analysis.sweep.grids`: every input family, the LLM heads, TF32 off and
+   on, three seeds) into ``cuda.csv``, with the fp64 reference computed on the GPU in blocks of rows
+   (:func:`analysis.sweep.run.reference_block_elements`), so its memory is bounded at 128256 or 256000 classes;
+3. ``memory``: the CUDA allocator's peaks (allocated and reserved) against lce's model,
+   ``lce.plan(...).peak_extra_bytes``, per policy (``gpu_memory.csv``);
+4. ``bench``: at :data:`BENCH_SHAPE` in bf16 (the Cut Cross-Entropy paper's table), lce per policy, the
+   unfused op eager and under ``torch.compile``, Liger-Kernel and Cut Cross-Entropy when importable:
+   CUDA-event time (median after warm-up), allocator peaks, errors against fp64 (``gpu_bench.csv``);
+5. the log (``gpu_check.log``): provenance (GPU, driver, torch, CUDA, Triton, git revision: from
+   ``$LCE_LAB_REVISION`` when the copy sent has no usable ``.git``), every step's output, and what each
+   step did in how long.
+
+Every step stops by itself before its share runs out (it skips what its estimate says cannot finish)
+and is killed :data:`GRACE_S` after it; each row is written as soon as it is measured, so a step cut
+short keeps what it did, and a second call with the same ``--out`` resumes the grid.
+
+``--dry-run`` (CPU, CI): resolves every step's plan (the test files collected, every grid problem and
+lce's plan at the LLM heads under the CUDA layouts, the memory and bench plans), checks the wheels
+folder (reports what is missing, fails on nothing), and runs the grid on tiny shapes with the CUDA
+layouts emulated (:func:`dry_run_configs`), and the memory and bench steps on a tiny shape on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import importlib.util
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import torch
+
+import lce
+from analysis.core.implementations import ImplSpec, make_implementation, unavailable_reason
+from analysis.core.inputs import make_inputs
+from analysis.core.memory import measure_peak
+from analysis.core.metrics import compare
+from analysis.core.problem import DTYPES, Shape
+from analysis.core.provenance import git_revision, provenance
+from analysis.core.results_io import GPU_BENCH, GPU_MEMORY, append_row
+from analysis.core.run_config import RunConfig
+from analysis.core.timing import time_call
+from analysis.gpu.wheels import GPU_PACKAGES, WHEELS_DIR, unpack_wheels, wheel_status
+from analysis.paths import ROOT
+from analysis.sweep.grids import CUDA_HEADLINE_SHAPES, Grid, Measurement, get_grid
+from analysis.sweep.run import reference_block_elements, results_path, run_grid
+from lce.testing import emulate_device_kind
+
+__all__ = ["Step", "STEPS", "DEFAULT_BUDGET_S", "GRACE_S", "step_seconds", "Deadline", "GPU_PACKAGES", "WHEELS_DIR",
+           "wheel_status", "unpack_wheels", "dry_run_configs", "estimate_seconds", "run_grid_step", "run_memory_step",
+           "run_bench_step", "run_tests_step", "run_step", "run_check", "gpu_provenance", "CUDA_TEST_FILES",
+           "BENCH_SHAPE", "MEMORY_SHAPES", "BENCH_SPECS", "MEMORY_SPECS"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One step of the check: its name (``--step NAME``), its share of the budget, and what it does."""
+
+    name: str
+    share: float
+    summary: str
+
+
+STEPS: tuple[Step, ...] = (
+    Step("tests", 0.12, "pytest -m cuda: lce on CUDA tensors"),
+    Step("grid", 0.43, "the cuda grid: families, LLM heads, TF32 off and on (cuda.csv)"),
+    Step("memory", 0.10, "measured CUDA peaks against lce's memory model, per policy (gpu_memory.csv)"),
+    Step("bench", 0.30, "lce, unfused eager and compiled, Liger, CCE at 8192x2304x256000 bf16 (gpu_bench.csv)"),
+)
+"""The steps in the order they run. The shares add up to 0.95: the rest pays for starting each step's
+process (torch's import, CUDA's context) and writing the log."""
+
+DEFAULT_BUDGET_S = 420.0
+"""Seven minutes: one device call of at most ten, with room to start the machine and bring the files home."""
+
+GRACE_S = 20.0
+"""A step's process is killed this long after its share ends; it stops itself at the share."""
+
+CUDA_TEST_FILES: tuple[str, ...] = ("tests/lce/test_cuda.py",)
+"""The test files step 1 runs with ``-m cuda``."""
+API_TEST_FILES: tuple[str, ...] = tuple(f"tests/lce/{name}" for name in (
+    "test_options.py", "test_module.py", "test_fallback.py", "test_parity_fp64.py", "test_features.py",
+    "test_low_precision.py", "test_errors.py"))
+"""lce's public-API suites, which step 1 runs after the CUDA tests: they pass on a torch without
+``linear_cross_entropy`` (2.11), their comparisons with it skipping (tests/repo/test_torch_range.py checks that
+here)."""
+
+BENCH_SHAPE = Shape(8192, 2304, 256000)
+BENCH_DTYPE = "bfloat16"
+BENCH_WARMUP, BENCH_REPEATS = 2, 5
+MEMORY_SHAPES: tuple[Shape, ...] = (Shape(8192, 1024, 32768), *CUDA_HEADLINE_SHAPES)
+"""test_cuda.py's allocator check, then the LLM heads."""
+
+_LCE_SPECS = (ImplSpec("lce", "auto", "auto"),
+              *(ImplSpec("lce", policy, "auto", "float32") for policy in ("accurate", "balanced", "compact")))
+MEMORY_SPECS: tuple[ImplSpec, ...] = _LCE_SPECS
+"""lce's defaults, then each policy with fp32 accumulation (in bf16, an explicit policy's default
+``acc_dtype`` is bf16, where every policy computes the same thing)."""
+BENCH_SPECS: tuple[ImplSpec, ...] = (*_LCE_SPECS, ImplSpec("reference"), ImplSpec("liger"), ImplSpec("cce"),
+                                     ImplSpec("compiled"))
+"""The bench's contenders; ``compiled`` last: compiling takes tens of seconds, the others fractions of one."""
+
+DRY_SHAPES: dict[str, Shape] = {"random": Shape(64, 32, 512), "calibrated": Shape(64, 32, 512),
+                                "trained": Shape(8, 128, 16384)}
+"""The dry run's grid shape per family (``trained`` is fixed at its dump's D and C)."""
+DRY_MEASUREMENT = Measurement(warmup=0, repeats=1)
+DRY_BENCH_SHAPE = Shape(64, 32, 512)
+
+DEFAULT_OUT = ROOT / ".gpu" / "out"
+"""Where a real run writes without ``--out`` (ignored by git; on the device tool, pass ``--out "$OUT"``)."""
+LOG_NAME = "gpu_check.log"
+CUDA_FILE, BENCH_FILE, MEMORY_FILE = "cuda.csv", "gpu_bench.csv", "gpu_memory.csv"
+
+
+def step_seconds(budget_s: float) -> dict[str, float]:
+    """Each step's share of ``budget_s``, by name; ``ValueError`` for a budget that is not positive."""
+    if not budget_s > 0 or math.isinf(budget_s):
+        raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
+    return {step.name: step.share * budget_s for step in STEPS}
+
+
+@dataclasses.dataclass
+class Deadline:
+    """When a step must be done, on the monotonic clock."""
+
+    end: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def allows(self, seconds: float) -> bool:
+        """Whether work estimated at ``seconds`` would end before the deadline."""
+        return seconds <= self.left()
+
+
+# --------------------------------------------------------------------------------------- provenance
+
+
+def _nvidia_smi(query: str) -> str:
+    try:
+        result = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,
+                                text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return result.stdout.strip().splitlines()[0] if result.stdout.strip() else "unknown"
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def gpu_provenance() -> dict[str, str]:
+    """Where the check ran: GPU, driver, torch, CUDA, Triton, the compared packages, git revision, date."""
+    cuda = torch.cuda.is_available()
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "git_revision": git_revision(),
+        "gpu": torch.cuda.get_device_name() if cuda else "none (CPU)",
+        "driver": _nvidia_smi("driver_version") if cuda else "none",
+        "gpu_memory": _nvidia_smi("memory.total") if cuda else "none",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+        "triton": _version("triton"),
+        "lce": lce.__version__,
+        **{package.name: _version(package.name) for package in GPU_PACKAGES},
+        "torch_native_linear_cross_entropy": str(hasattr(torch.nn.functional, "linear_cross_entropy")),
+    }
+
+
+# -------------------------------------------------------------------------------------------- step 2
+
+
+def dry_run_configs(configs: Iterable[RunConfig]) -> tuple[RunConfig, ...]:
+    """The grid's seed-0 lce runs with "auto" chunking shrunk for a CPU: each family at :data:`DRY_SHAPES`, the
+    CUDA layouts emulated (``cuda`` -> ``cuda-emulated``), TF32 runs left out (they change nothing off a GPU).
+    Every policy and acc_dtype of every family and dtype runs; finer chunkings would only repeat the loop (and
+    the emulation upcasts the whole weight once per chunk: 20-60 s at the trained head's C on 2 cores)."""
+    out: dict[str, RunConfig] = {}
+    for config in configs:
+        if config.device != "cuda" or config.op != "lce" or config.seed != 0 or config.chunking != "auto":
+            continue
+        shape = DRY_SHAPES[config.family.split(":")[0]]
+        small = dataclasses.replace(config, device="cuda-emulated", N=shape.N, D=shape.D, C=shape.C)
+        out.setdefault(small.key, small)
+    return tuple(out.values())
+
+
+def _groups(configs: Sequence[RunConfig]) -> list[list[RunConfig]]:
+    """The runs in grid order, grouped by shared inputs (the sweep builds inputs and reference once per group)."""
+    groups: dict[tuple, list[RunConfig]] = {}
+    for config in configs:
+        groups.setdefault(config.inputs_key(), []).append(config)
+    return list(groups.values())
+
+
+_ASSUMED_FLOPS = {"float32": 40e12, "fp64": 40e12, "low": 300e12}
+"""Rates an estimate assumes on one H200 (FLOP/s): fp32 without TF32 and fp64 run on ~50-60 TFLOP/s units,
+bf16/fp16 GEMMs reach several hundred; lce's "accurate" runs its GEMMs in fp32 whatever the input dtype, so
+every run is costed at the fp32 rate (an overestimate for the rest). Measured groups correct it."""
+_DRAW_PER_S = 1e8
+"""Elements per second the families draw on the CPU (torch.randn with a generator runs on one thread)."""
+
+
+def estimate_seconds(group: Sequence[RunConfig], *, timed_seeds: int = 1, calls: int = 5) -> float:
+    """A generous guess at one group's time on one H200: the inputs' draw, the fp64 reference (3 GEMMs), and
+    ``calls`` forward+backward calls (3 GEMMs each) per run measured in full (one for errors-only seeds)."""
+    first = group[0]
+    gemms = 2.0 * first.N * first.D * first.C
+    runs = sum((calls if config.seed < timed_seeds else 1) for config in group
+               if unavailable_reason(config.op, config.device) is None)
+    draw = (first.N + first.C) * first.D / _DRAW_PER_S
+    return 1.0 + draw + 3 * gemms / _ASSUMED_FLOPS["fp64"] + runs * 3 * gemms / _ASSUMED_FLOPS["float32"]
+
+
+def run_grid_step(out: Path, deadline: Deadline, *, dry_run: bool = False, echo: Callable[[str], None] = print,
+                  grid: Grid | None = None) -> dict[str, int]:
+    """Step 2: the ``cuda`` grid (or :func:`dry_run_configs` of it) into ``out/cuda.csv``, one group of runs
+    sharing inputs at a time, skipping a group whose estimate (scaled by how far the estimates of the
+    groups done so far fell short) would outlast the deadline. Returns counts of groups and runs."""
+    grid = grid or get_grid("cuda")
+    configs = grid.configs
+    if dry_run:  # the plan a GPU would follow, then the tiny stand-in
+        calls = grid.measurement.warmup + 1 + grid.measurement.repeats
+        estimates = [(group[0], len(group), estimate_seconds(group, calls=calls)) for group in _groups(configs)]
+        for first, runs, seconds in estimates:
+            echo(f"  planned {first.device} {first.family} {first.dtype} {first.shape} seed {first.seed}: "
+                 f"{runs} runs, estimated {seconds:.0f} s on one H200")
+        echo(f"  planned: {len(configs)} runs, estimated {sum(e[2] for e in estimates):.0f} s in all")
+        configs, grid = dry_run_configs(configs), dataclasses.replace(grid, measurement=DRY_MEASUREMENT)
+    groups = _groups(configs)
+    echo(f"grid {grid.name}: {len(configs)} runs in {len(groups)} problems"
+         + (" (dry run: tiny shapes, CUDA layouts emulated)" if dry_run else ""))
+    shortfall, counts = 1.0, {"groups_run": 0, "groups_skipped": 0, "runs": 0, "errors": 0}
+    for group in groups:
+        first = group[0]
+        estimate = estimate_seconds(group, timed_seeds=grid.measurement.timed_seeds,
+                                    calls=grid.measurement.warmup + 1 + grid.measurement.repeats)
+        label = f"{first.device} {first.family} {first.dtype} {first.shape} seed {first.seed} ({len(group)} runs)"
+        if not deadline.allows(estimate * shortfall):
+            counts["groups_skipped"] += 1
+            echo(f"  skipped {label}: estimated {estimate * shortfall:.0f} s, {deadline.left():.0f} s left")
+            continue
+        started = time.monotonic()
+        summary = run_grid(grid, configs=group, folder=out, progress=False)
+        seconds = time.monotonic() - started
+        if estimate >= 2.0:  # short groups are dominated by fixed costs the estimate does not model
+            shortfall = max(shortfall, seconds / estimate)
+        counts["groups_run"] += 1
+        counts["runs"] += summary.ran
+        counts["errors"] += summary.errors
+        echo(f"  {label}: {summary.ran} new, {summary.errors} errors, {seconds:.1f} s (estimated {estimate:.1f} s)")
+    echo(f"grid: {counts} -> {results_path(grid.name, folder=out)}")
+    return counts
+
+
+# ------------------------------------------------------------------------------------ steps 3 and 4
+
+
+def _peaks(call: Callable[[], object], device: str) -> tuple[object, int, int | None]:
+    """``call()``'s result and its peak extra bytes: allocated and reserved from the CUDA allocator (its cache
+    emptied first, so that reserved counts what the call made the allocator hold), or the CPU profiler's
+    allocated (reserved None)."""
+    if device != "cuda":
+        result, memory = measure_peak(call, method="profiler")
+        return result, memory.peak_bytes, None
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    reserved_before = torch.cuda.memory_reserved()
+    result, memory = measure_peak(call, method="cuda")
+    return result, memory.peak_bytes, torch.cuda.max_memory_reserved() - reserved_before
+
+
+def _planned(spec: ImplSpec, shape: Shape, dtype: str) -> lce.Plan:
+    """lce's plan of ``spec`` at ``shape`` under the CUDA layouts, on meta tensors (nothing allocated)."""
+    x = torch.empty(shape.N, shape.D, dtype=DTYPES[dtype], device="meta")
+    w = torch.empty(shape.C, shape.D, dtype=DTYPES[dtype], device="meta")
+    with emulate_device_kind("cuda"):
+        return lce.plan(spec.options(), x, w)
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run_memory_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
+                    echo: Callable[[str], None] = print) -> Counter[str]:
+    """Step 3: per shape of :data:`MEMORY_SHAPES` and spec of :data:`MEMORY_SPECS`, lce's modeled peak
+    against the allocator's (``out/gpu_memory.csv``). The dry run prints the plans at those shapes and measures
+    a tiny shape on the CPU (profiler; reserved empty). Returns the rows' statuses, counted."""
+    device = _device()
+    for shape in MEMORY_SHAPES:
+        for spec in MEMORY_SPECS:
+            plan = _planned(spec, shape, BENCH_DTYPE)
+            echo(f"  plan {spec} {shape} bf16: {plan.acc_policy}, {plan.num_chunks} chunks, "
+                 f"modeled peak {plan.peak_extra_bytes / 2**30:.2f} GiB")
+    shapes = (DRY_BENCH_SHAPE,) if dry_run or device != "cuda" else MEMORY_SHAPES
+    statuses: Counter[str] = Counter()
+    for shape in shapes:
+        inputs = make_inputs(shape, DTYPES[BENCH_DTYPE], seed=0, bias=False, device=device)
+        for spec in MEMORY_SPECS:
+            row: dict[str, object] = dict(policy=spec.policy, acc_dtype=spec.acc_dtype, dtype=BENCH_DTYPE, N=shape.N,
+                                          D=shape.D, C=shape.C)
+            seconds = 2.0 + 6 * 2.0 * shape.N * shape.D * shape.C / _ASSUMED_FLOPS["float32"]
+            if not deadline.allows(seconds):
+                row.update(status="not run", note=f"budget: {deadline.left():.0f} s left, about {seconds:.0f} s needed")
+            else:
+                try:
+                    row.update(_memory_one(spec, inputs, device), status="ok")
+                except Exception as error:  # recorded, not fatal: the other policies still run
+                    row.update(status="error", note=f"{type(error).__name__}: {error}"[:500])
+            append_row(out / MEMORY_FILE, GPU_MEMORY.row(row, **provenance(device)))
+            statuses[str(row["status"])] += 1
+            echo(f"  memory {spec} {shape}: {row['status']} measured/modeled {row.get('measured_over_modeled')}")
+        del inputs
+    echo(f"{dict(statuses)}")
+    return statuses
+
+
+def _memory_one(spec: ImplSpec, inputs, device: str) -> dict[str, object]:
+    implementation = make_implementation(spec, device)
+    plan = implementation.plan(inputs)
+    implementation.run(inputs)  # warm-up: cuBLAS's workspaces and handles are not the op's memory
+    outputs, allocated, reserved = _peaks(lambda: implementation.run(inputs), device)
+    del outputs
+    return dict(resolved_policy=plan.acc_policy, num_chunks=plan.num_chunks, modeled_peak_bytes=plan.peak_extra_bytes,
+                peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,
+                measured_over_modeled=allocated / plan.peak_extra_bytes)
+
+
+_BENCH_ERRORS = ("loss_ulps", "grad_input_fro_in_floors", "grad_weight_fro_in_floors", "grad_bias_fro_in_floors")
+"""The error columns a bench row keeps (of :func:`analysis.core.metrics.compare`'s): the gradients in floors, the loss
+in ulps."""
+
+
+def _bench_estimate(spec: ImplSpec, shape: Shape) -> float:
+    compile_s = 60.0 if spec.op == "compiled" else 0.0
+    calls = BENCH_WARMUP + 1 + BENCH_REPEATS
+    return 2.0 + compile_s + calls * 6.0 * shape.N * shape.D * shape.C / _ASSUMED_FLOPS["float32"]
+
+
+def run_bench_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
+                   echo: Callable[[str], None] = print) -> Counter[str]:
+    """Step 4: each of :data:`BENCH_SPECS` at :data:`BENCH_SHAPE` in bf16, ``random`` inputs, no bias (Liger's
+    and CCE's plain call), into ``out/gpu_bench.csv``: errors vs fp64 and allocator peaks from one call after
+    :data:`BENCH_WARMUP`, then the median of :data:`BENCH_REPEATS` CUDA-event timings. The dry run runs a
+    tiny shape on the CPU (``compiled`` left out: it compiles for tens of seconds there). Returns the rows'
+    statuses, counted."""
+    device = _device()
+    shape = DRY_BENCH_SHAPE if dry_run or device != "cuda" else BENCH_SHAPE
+    started = time.monotonic()
+    inputs = make_inputs(shape, DTYPES[BENCH_DTYPE], seed=0, bias=False, device=device)
+    reference = _reference(inputs)
+    echo(f"bench {shape} {BENCH_DTYPE} on {device}: inputs and fp64 reference in {time.monotonic() - started:.1f} s")
+    statuses: Counter[str] = Counter()
+    for spec in BENCH_SPECS:
+        row: dict[str, object] = dict(impl=str(spec), op=spec.op, policy=spec.policy, acc_dtype=spec.acc_dtype,
+                                      dtype=BENCH_DTYPE, family="random", N=shape.N, D=shape.D, C=shape.C)
+        reason = unavailable_reason(spec.op, device)
+        estimate = _bench_estimate(spec, shape)
+        if reason is not None:
+            row.update(status="skipped", note=reason)
+        elif dry_run and spec.op == "compiled":
+            row.update(status="not run", note="dry run: torch.compile takes tens of seconds on a CPU")
+        elif not deadline.allows(estimate):
+            row.update(status="not run", note=f"budget: {deadline.left():.0f} s left, about {estimate:.0f} s needed")
+        else:
+            try:
+                row.update(_bench_one(spec, inputs, reference, device))
+                row["status"] = "ok"
+            except Exception as error:  # recorded, not fatal: the next contender still runs
+                row.update(status="error", note=f"{type(error).__name__}: {error}"[:500])
+        append_row(out / BENCH_FILE, GPU_BENCH.row(row, **provenance(device)))
+        statuses[str(row["status"])] += 1
+        echo(f"  bench {spec}: {row['status']} {row.get('time_median_s') or row.get('note', '')}")
+    echo(f"{dict(statuses)}")
+    return statuses
+
+
+def _reference(inputs):
+    from analysis.core.fp64 import reference_outputs
+
+    return reference_outputs(inputs, block_elements=reference_block_elements(inputs.input.device))
+
+
+def _bench_one(spec: ImplSpec, inputs, reference, device: str) -> dict[str, object]:
+    implementation = make_implementation(spec, device)
+    plan = implementation.plan(inputs)
+
+    def call():
+        return implementation.run(inputs)
+
+    for _ in range(BENCH_WARMUP):
+        call()
+    outputs, allocated, reserved = _peaks(call, device)
+    errors = {}
+    for name, report in compare(outputs, reference).items():
+        errors.update(report.columns(name))
+    del outputs
+    timing = time_call(call, warmup=0, repeats=BENCH_REPEATS, device=device)
+    return dict(resolved_policy=plan.acc_policy if plan else None, num_chunks=plan.num_chunks if plan else 1,
+                modeled_peak_bytes=plan.peak_extra_bytes if plan and spec.op == "lce" else None,
+                time_median_s=timing.median_s, time_spread_s=timing.spread_s, repeats=BENCH_REPEATS,
+                peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,
+                **{column: errors.get(column) for column in _BENCH_ERRORS})
+
+
+# -------------------------------------------------------------------------------------------- step 1
+
+
+def run_tests_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
+                   echo: Callable[[str], None] = print) -> int:
+    """Step 1: ``pytest -m cuda`` on :data:`CUDA_TEST_FILES`, then the suites of :data:`API_TEST_FILES` (the dry run
+    only collects them); returns the worse pytest exit status (5, no test collected, counts as 0: off a GPU
+    every CUDA test is skipped or deselected)."""
+    runs = (("cuda", ["-m", "cuda", *CUDA_TEST_FILES]), ("api", list(API_TEST_FILES)))
+    worst = 0
+    for name, arguments in runs:
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *arguments]
+        command += ["--collect-only"] if dry_run else [f"--junitxml={out / f'{name}_tests.xml'}"]
+        echo("$ " + " ".join(command[1:]))
+        try:
+            result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                                    timeout=max(deadline.left(), 1))
+        except subprocess.TimeoutExpired:
+            echo(f"tests: stopped at the step's limit ({deadline.left():.0f} s left)")
+            return 124
+        echo((result.stdout + result.stderr).strip()[-6000:])
+        worst = max(worst, 0 if result.returncode == 5 else result.returncode)
+    return worst
+
+
+_STEP_RUNNERS = {"tests": run_tests_step, "grid": run_grid_step, "memory": run_memory_step, "bench": run_bench_step}
+
+
+def run_step(name: str, out: Path, seconds: float, *, dry_run: bool = False) -> int:
+    """Run step ``name`` in this process with ``seconds`` to do it (what ``--step NAME`` calls); exit status:
+    pytest's for the tests, 1 for a step that recorded an error row (it still wrote every other row), else 0."""
+    if name not in _STEP_RUNNERS:
+        raise ValueError(f"step must be one of {tuple(_STEP_RUNNERS)}, got {name!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    result = _STEP_RUNNERS[name](out, Deadline.after(seconds), dry_run=dry_run, echo=lambda line: print(line,
+                                                                                                        flush=True))
+    if name == "tests":
+        return result
+    return 1 if result.get("errors") or result.get("error") else 0
+
+
+# ------------------------------------------------------------------------------------- orchestrator
+
+
+def _run_logged(command: list[str], timeout: float, log, env: dict[str, str]) -> tuple[int, float]:
+    """Run ``command``, copying its output line by line to ``log`` and stdout; kill it after ``timeout``."""
+    started = time.monotonic()
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, bufsize=1)
+    timer = threading.Timer(timeout, process.kill)
+    timer.start()
+    try:
+        for line in process.stdout:
+            log.write(line)
+            log.flush()
+            sys.stdout.write(line)
+        code = process.wait()
+    finally:
+        timer.cancel()
+    return code, time.monotonic() - started
+
+
+def run_check(out: Path, *, budget_s: float = DEFAULT_BUDGET_S, dry_run: bool = False,
+              wheels: Path = WHEELS_DIR) -> dict[str, tuple[int, float]]:
+    """The whole check: provenance, the wheels, then each of :data:`STEPS` in a process of its own with its share
+    of ``budget_s`` (killed :data:`GRACE_S` after it), everything logged to ``out/gpu_check.log``.
+
+    Returns each step's (exit status, seconds); -9 is a step killed at its limit.
+    """
+    shares = step_seconds(budget_s)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
+    env.setdefault("LCE_LAB_REVISION", git_revision())
+    results: dict[str, tuple[int, float]] = {}
+    with open(out / LOG_NAME, "a", encoding="utf-8") as log:
+        def echo(line: str) -> None:
+            log.write(line + "\n")
+            log.flush()
+            print(line, flush=True)
+
+        mode = "dry run (CPU)" if dry_run else "run"
+        echo(f"== gpu-check {mode}, budget {budget_s:.0f} s, out {out}")
+        for key, value in gpu_provenance().items():
+            echo(f"{key}: {value}")
+        for name, wheel in wheel_status(wheels).items():
+            echo(f"wheel {name}: {wheel.name if wheel else f'MISSING from {wheels} (make gpu-wheels)'}")
+        if not dry_run:
+            site = Path(tempfile.mkdtemp(prefix="lce-gpu-site-"))
+            for line in unpack_wheels(wheels, site):
+                echo(line)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), str(ROOT), env.get("PYTHONPATH")]))
+        for step in STEPS:
+            seconds = shares[step.name]
+            echo(f"== step {step.name} (limit {seconds:.0f} s): {step.summary}")
+            command = [sys.executable, "-m", "analysis", "gpu-check", "--step", step.name, "--step-seconds",
+                       f"{seconds:.1f}", "--out", str(out)] + (["--dry-run"] if dry_run else [])
+            code, took = _run_logged(command, seconds + GRACE_S, log, env)
+            results[step.name] = (code, took)
+            echo(f"== step {step.name}: exit {code} after {took:.1f} s")
+        echo("== summary: " + ", ".join(f"{name} exit {code} in {took:.0f} s"
+                                        for name, (code, took) in results.items()))
+        written = [name for name in (CUDA_FILE, BENCH_FILE, MEMORY_FILE) if (out / name).exists()]
+        echo(f"== files in {out}: {', '.join(written) or 'none'}, {LOG_NAME}")
+    return results

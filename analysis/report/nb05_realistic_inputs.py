@@ -1,0 +1,601 @@
+"""Notebook 05 (realistic inputs): its figures, conclusions and README block.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+import torch
+from matplotlib import ticker
+
+from analysis.core.results_io import latest, load_kind
+from analysis.judge.pareto import INTERVAL, seed_interval, verdicts
+from analysis.report.style import (
+    ERROR_SPAN,
+    PALETTE,
+    POLICY_ORDER,
+    CaptionedFigure,
+    apply_style,
+    chunk_lines,
+    family_panels,
+    honest_limits,
+    legend_below,
+    log_axes,
+    new_figure,
+    panel_grid,
+    seed_caption,
+)
+from analysis.report.wording import _conclusion, _finding, _format, _join, _range, _shapes
+
+ROW_METRICS = {"grad_weight_fro_in_floors": ("Frobenius (whole tensor)", "o"),
+               "grad_weight_row_p99": ("99th percentile class row", "^"),
+               "grad_weight_row_max": ("worst class row", "v")}
+"""The grad_weight errors :func:`plot_row_errors` sets side by side, with their legend text and marker."""
+
+
+def plot_row_errors(table: pd.DataFrame, device: str = "cpu") -> CaptionedFigure | None:
+    """grad_weight error per implementation with default chunking: the Frobenius error next to the p99 and
+    worst class row, per (family, dtype, shape); seed medians with their interval."""
+    data = table[(table["device"] == device) & table["chunking"].isin(["auto", ""])
+                 & (table["acc_dtype"] == "default")]
+    data = data.dropna(subset=list(ROW_METRICS), how="all")
+    if data.empty:
+        return None
+    apply_style()
+    fig, axes, panels = family_panels(data, width=4.8)
+    for ax, group in panels:
+        points = seed_interval(group, list(ROW_METRICS), by=["op", "policy", "label"])
+        points["order"] = [(op != "lce", op, POLICY_ORDER.index(p) if p in POLICY_ORDER else 99)
+                           for op, p in zip(points["op"], points["policy"], strict=True)]
+        points = points.sort_values("order").reset_index(drop=True)
+        offsets = np.linspace(-0.22, 0.22, len(ROW_METRICS))
+        for offset, (column, (text, marker)) in zip(offsets, ROW_METRICS.items(), strict=True):
+            for x, row in points.iterrows():
+                ax.errorbar([x + offset], [row[column]], yerr=[[row[column] - row[f"{column}_low"]],
+                                                               [row[f"{column}_high"] - row[column]]],
+                            fmt=marker, ms=5, color=PALETTE.get(row["policy"], "k"), elinewidth=0.8,
+                            mfc="none" if column != "grad_weight_fro_in_floors" else None)
+            ax.plot([], [], marker, color="0.3", mfc="none" if marker != "o" else None, ls="", label=text)
+        ax.set_xticks(range(len(points)), [f"{op}\n{policy}".strip() for op, policy in
+                                           zip(points["op"], points["policy"], strict=True)], fontsize=7)
+        values = pd.concat([points[f"{c}{s}"] for c in ROW_METRICS for s in ("_low", "_high")])
+        log_axes(ax, x=False)
+        honest_limits(ax, "y", values, span=ERROR_SPAN, floor=1.0)
+    fig.supylabel("grad_weight error (multiples of the rounding floor)", fontsize=9)
+    legend_below(fig, axes)
+    return CaptionedFigure(fig, f"row_errors_{device}",
+                           f"Weight-gradient error on {device} per implementation with default options and chunking "
+                           "(colour: policy), three ways: the Frobenius error of the whole tensor (filled circle), "
+                           "and the 99th-percentile and worst class row, each row's error over its own rounding "
+                           "floor (open triangles). Rows of rarely targeted classes are tiny and can be far off "
+                           "while the Frobenius average, dominated by the frequent classes, stays near the floor. "
+                           f"One row of panels per input family. {seed_caption(data)} Error axes reach down to the "
+                           f"rounding floor (1) and span at least a factor {ERROR_SPAN:g}.")
+
+
+BIAS_COLUMN = "grad_weight_bias_in_floors"
+"""The signed error :func:`plot_gradient_bias` draws: grad_weight's error along the exact gradient, in floors."""
+
+
+def plot_gradient_bias(table: pd.DataFrame, device: str = "cpu") -> CaptionedFigure | None:
+    """Signed bias of grad_weight (in floors) vs chunk count per policy, lce next to torch, per (family, dtype,
+    shape); seed median and band."""
+    data = table[(table["device"] == device) & table["op"].isin(["lce", "torch"])].dropna(subset=[BIAS_COLUMN])
+    if data.empty:
+        return None
+    apply_style()
+    fig, axes, panels = family_panels(data)
+    for ax, group in panels:
+        points = chunk_lines(ax, group, BIAS_COLUMN)
+        ax.axhline(0, color="k", lw=0.8)
+        reach = np.nanmax(np.abs(points[[f"{BIAS_COLUMN}_low", f"{BIAS_COLUMN}_high"]].to_numpy()))
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+        limit = max(2.0, 1.3 * reach) if np.isfinite(reach) else 2.0
+        ax.set_ylim(-limit, limit)  # symmetric: a bias of either sign reads at its true size
+        ax.set_xlabel("number of chunks")
+    fig.supylabel("grad_weight bias along the exact gradient (rounding floors)", fontsize=9)
+    legend_below(fig, axes)
+    return CaptionedFigure(fig, "gradient_bias",
+                           f"Signed error of the weight gradient along the exact gradient, in Frobenius rounding "
+                           f"floors, vs number of chunks, per policy, on {device}: negative means the gradient comes "
+                           "out systematically shorter than the exact one (as if the learning rate were lower), "
+                           "positive longer. Independent rounding errors contribute about (Frobenius error)/"
+                           "sqrt(entries), near 0 here; a bias that does not average out over steps shows at full "
+                           "size. Circles lce, crosses torch; solid where the resolved acc_dtype is wider than the "
+                           f"input. One row of panels per input family. {seed_caption(data)} Symmetric symlog "
+                           "axis, linear within ±1 floor.")
+
+
+def plot_families(stats: pd.DataFrame) -> CaptionedFigure | None:
+    """What each input family looks like: mean loss, p_target and margin quantiles, feature outliers, rank-frequency."""
+    if stats.empty:
+        return None
+    apply_style()
+    data = latest(stats, ["family", "statistic", "rank"]) if "date" in stats else stats
+    families = list(dict.fromkeys(data["family"]))
+    colours = dict(zip(families, sns.color_palette("colorblind", len(families)), strict=True))
+    value = data[data["statistic"] != "target_count"].pivot(index="family", columns="statistic", values="value")
+    value = value.reindex(families)
+    fig, axes = panel_grid(5, width=3.6, height=3.0, columns=5)
+    ax = axes.flat[0]
+    ax.barh(families, value["mean_loss"], color=[colours[f] for f in families])
+    ax.invert_yaxis()
+    ax.set_xlabel("mean loss (nats)")
+    quantiles = sorted(float(c.split("_q")[1]) for c in value.columns if c.startswith("p_target_q"))
+    for ax, name, xlabel, log in ((axes.flat[1], "p_target", "target probability p_y", True),
+                                  (axes.flat[2], "margin", "target logit − best other (nats)", False)):
+        for position, family in enumerate(families):
+            points = [value.loc[family, f"{name}_q{q:g}"] for q in quantiles]
+            ax.plot(points, [position] * len(points), "-", color=colours[family], lw=1)
+            ax.scatter(points, [position] * len(points), color=colours[family], s=[10, 18, 34, 18, 10][:len(points)])
+        ax.set_yticks(range(len(families)), families if name == "p_target" else [""] * len(families))
+        ax.invert_yaxis()
+        ax.set_xlabel(xlabel + "\n(5, 25, 50, 75, 95th percentiles)")
+        if log:
+            ax.set_xscale("log")
+            ax.set_xlim(left=max(1e-12, np.nanmin(value[[f"p_target_q{q:g}" for q in quantiles]].to_numpy()) / 3),
+                        right=1.5)
+    ax = axes.flat[3]
+    ax.barh(families, value["feature_rms_max_over_median"], color=[colours[f] for f in families])
+    ax.set_yticks(range(len(families)), [""] * len(families))
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("largest feature RMS / median feature RMS")
+    ax = axes.flat[4]
+    curves = data[data["statistic"] == "target_count"]
+    for family, curve in curves.groupby("family", sort=False):
+        ax.plot(curve["rank"], curve["value"], color=colours[family], lw=1.2, label=family)
+    log_axes(ax)
+    ax.set_xlabel("class rank (1 = most frequent target)")
+    ax.set_ylabel("times targeted")
+    ax.legend(fontsize=7, frameon=False)
+    first = data.iloc[0]
+    return CaptionedFigure(fig, "families",
+                           f"The input families at N={first.N} D={first.D} C={first.C} (seed {first.seed}), in fp64 "
+                           "on each family's fp32 draw: mean loss; percentiles of the target's probability and of "
+                           "its logit's lead over the best other class; how far the largest feature dimension "
+                           "stands out; how often each class is a target. Data: the family_stats results "
+                           "(python -m analysis family-stats).")
+
+
+def _brace_label(names: list[str]) -> str:
+    """Names of the same word count that differ word by word, written as one: ``lce {accurate,balanced} cpu``.
+
+    Exact only when the names are every combination of their words' values; otherwise the names are split on
+    their third word (the layout), then their last (the chunking), and the parts joined by " = "."""
+    words = [name.split(" ") for name in names]
+    if len({len(w) for w in words}) == 1:
+        columns = list(zip(*words, strict=True))
+        values = [sorted(set(column), key=column.index) for column in columns]
+        if np.prod([len(v) for v in values]) == len(names):
+            return " ".join(v[0] if len(v) == 1 else "{" + ",".join(v) + "}" for v in values)
+        for position in (2, -1):
+            parts = {}
+            for name, w in zip(names, words, strict=True):
+                parts.setdefault(w[position], []).append(name)
+            if len(parts) > 1:
+                return " = ".join(_brace_label(part) for part in parts.values())
+    return " = ".join(names)
+
+
+def _merge_identical(data: pd.DataFrame, keys: list[str], values: list[str]) -> pd.Series:
+    """Each ``impl``'s display name, implementations with identical ``values`` at every ``keys`` merged into one
+    (:func:`_brace_label`): contenders whose options resolve to the same arithmetic draw one line instead of
+    hiding each other."""
+    wide = data.pivot_table(index="impl", columns=keys, values=values, aggfunc="first", dropna=False)
+    signature = wide.apply(lambda row: tuple(np.round(row.to_numpy(dtype=float), 12)), axis=1)
+    names = {}
+    for _, members in signature.groupby(signature, sort=False):
+        group = sorted(members.index)
+        for impl in group:
+            names[impl] = _brace_label(group)
+    return data["impl"].map(names)
+
+
+def _study_colours(labels) -> dict[str, tuple]:
+    """One colour per (merged) implementation label of a numerics study, in sorted order."""
+    labels = sorted(set(labels))
+    palette = sns.color_palette("tab20" if len(labels) > 10 else "colorblind", len(labels))
+    return dict(zip(labels, palette, strict=True))
+
+
+MARGIN_OUTPUTS = {"grad_input_floors": "grad_input (floors)", "grad_weight_floors": "grad_weight (floors)",
+                  "loss_ulps": "loss (ulps of the dtype)"}
+
+
+def plot_margins(margins: pd.DataFrame) -> CaptionedFigure | None:
+    """Error against the target's lead (nats), one line per implementation: seed median, 5-95% band."""
+    if margins.empty:
+        return None
+    apply_style()
+    data = latest(margins, ["impl", "dtype", "N", "D", "C", "seed", "margin"])
+    data = data.assign(impl=_merge_identical(data, ["dtype", "margin", "seed"], list(MARGIN_OUTPUTS)))
+    dtypes = sorted(data["dtype"].unique())
+    fig = new_figure(4.2 * len(MARGIN_OUTPUTS), 3.4 * len(dtypes) + 1.6)
+    axes = fig.subplots(len(dtypes), len(MARGIN_OUTPUTS), squeeze=False)
+    colours = _study_colours(data["impl"])
+    for row, dtype in enumerate(dtypes):
+        for column, (output, label) in enumerate(MARGIN_OUTPUTS.items()):
+            ax = axes[row, column]
+            group = data[data["dtype"] == dtype]
+            floor = 0.01 if output == "loss_ulps" else 0.5  # an exact loss is 0 ulps: clamp onto the log axis
+            values = group[output].clip(lower=floor)
+            stats = values.groupby([group["impl"], group["margin"]]).quantile([0.05, 0.5, 0.95]).unstack()
+            for impl in sorted(stats.index.get_level_values(0).unique()):
+                line = stats.loc[impl].sort_index()
+                ax.plot(line.index, line[0.5], marker="o", ms=3, lw=1.1, color=colours[impl],
+                        ls="-" if impl.startswith("lce") else "--", label=impl)
+                ax.fill_between(line.index, line[0.05], line[0.95], color=colours[impl], alpha=0.12, lw=0)
+            ax.axhline(1.0, color="k", lw=0.8, ls=":")
+            log_axes(ax, x=False)
+            honest_limits(ax, "y", values, span=ERROR_SPAN, floor=None if output == "loss_ulps" else 1.0)
+            ax.set_title(f"{dtype}: {label}", fontsize=9)
+            ax.set_xlabel("target's lead over every other class (nats)")
+    legend_below(fig, axes, columns=2)
+    first = data.iloc[0]
+    seeds = data["seed"].nunique()
+    caption = ("Error against fp64 on rows whose target logit leads every other class by the margin "
+               f"(N={first.N} D={first.D} C={first.C}, every row confident; "
+               "analysis.core.families.confident_rows), per "
+               f"implementation: the median over {seeds} seeds, the band their 5-95% range; dashed: torch and the "
+               "unfused formula. \"cuda\" is lce's CUDA layouts, emulated on CPU; implementations whose numbers "
+               "are identical everywhere share one line (names in braces: every combination). Gradients in "
+               "multiples of their rounding floor (1 = the exact answer rounded), the loss in ulps of the dtype "
+               "(values below 0.01 drawn at 0.01). lce \"accurate\" needs acc=fp32 (or \"auto\") to be at the "
+               "floor: with the default acc_dtype an explicit policy computes in the input dtype. In fp16 the exact "
+               "gradients of these rows fall below fp16's subnormals from about 15 nats on (mean over the rows), so "
+               "every answer reads 1 floor there: only bf16 separates the implementations at large margins. Data: "
+               "the margins results (python -m analysis margins).")
+    return CaptionedFigure(fig, "margins", caption)
+
+
+RARE_BIN_COLOURS = dict(zip(("never", "1-2", "3-15", "16+"), sns.color_palette("viridis", 4), strict=True))
+
+
+def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
+    """Per implementation (rows) and dtype (panels): grad_weight's row error per bin of the class's target count
+    (filled: p99, median over seeds; open: max over seeds) and the Frobenius error (black bar)."""
+    if rare.empty:
+        return None
+    apply_style()
+    data = latest(rare, ["impl", "dtype", "N", "D", "C", "seed", "bin"])
+    n, d, c = data.groupby(["N", "D", "C"]).size().idxmax()  # the study; spot checks at other shapes stay out
+    data = data[(data["N"] == n) & (data["D"] == d) & (data["C"] == c)]
+    data = data.assign(impl=_merge_identical(data, ["dtype", "seed", "bin"], ["row_p99", "row_max",
+                                                                               "grad_weight_floors"]))
+    dtypes = sorted(data["dtype"].unique(), reverse=True)  # float16 first: its auto pick is the issue's case
+    impls = sorted(data["impl"].unique(), key=lambda name: (not name.startswith("lce"), name))
+    position = {impl: index for index, impl in enumerate(impls)}
+    fig = new_figure(6.0 * len(dtypes) + 3.5, 0.42 * len(impls) + 2.0)
+    axes = fig.subplots(1, len(dtypes), squeeze=False, sharey=True)
+    offsets = dict(zip(RARE_BIN_COLOURS, np.linspace(-0.27, 0.27, len(RARE_BIN_COLOURS)), strict=True))
+    for ax, dtype in zip(axes.flat, dtypes, strict=True):
+        group = data[data["dtype"] == dtype]
+        p99 = group.groupby(["impl", "bin"])["row_p99"].median()
+        worst = group.groupby(["impl", "bin"])["row_max"].max()
+        fro = group[group["bin"] == "all"].groupby("impl")["grad_weight_floors"].median()
+        for name, colour in RARE_BIN_COLOURS.items():
+            here = [impl for impl in impls if (impl, name) in p99.index]
+            y = [position[impl] + offsets[name] for impl in here]
+            ax.scatter([p99[(impl, name)] for impl in here], y, s=16, color=colour,
+                       label=f"p99, class targeted {name} times" if name != "never" else "p99, class never targeted")
+            ax.scatter([worst[(impl, name)] for impl in here], y, s=16, facecolor="none", edgecolor=colour,
+                       label=f"max ({name})")
+        ax.scatter(fro.to_numpy(), [position[impl] for impl in fro.index], marker="|", s=120, color="k",
+                   label="Frobenius (median over seeds)")
+        ax.axvline(1.0, color="k", lw=0.8, ls=":")
+        log_axes(ax, y=False)
+        honest_limits(ax, "x", pd.concat([p99, worst, fro]), span=ERROR_SPAN, floor=1.0)
+        ax.set_yticks(range(len(impls)), [textwrap.fill(impl, 60) for impl in impls], fontsize=7)
+        ax.set_ylim(len(impls) - 0.5, -0.5)
+        first = group.iloc[0]
+        ax.set_title(f"{dtype}, N={first.N} D={first.D} C={first.C}, {group['seed'].nunique()} seeds", fontsize=9)
+        ax.set_xlabel("grad_weight row error (multiples of the row's rounding floor)")
+    legend_below(fig, axes)
+    return CaptionedFigure(fig, "rare_rows",
+                           "Weight-gradient rows of rarely targeted classes: each class's row error over its own "
+                           "rounding floor (analysis.core.metrics.row_floors), binned by how often the class is a "
+                           "target "
+                           "in the batch (calibrated family: Zipfian prior, targets sampled from the model), per "
+                           "implementation; filled: the 99th percentile (median over seeds), open: the maximum (over "
+                           "all seeds), black bar: the Frobenius error of the whole gradient. \"cuda\" rows are "
+                           "lce's CUDA layouts emulated on CPU; \"auto\" resolves to the AUTO_TABLE entry of its "
+                           "layout and dtype; implementations whose numbers are identical everywhere share one row "
+                           "(names in braces: every combination). Drawn at the shape with the most rows; spot checks "
+                           "at other shapes are in the data only. Data: the rare_rows results (python -m analysis "
+                           "rare-rows).")
+
+CONFIDENT_SHARE = 0.01
+"""A family "has confident rows" when more than this share of its rows has p_target > 0.999."""
+
+OUTLIER_RATIO = 10.0
+"""A family "has feature outliers" when its largest feature's RMS exceeds the median feature's by this factor."""
+
+
+def _statistic(values: pd.DataFrame, family: str, name: str) -> float:
+    return float(values.loc[family, name]) if family in values.index and name in values.columns else float("nan")
+
+
+def family_portraits(stats: pd.DataFrame) -> str:
+    """What separates the families: loss, confident rows, margins, feature outliers, Zipfian targets."""
+    values = stats[stats["statistic"] != "target_count"].pivot_table(index="family", columns="statistic",
+                                                                     values="value")
+    families = list(dict.fromkeys(stats["family"]))
+    bullets = []
+    for family in families:
+        loss = _statistic(values, family, "mean_loss")
+        confident = _statistic(values, family, "share_p_target_above_0.999")
+        median_p = _statistic(values, family, "p_target_q0.5")
+        top_margin = _statistic(values, family, "max_margin")
+        outliers = _statistic(values, family, "feature_rms_max_over_median")
+        slope = _statistic(values, family, "zipf_slope")
+        bullets.append(f"`{family}`: mean loss {loss:.2f} nats, median p_target {median_p:.2g}, "
+                       f"{confident:.1%} of rows with p_target > 0.999 (largest margin {top_margin:.1f} nats), "
+                       f"largest feature {outliers:.1f}x the median feature's RMS, rank-frequency slope "
+                       f"{slope:.2f}")
+    def named(names: list[str]) -> str:
+        return _join([f"`{f}`" for f in names]) or "none"
+
+    confident = [f for f in families if _statistic(values, f, "share_p_target_above_0.999") > CONFIDENT_SHARE]
+    outliers = [f for f in families if _statistic(values, f, "feature_rms_max_over_median") > OUTLIER_RATIO]
+    zipfian = [f for f in families if _statistic(values, f, "zipf_slope") < -0.5]
+    wrong = [f for f in families if _statistic(values, f, "p_target_q0.95") < 1e-3]
+    finding = (f"Confidently wrong on almost every row (95% of rows below p_target 0.001): {named(wrong)}. "
+               f"Zipfian targets (rank-frequency slope below −0.5): {named(zipfian)}. More than "
+               f"{CONFIDENT_SHARE:.0%} of rows predicted with near certainty (p_target > 0.999): {named(confident)}. "
+               f"Feature outliers above {OUTLIER_RATIO:g}x the median feature's RMS: {named(outliers)}.")
+    seed = int(stats["seed"].iloc[0]) if "seed" in stats else 0
+    return _conclusion(
+        finding, bullets,
+        inputs=f"{_join([f'`{f}`' for f in families])} at {_shapes(stats)}, seed {seed}, statistics in fp64 on "
+               "each family's fp32 draw (`python -m analysis family-stats`).",
+        limits=f"one draw per family ({int(stats['N'].iloc[0])} rows each: a mean loss is a few tenths of a nat from "
+               f"sampling); the trained model is small ({_trained_model()}): its loss is above a production LM's 2–3 "
+               "nats and it has not learned the near-certain predictions larger models make, which the "
+               "`calibrated` family supplies synthetically.")
+
+
+def _trained_model() -> str:
+    """The trained family's model in words, from its final dump's metadata."""
+    from analysis.core.head_dumps import load_head_dump
+
+    meta = load_head_dump("final").meta
+    model, training = meta["model_config"], meta["train_config"]
+    return (f"{model['n_layers']} layers, D={model['d_model']}, {meta['step']} steps of {training['batch_size']}x"
+            f"{model['context']} tokens, held-out loss {meta['heldout_loss']:.2f} nats")
+
+
+def _cell(rows: pd.DataFrame) -> str:
+    """One verdict cell: memory and time front marks and the error median with its interval, per shape."""
+    parts = []
+    for row in rows.sort_values("shape").itertuples():
+        memory = "✓" if row.on_memory_front else f"✗ ({row.memory_off_seeds}/{row.seeds})"
+        if row.device == "cuda-emulated":
+            time = "–"
+        else:
+            time = "✓" if row.on_time_front else f"✗ ({row.time_off_seeds}/{row.seeds})"
+        parts.append(f"{row.shape}: mem {memory} time {time}, {row.error:.2f} [{row.error_low:.2f}–"
+                     f"{row.error_high:.2f}]")
+    return "; ".join(parts)
+
+
+def verdict_matrix(verdicts_table: pd.DataFrame) -> pd.DataFrame:
+    """The verdicts of :func:`analysis.judge.pareto.verdicts` as one row per auto entry (device, dtype, pick) and one
+    column per input family: front marks (✗ with the seeds it is off in) and the worst-gradient error in floors
+    (seed median [interval]), per shape."""
+    if verdicts_table.empty:
+        return pd.DataFrame(columns=["device", "dtype", "auto pick"])
+    rows = []
+    for (device, dtype, pick), group in verdicts_table.groupby(["device", "dtype", "pick"], sort=True):
+        row = {"device": device, "dtype": dtype, "auto pick": pick}
+        for family, cells in group.groupby("family", sort=False):
+            row[family] = _cell(cells)
+        rows.append(row)
+    families = [f for f in ("random", "calibrated", "trained") if f in verdicts_table["family"].values]
+    families += sorted(set(verdicts_table["family"]) - set(families))
+    return pd.DataFrame(rows, columns=["device", "dtype", "auto pick", *families])
+
+
+def verdict_changes(verdicts_table: pd.DataFrame) -> str:
+    """Per auto entry: do its memory/time verdicts and its error change between input families?"""
+    if verdicts_table.empty:
+        return _conclusion("The results hold no run of an \"auto\" pick to judge.",
+                           inputs="the committed sweep results.", limits="nothing to conclude from.")
+    bullets, changed = [], []
+    for (device, dtype, pick), group in verdicts_table.groupby(["device", "dtype", "pick"], sort=True):
+        per_family = group.groupby("family", sort=False).agg(
+            memory=("on_memory_front", "all"), time=("on_time_front", "all"), error=("error", "median"),
+            high=("error_high", "max"))
+        words = []
+        for family, row in per_family.iterrows():
+            time = "" if device == "cuda-emulated" else f", time front {'✓' if row.time else '✗'}"
+            words.append(f"{family}: memory front {'✓' if row.memory else '✗'}{time}, {row.error:.2f} floors "
+                         f"[up to {row.high:.2f}]")
+        varies = per_family["memory"].nunique() > 1 or (device != "cuda-emulated" and per_family["time"].nunique() > 1)
+        if varies:
+            changed.append(f"{device} {dtype}")
+        bullets.append(f"**{device} {dtype} → {pick}**{' (changes with the inputs)' if varies else ''}: "
+                       + "; ".join(words))
+    finding = (f"The verdict changes between input families for {_join(changed)}." if changed else
+               "No auto entry's verdict changes between the input families measured.")
+    seeds = int(verdicts_table["seeds"].max())
+    return _conclusion(
+        finding, bullets,
+        inputs=f"the committed quick and medium grids: {_join(sorted(set(verdicts_table['family'])))} inputs, "
+               f"shapes {_join(sorted(set(verdicts_table['shape'])))}, up to {seeds} seeds per configuration "
+               "(✓: on the front in every seed and shape; errors are seed medians, in brackets the largest 95th "
+               "percentile over seeds).",
+        limits="CUDA entries are judged on lce's CUDA layouts run on CPU tensors (exact products, fp32 sums in "
+               "the CPU's order; memory is lce's model, no time); CPU times are one thread on a shared 2-core "
+               "machine, so time verdicts within 10–20% are noise.")
+
+
+ROW_COLUMNS = ("grad_weight_fro_in_floors", "grad_weight_row_p99", "grad_weight_row_max", "grad_weight_bias_in_floors")
+
+
+def rows_and_bias(table: pd.DataFrame) -> str:
+    """05: per device, family and dtype, lce's default options next to torch's: grad_weight's whole-tensor error,
+    its p99 and worst class row, and its signed bias (seed medians; the largest shape of each family)."""
+    from analysis.judge.pareto import seed_interval
+
+    data = table[(table["op"].isin(["lce", "torch"])) & (table["policy"] == "auto") & (table["chunking"] == "auto")
+                 & (table["acc_dtype"] == "default") & (table["dtype"] != "float32")]
+    if data.empty or not set(ROW_COLUMNS) <= set(data.columns):
+        return _conclusion("The results hold no per-row errors of the default options.",
+                           inputs="the committed sweep results.", limits="nothing to conclude from.")
+    largest = data.groupby("family")["N"].transform("max") == data["N"]
+    medians = seed_interval(data[largest], list(ROW_COLUMNS))
+    bullets = []
+    worst_gap = None
+    for row in medians.sort_values(["device", "family", "dtype", "op"]).itertuples():
+        values = row._asdict()
+        gap = values["grad_weight_row_max"] / values["grad_weight_fro_in_floors"]
+        if worst_gap is None or gap > worst_gap[0]:
+            worst_gap = (gap, f"{row.op} on {row.device}, {row.family} {row.dtype}")
+        bullets.append(f"{row.device} {row.family} {row.dtype} {row.N}×{row.D}×{row.C}, {row.op} defaults: "
+                       f"{values['grad_weight_fro_in_floors']:.2f} floors on the whole grad_weight, "
+                       f"{values['grad_weight_row_p99']:.2f} at the 99th-percentile class row, "
+                       f"{values['grad_weight_row_max']:.2f} at the worst (up to "
+                       f"{values['grad_weight_row_max_high']:.2f}), bias "
+                       f"{_format(values['grad_weight_bias_in_floors'], '+.2f')} floors")
+    finding = (f"The worst class row is up to {worst_gap[0]:.0f}x the whole tensor's error ({worst_gap[1]}); "
+               "a bias of a fraction of a floor is what unbiased rounding leaves, a bias of whole floors "
+               "shrinks or grows every step's update the same way.")
+    return _conclusion(
+        finding, bullets,
+        inputs=f"default options of lce and torch (policy and chunking \"auto\"), bf16 and fp16, the largest "
+               f"shape of each family in the committed grids; seed medians (intervals: {INTERVAL}).",
+        limits="row errors are each row against its own rounding floor, so a row whose entries are all tiny "
+               "reads large even when its absolute error is below the tensor's; CUDA rows are lce's CUDA "
+               "layouts on CPU tensors.")
+
+
+def _worst_over_margins(margins: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype and implementation: the largest seed-median worst-gradient floors over the margins, the margin
+    where it occurs, the same restricted to margins <= 10 nats, and the largest loss distance in ulps."""
+    data = margins.assign(worst=margins[["grad_input_floors", "grad_weight_floors"]].max(axis=1))
+    medians = data.groupby(["dtype", "impl", "margin"], sort=True)["worst"].median().reset_index()
+    rows = []
+    for (dtype, impl), group in medians.groupby(["dtype", "impl"], sort=True):
+        top = group.loc[group["worst"].idxmax()]
+        rows.append({"dtype": dtype, "impl": impl, "worst": top["worst"], "at_margin": top["margin"],
+                     "worst_to_10": group[group["margin"] <= 10]["worst"].max(),
+                     "loss_ulps": data[(data["dtype"] == dtype) & (data["impl"] == impl)]["loss_ulps"].max()})
+    return pd.DataFrame(rows)
+
+
+MARGIN_BULLETS = ("lce auto cpu acc=default", "lce auto cuda acc=default", "lce accurate cpu acc=fp32",
+                  "lce accurate cuda acc=fp32", "torch accurate acc=fp32", "torch compact acc=fp32", "unfused fp32")
+"""The implementations the margins conclusion lists one by one (the figure shows every one)."""
+
+
+def margins(margins: pd.DataFrame) -> str:
+    """05: lce's cancellation-free target terms against the unfused fp32 formula and torch's op, 0-40 nats."""
+    if margins.empty:
+        return _conclusion("No margins results yet (`python -m analysis margins`).",
+                           inputs="the committed results.", limits="nothing to conclude from.")
+    worst = _worst_over_margins(margins)
+    ours = worst[worst["impl"].str.startswith("lce accurate") & worst["impl"].str.endswith("acc=fp32")]
+    peers = worst[~worst["impl"].str.startswith("lce")]
+    bf16_peers = peers[peers["dtype"] == "bfloat16"]
+    finding = (f"lce's `accurate` with fp32 accumulation (CPU and CUDA layouts) stays within "
+               f"{ours['worst'].max():.2f} floors on both gradients at every margin from "
+               f"{margins['margin'].min():g} to {margins['margin'].max():g} nats in bf16 and fp16, its loss within "
+               f"{ours['loss_ulps'].max():.2f} ulp of fp64. The peers that form `p_y − 1` reach "
+               f"{_range(bf16_peers['worst'], '.0f')} floors in bf16 (at {_range(bf16_peers['at_margin'], 'g')} "
+               f"nats) and {_range(bf16_peers['loss_ulps'], '.0f')} ulps on the loss, while being within "
+               f"{bf16_peers['worst_to_10'].max():.2f} floors up to 10 nats.")
+    bullets = []
+    shown = worst[worst["impl"].isin(MARGIN_BULLETS)]
+    for row in shown.sort_values(["dtype", "worst"]).itertuples():
+        bullets.append(f"{row.dtype}, {row.impl}: worst {row.worst:.2f} floors (at {row.at_margin:g} nats; "
+                       f"{row.worst_to_10:.2f} up to 10 nats), loss within {row.loss_ulps:.2f} ulps")
+    first = margins.iloc[0]
+    return _conclusion(
+        finding, bullets,
+        inputs=f"rows whose target leads by 0–40 nats (`families.confident_rows`), {first.N}×{first.D}×{first.C}, "
+               f"{margins['seed'].nunique()} seeds (seed medians), bf16 and fp16, errors against the "
+               "cancellation-free fp64 reference (`python -m analysis margins`).",
+        limits="in fp16 past about 15 nats the exact gradients are below fp16's subnormals, so every "
+               "implementation reads 1 floor there: fp16 cannot judge large margins. An explicit policy without "
+               "acc_dtype accumulates in the input dtype (torch's options contract): those rows measure bf16/fp16 "
+               "accumulation, not the target terms.")
+
+
+def _rare_summary(rare: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype and implementation: Frobenius floors (seed median), the worst bin's p99 row (seed median) and the
+    worst row over seeds, with the bin they occur in."""
+    rows = []
+    for (dtype, impl), group in rare.groupby(["dtype", "impl"], sort=True):
+        bins = group[group["bin"] != "all"]
+        p99 = bins.groupby("bin")["row_p99"].median()
+        top = bins.loc[bins["row_max"].idxmax()]
+        rows.append({"dtype": dtype, "impl": impl,
+                     "frobenius": group.groupby("seed")["grad_weight_floors"].first().median(),
+                     "p99": p99.max(), "p99_bin": p99.idxmax(), "max": top["row_max"], "max_bin": top["bin"]})
+    return pd.DataFrame(rows)
+
+
+def rare_rows(rare: pd.DataFrame) -> str:
+    """05: the weight-gradient rows of rarely targeted classes, per policy and layout, fp16 and bf16."""
+    if rare.empty:
+        return _conclusion("No rare-rows results yet (`python -m analysis rare-rows`).",
+                           inputs="the committed results.", limits="nothing to conclude from.")
+    summary = _rare_summary(rare)
+
+    def line(impl_prefix: str) -> list[str]:
+        picked = summary[summary["impl"] == impl_prefix]
+        return [f"{r.dtype}: {r.frobenius:.2f} floors Frobenius, p99 row {r.p99:.1f} (classes targeted "
+                f"{r.p99_bin}), worst row {r.max:.0f} ({r.max_bin})" for r in picked.itertuples()]
+
+    compact = summary[summary["impl"] == "lce compact cuda acc=fp32 aspect_ratio:2"]
+    balanced = summary[summary["impl"] == "lce balanced cuda acc=fp32 aspect_ratio:2"]
+    from lce.policies import auto_pick
+
+    picks = _join(sorted({f"{dtype} → {auto_pick('cuda', getattr(torch, dtype)).acc_policy}"
+                          for dtype in summary["dtype"]}))
+    finding = (f"On the CUDA layouts, compact's once-per-chunk rounding of the weight gradient costs "
+               f"{_range(compact['frobenius'])} floors on the whole grad_weight and up to "
+               f"{compact['max'].max():.0f} floors on single class rows; balanced, with the same chunks and an fp32 "
+               f"sum, is {_range(balanced['frobenius'])} floors with no row above {balanced['max'].max():.1f}. "
+               f"lce's CUDA \"auto\" entries: {picks}.")
+    bullets = []
+    for name, impl in (("CPU auto", "lce auto cpu acc=default auto"), ("CUDA auto", "lce auto cuda acc=default auto"),
+                       ("compact, CUDA layout, fp32, aspect_ratio:2", "lce compact cuda acc=fp32 aspect_ratio:2"),
+                       ("balanced, CUDA layout, fp32, aspect_ratio:2", "lce balanced cuda acc=fp32 aspect_ratio:2"),
+                       ("torch's default", "torch default"), ("unfused in the input dtype", "unfused")):
+        bullets += [f"{name}, {text}" for text in line(impl)]
+    first = rare.iloc[0]
+    return _conclusion(
+        finding, bullets,
+        inputs=f"`{first.family}` inputs (Zipfian targets), {first.N}×{first.D}×{first.C}, "
+               f"{rare['seed'].nunique()} seeds (medians; the worst row over seeds), fp16 and bf16, each class row "
+               "of grad_weight against its own rounding floor (`python -m analysis rare-rows`).",
+        limits="one shape (the cost of emulating the CUDA layouts on CPU grows as C² with aspect_ratio:2); "
+               "`rare_rows_c32768.csv` holds a 2-seed spot check at C=32768 (`rare-rows --shape 2048x256x32768`); "
+               "CUDA numbers are lce's CUDA layouts on CPU tensors.")
+
+
+def readme_realistic_inputs(results: Path) -> str:
+    """Notebook 05's findings, one bullet each: the families, confident rows, rare rows, the verdicts per family."""
+    from analysis.core.results_io import FAMILY_STATS, MARGINS, RARE_ROWS
+    from analysis.judge.pareto import load_table
+    from analysis.report import nb05_realistic_inputs as realistic
+
+    studies = {kind.name: load_kind(results, kind.name)[1] for kind in (FAMILY_STATS, MARGINS, RARE_ROWS)}
+    _, table = load_table(results)
+    findings = [
+        ("The families", realistic.family_portraits(studies[FAMILY_STATS.name])
+         if len(studies[FAMILY_STATS.name]) else ""),
+        ("Confident rows", realistic.margins(studies[MARGINS.name])),
+        ("Rare classes' rows", realistic.rare_rows(studies[RARE_ROWS.name])),
+        ("The verdicts per family", realistic.verdict_changes(verdicts(table)) if len(table) else ""),
+    ]
+    return "\n".join(f"- **{name}.** {_finding(text)}" for name, text in findings if text) + "\n"

@@ -1,0 +1,194 @@
+"""The numbers the READMEs quote, written by code from the committed results files.
+
+A README marks each generated passage with a pair of comments::
+
+    <!-- BEGIN generated:NAME (python -m analysis docs) -->
+    ...
+    <!-- END generated:NAME -->
+
+and :func:`update` rewrites what lies between them from :data:`BLOCKS`, so a
+number quoted in prose cannot drift from the data behind it:
+``python -m analysis docs`` rewrites the files, ``--check`` only reports, and a
+test requires the committed READMEs to be up to date.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from analysis.core.problem import DTYPES, Shape
+from analysis.core.results_io import BENCH, CHUNK_SWEEP, REPRODUCE, latest, load_kind
+from analysis.paths import RESULTS_DIR, ROOT
+from analysis.report.nb02_accuracy import readme_bf16_errors
+from analysis.report.nb05_realistic_inputs import readme_realistic_inputs
+from analysis.report.nb06_does_it_matter import readme_does_it_matter
+from analysis.report.nb07_choosing_options import readme_budgets, readme_error_model, readme_recommend
+from analysis.report.nb08_beyond_torch import readme_features, readme_vocab_parallel
+from analysis.sweep.grids import GRIDS
+from lce.policies import CPU_MIN_ROWS
+
+__all__ = ["BLOCKS", "DOCUMENTS", "BENCH_SHAPE", "render", "update"]
+
+BENCH_SHAPE = Shape(4096, 512, 32768)
+"""The problem ``python -m analysis bench`` measures by default, quoted in the README."""
+
+DOCUMENTS: tuple[str, ...] = ("README.md", "analysis/README.md")
+"""The files (relative to the repository root) that carry generated passages."""
+
+_MARKER = re.compile(r"(<!-- BEGIN generated:(?P<name>[\w-]+) \(python -m analysis docs\) -->\n)"
+                     r"(?P<body>.*?)"
+                     r"(<!-- END generated:(?P=name) -->)", re.S)
+
+
+def _minutes(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
+
+
+def reproduce_time(results: Path) -> str:
+    """How long the last whole ``reproduce --quick`` took, and where."""
+    _, runs = load_kind(results, REPRODUCE.name)
+    runs = runs[runs["grid"] == "quick"]
+    if runs.empty:
+        return "No whole reproduction has been timed yet (`analysis/results/reproduce.csv` is empty).\n"
+    last = runs.sort_values("date").iloc[-1]
+    return (f"The last `python -m analysis reproduce --quick` (what `make reproduce` runs once the venv is "
+            f"installed) took **{_minutes(last.total_s)}** (sweep {_minutes(last.sweep_s)} for "
+            f"{int(last.runs)} runs in {int(last.workers)} worker processes, memory study "
+            f"{_minutes(last.memory_study_s)}, figures {_minutes(last.figures_s)}) on an {last.cpu_model} "
+            f"({int(last.num_threads)} cores), {str(last.date)[:10]} at revision {last.git_revision} "
+            f"(`analysis/results/reproduce.csv`).\n")
+
+
+_BENCH_COLUMNS = {"lce": "lce (default)", "lce balanced": "lce balanced, acc fp32", "torch": "torch 2.13 native",
+                  "unfused": "unfused reference", "3-GEMM floor": "3-GEMM floor"}
+
+
+def bench_table(results: Path) -> str:
+    """Time and peak memory at the bench shape, one table per CPU model."""
+    _, bench = load_kind(results, BENCH.name)
+    shape = BENCH_SHAPE
+    bench = bench[(bench["N"] == shape.N) & (bench["D"] == shape.D) & (bench["C"] == shape.C)]
+    bench = latest(bench, ["cpu_model", "impl", "dtype", "metric"])
+    parts = []
+    for cpu, rows in bench.groupby("cpu_model", sort=True):
+        value = {(r.impl, r.dtype, r.metric): r.value for r in rows.itertuples()}
+        when = str(rows["date"].max())[:10]
+        lines = [f"{cpu} ({int(rows['num_threads'].iloc[0])} threads, {when}):", "",
+                 "| dtype | " + " | ".join(_BENCH_COLUMNS.values()) + " |",
+                 "|---" * (len(_BENCH_COLUMNS) + 1) + "|"]
+        for dtype in ("float32", "bfloat16"):
+            cells = []
+            for impl in _BENCH_COLUMNS:
+                seconds, peak = value.get((impl, dtype, "time_s")), value.get((impl, dtype, "peak_bytes"))
+                cell = "-" if seconds is None else f"{seconds:.2f} s"
+                if peak is not None and peak == peak:
+                    cell += f", {peak / 2**20:.0f} MiB"
+                cells.append(cell)
+            lines.append(f"| {dtype} | " + " | ".join(cells) + " |")
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
+def cpu_chunking(results: Path) -> str:
+    """What CPU "auto" chunking rests on: time at the row floor against the best and aspect-ratio sizes, per CPU."""
+    _, chunks = load_kind(results, CHUNK_SWEEP.name)
+    chunks = latest(chunks[chunks["metric"] == "time_s"], ["cpu_model", "impl", "dtype", "chunk_size"])
+    lines = ["| CPU | dtype, policy | 32 rows | 64 rows | auto's floor (spread) | best (rows) | floor / best |",
+             "|---|---|---|---|---|---|---|"]
+    floor_ratios, narrow_ratios, spreads = [], [], []
+    for (cpu, dtype, impl), rows in chunks.groupby(["cpu_model", "dtype", "impl"], sort=True):
+        time = dict(zip(rows["chunk_size"].astype(int), rows["value"], strict=True))
+        spread = dict(zip(rows["chunk_size"].astype(int), rows["spread_s"], strict=True))
+        floor = CPU_MIN_ROWS[DTYPES[dtype]]
+        best_rows = min(time, key=time.get)
+        policy = "default (auto)" if impl == "lce" else impl.removeprefix("lce ")
+        floor_spread = "" if spread[floor] != spread[floor] else f" (±{spread[floor] / 2:.2f})"
+        lines.append(f"| {cpu} | {dtype}, {policy} | {time.get(32, float('nan')):.2f} s | "
+                     f"{time.get(64, float('nan')):.2f} s | {time[floor]:.2f} s{floor_spread} ({floor}) | "
+                     f"{time[best_rows]:.2f} s ({best_rows}) | {time[floor] / time[best_rows]:.2f} |")
+        floor_ratios.append(time[floor] / time[best_rows])
+        narrow_ratios += [time[rows_] / time[best_rows] for rows_ in (32, 64) if rows_ in time]
+        spreads += [value for value in spread.values() if value == value]
+    summary = (f"\nOver these rows the floor takes at most {max(floor_ratios):.2f}x the fastest size's time (the "
+               f"repeats of one size spread by up to {max(spreads):.2f} s), while 32 or 64 rows take "
+               f"{min(narrow_ratios):.2f}-{max(narrow_ratios):.2f}x it. Spread: half the range of a size's "
+               "repeats; AMD rows from 2 repeats, Intel rows from 3.\n")
+    return "\n".join(lines) + "\n" + summary
+
+
+def grid_sizes(results: Path) -> str:
+    """Runs per named grid, and the measured time of the quick one."""
+    lines = [f"- `{grid.name}`: {len(grid.configs):,} runs; {grid.description}." for grid in GRIDS.values()]
+    return "\n".join(lines) + "\n\n" + reproduce_time(results)
+
+
+def baseline_bench(results: Path) -> str:
+    """lce here against an earlier revision (``bench --baseline``), as time ratios per dtype: every run against
+    the most recent baseline revision, so one noisy run cannot stand for the comparison."""
+    _, bench = load_kind(results, BENCH.name)
+    rows = bench[bench["impl"].astype(str).str.startswith("lce@") | (bench["impl"] == "lce now")]
+    if rows.empty:
+        return "No baseline comparison has been run yet (`python -m analysis bench --baseline REV`).\n"
+    baseline = rows[rows["impl"].str.startswith("lce@")].sort_values("date")["impl"].iloc[-1]
+    runs = rows[rows["date"].isin(rows[rows["impl"] == baseline]["date"])]
+    parts = []
+    for (date, dtype), group in runs.groupby(["date", "dtype"], sort=True):
+        value = dict(zip(group["impl"], group["value"], strict=True))
+        parts.append(f"{dtype} {value['lce now']:.2f} s against {value[baseline]:.2f} s "
+                     f"({value['lce now'] / value[baseline]:.2f}x, {int(group['repeats'].iloc[0])} rounds, "
+                     f"{str(date)[:16]})")
+    first = runs.iloc[0]
+    ratios = [float(part.split("(")[1].split("x")[0]) for part in parts]
+    return (f"lce's default options at N={first.N} D={first.D} C={first.C}, one forward+backward, against "
+            f"{baseline.removeprefix('lce@')}, fresh processes alternating, median over the rounds: "
+            f"{'; '.join(parts)} on an {first.cpu_model} (`python -m analysis bench --baseline "
+            f"{baseline.removeprefix('lce@')}`). Runs of the same comparison range over {min(ratios):.2f}-"
+            f"{max(ratios):.2f}x: on this shared machine differences within that band are noise.\n")
+
+
+BLOCKS: dict[str, Callable[[Path], str]] = {
+    "reproduce-time": reproduce_time,
+    "bench-table": bench_table,
+    "cpu-chunking": cpu_chunking,
+    "bf16-errors": readme_bf16_errors,
+    "grid-sizes": grid_sizes,
+    "realistic-inputs": readme_realistic_inputs,
+    "baseline-bench": baseline_bench,
+    "does-it-matter": readme_does_it_matter,
+    "error-model": readme_error_model,
+    "recommend": readme_recommend,
+    "budgets": readme_budgets,
+    "features": readme_features,
+    "vocab-parallel": readme_vocab_parallel,
+}
+"""Every generated passage by name: a function of the results folder returning its Markdown."""
+
+
+def render(text: str, results: Path = RESULTS_DIR) -> str:
+    """``text`` with every generated passage rewritten; ``ValueError`` naming an unknown passage."""
+
+    def body(match: re.Match) -> str:
+        name = match["name"]
+        if name not in BLOCKS:
+            raise ValueError(f"unknown generated passage {name!r}; known: {sorted(BLOCKS)}")
+        return match.group(1) + BLOCKS[name](results) + match.group(4)
+
+    return _MARKER.sub(body, text)
+
+
+def update(root: Path = ROOT, results: Path = RESULTS_DIR, *, check: bool = False) -> list[Path]:
+    """Rewrite the generated passages of :data:`DOCUMENTS`; return the files that were (or, with
+    ``check``, would be) changed."""
+    changed = []
+    for name in DOCUMENTS:
+        path = root / name
+        text = path.read_text(encoding="utf-8")
+        new = render(text, results)
+        if new != text:
+            changed.append(path)
+            if not check:
+                path.write_text(new, encoding="utf-8")
+    return changed

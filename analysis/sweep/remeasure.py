@@ -1,0 +1,95 @@
+"""Bring the committed sweep rows' memory up to date after lce's memory use changed.
+
+The errors and times of a sweep row stay valid when a change to lce only
+moves memory (issue 11: the weight-gradient product is formed a block of
+classes at a time, never (C, D) at once), but its peak columns do not. For
+every lce row whose modeled peak differs from the current memory model's,
+:func:`remeasure` rewrites ``peak_bytes_modeled`` and, for rows measured on
+CPU, measures ``peak_bytes_measured`` again (the same profiler as the sweep,
+same inputs); the row's ``note`` says what was re-measured, at which revision
+and when, so its provenance stays honest. The CUDA-layout rows ("cuda-emulated")
+are judged by their modeled peak, as in :mod:`analysis.judge.pareto`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import functools
+from pathlib import Path
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from analysis.core.implementations import make_implementation
+from analysis.core.inputs import make_inputs
+from analysis.core.memory import measure_peak
+from analysis.core.problem import DTYPES
+from analysis.core.provenance import git_revision
+from analysis.core.run_config import RunConfig
+from lce.plan import make_plan
+from lce.testing import emulate_device_kind
+
+__all__ = ["modeled_peak", "stale_rows", "remeasure"]
+
+_CONFIG_FIELDS = [field.name for field in dataclasses.fields(RunConfig)]
+
+
+def _config(row: pd.Series) -> RunConfig:
+    values = {name: row[name] for name in _CONFIG_FIELDS}
+    values["bias"] = str(values["bias"]) == "True"
+    for name in ("N", "D", "C", "seed"):
+        values[name] = int(values[name])
+    return RunConfig(**values)
+
+
+def modeled_peak(config: RunConfig) -> int:
+    """The current memory model's peak for a sweep run (gradients of input, weight and bias if any)."""
+    context = emulate_device_kind("cuda") if config.device == "cuda-emulated" else contextlib.nullcontext()
+    with context:
+        plan = make_plan(config.spec.options(), num_rows=config.N, in_features=config.D, num_classes=config.C,
+                         dtype=DTYPES[config.dtype], device=torch.device("cpu"), needs_grad=(True, True, config.bias))
+    return plan.peak_extra_bytes
+
+
+def stale_rows(table: pd.DataFrame) -> pd.Series:
+    """The current modeled peak of every lce row whose recorded one differs (indexed like ``table``)."""
+    lce_rows = table[(table["op"] == "lce") & table["peak_bytes_modeled"].notna()]
+    current = pd.Series({index: modeled_peak(_config(row)) for index, row in lce_rows.iterrows()}, dtype="int64")
+    recorded = lce_rows["peak_bytes_modeled"].astype("int64")
+    return current[current != recorded]
+
+
+def remeasure(path: Path, *, progress: bool = True) -> int:
+    """Rewrite ``path``'s stale rows (see the module docstring); return how many changed."""
+    table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    numeric = table.assign(peak_bytes_modeled=pd.to_numeric(table["peak_bytes_modeled"], errors="coerce"))
+    stale = stale_rows(numeric)
+    revision, now = git_revision(), datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    by_inputs: dict[tuple, list[int]] = {}
+    for index in stale.index:
+        by_inputs.setdefault(_config(table.loc[index]).inputs_key(), []).append(index)
+    bar = tqdm(total=len(stale), desc=f"re-measure {path.name}", disable=not progress, unit="run")
+    for indices in by_inputs.values():
+        config = _config(table.loc[indices[0]])
+        inputs = None
+        for index in indices:
+            config = _config(table.loc[index])
+            table.loc[index, "peak_bytes_modeled"] = str(int(stale[index]))
+            note = f"peak modeled again at {revision} {now}"
+            if config.device == "cpu":
+                if inputs is None:
+                    inputs = make_inputs(config.shape, DTYPES[config.dtype], family=config.family, seed=config.seed,
+                                         bias=config.bias)
+                implementation = make_implementation(config.spec, config.device)
+                _, memory = measure_peak(functools.partial(implementation.run, inputs), method="profiler")
+                table.loc[index, "peak_bytes_measured"] = str(memory.peak_bytes)
+                note = f"peak re-measured at {revision} {now}"
+            old = table.loc[index, "note"]
+            table.loc[index, "note"] = f"{old}; {note}" if old else note
+            bar.update()
+    bar.close()
+    table.to_csv(path, index=False)
+    return len(stale)

@@ -1,0 +1,178 @@
+"""python -m analysis gpu-check: the dry run CI executes, the budget's shares, the wheels, the cuda grid's order."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from analysis.core.fp64 import REFERENCE_BLOCK_ELEMENTS
+from analysis.core.implementations import float32_matmul_precision, tensor_device
+from analysis.core.results_io import file_kind
+from analysis.gpu import check, wheels
+from analysis.judge.pareto import _devices_for
+from analysis.paths import ROOT
+from analysis.report import nb04_pareto
+from analysis.sweep.grids import CUDA_FAMILY_SHAPE, CUDA_HEADLINE_SHAPES, FAMILIES_IN_GRIDS, get_grid
+from analysis.sweep.run import reference_block_elements
+
+
+def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "analysis", "gpu-check", "--dry-run", "--out", str(tmp_path),
+                             "--wheels", str(tmp_path / "no-wheels")], cwd=ROOT, capture_output=True, text=True,
+                            timeout=180)
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert seconds < 90, f"the dry run took {seconds:.0f} s; CI runs it on every push"
+    log = (tmp_path / "gpu_check.log").read_text()
+    for step in check.STEPS:
+        assert f"== step {step.name}: exit 0" in log
+    assert "wheel liger-kernel: MISSING" in log and "wheel cut-cross-entropy: MISSING" in log
+    assert "git_revision: " in log and "torch: " + torch.__version__ in log
+    assert "planned: " in log  # the real grid's problems, each with an estimate
+    for shape in check.MEMORY_SHAPES:
+        assert f"{shape} bf16:" in log  # lce's plan at the LLM heads, on meta tensors
+    assert {file_kind(tmp_path / name) for name in ("cuda.csv", "gpu_memory.csv", "gpu_bench.csv")} == {
+        "sweep", "gpu_memory", "gpu_bench"}
+    grid = pd.read_csv(tmp_path / "cuda.csv")
+    assert set(grid["status"]) == {"ok"} and set(grid["device"]) == {"cuda-emulated"}
+    assert set(grid["family"]) == set(FAMILIES_IN_GRIDS)
+    assert set(grid["policy"]) == {"auto", "accurate", "balanced", "compact"}
+    bench = pd.read_csv(tmp_path / "gpu_bench.csv").set_index("op")
+    assert bench.loc["liger", "status"] == "skipped" and bench.loc["compiled", "status"] == "not run"
+    assert (bench.loc["reference", "grad_weight_fro_in_floors"]) >= 1.0
+
+
+def test_step_shares_leave_room_and_bad_budgets_are_named():
+    shares = check.step_seconds(420)
+    assert [step.name for step in check.STEPS] == ["tests", "grid", "memory", "bench"]
+    assert 0.9 * 420 <= sum(shares.values()) < 420
+    for bad in (0, -5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="budget_s"):
+            check.step_seconds(bad)
+    with pytest.raises(ValueError, match="step must be one of"):
+        check.run_step("nonsense", Path("."), 1.0)
+
+
+def test_a_step_skips_work_its_deadline_cannot_hold(tmp_path):
+    lines: list[str] = []
+    counts = check.run_grid_step(tmp_path, check.Deadline.after(0.0), echo=lines.append)
+    assert counts["groups_run"] == 0 and counts["groups_skipped"] > 0
+    assert not (tmp_path / "cuda.csv").exists()
+    assert any(line.startswith("  skipped ") for line in lines)
+
+
+def test_the_cuda_grid_puts_what_only_a_gpu_shows_first():
+    configs = get_grid("cuda").configs
+    first = configs[0]
+    assert (first.device, first.seed, first.shape) == ("cuda", 0, CUDA_FAMILY_SHAPE)
+    devices = [c.device for c in configs]
+    last_seed0 = max(i for i, c in enumerate(configs) if c.seed == 0)
+    assert all(c.seed > 0 for c in configs[last_seed0 + 1:])  # extra seeds come last
+    assert devices.index("cuda-tf32") > max(i for i, c in enumerate(configs) if c.shape in CUDA_HEADLINE_SHAPES
+                                            and c.device == "cuda")
+    headline = [c for c in configs if c.shape in CUDA_HEADLINE_SHAPES]
+    assert {c.shape for c in headline} == set(CUDA_HEADLINE_SHAPES) and {c.dtype for c in headline} == {"bfloat16"}
+    assert {c.family for c in configs if c.shape == CUDA_FAMILY_SHAPE} == set(FAMILIES_IN_GRIDS)
+
+
+def test_dry_run_configs_are_tiny_emulated_lce_runs():
+    small = check.dry_run_configs(get_grid("cuda").configs)
+    assert small and {c.device for c in small} == {"cuda-emulated"} and {c.op for c in small} == {"lce"}
+    assert all(c.N * c.C <= 2**17 and c.seed == 0 for c in small)
+
+
+def test_tf32_device_sets_and_restores_the_matmul_precision():
+    before = torch.get_float32_matmul_precision()
+    with float32_matmul_precision("high"):
+        assert torch.get_float32_matmul_precision() == "high"
+    assert torch.get_float32_matmul_precision() == before
+    assert tensor_device("cuda-tf32") == "cuda" and tensor_device("cuda-emulated") == "cpu"
+    with pytest.raises(ValueError, match="device must be one of"):
+        tensor_device("tpu")
+    assert reference_block_elements(torch.device("cpu")) == REFERENCE_BLOCK_ELEMENTS
+
+
+class _Pip:
+    """Stands in for ``pip download``: writes a wheel for the packages it has, fails for the others."""
+
+    def __init__(self, has: set[str], size: int = 10) -> None:
+        self.has, self.size, self.commands = has, size, []
+
+    def __call__(self, command):
+        self.commands.append(command)
+        name, folder = command[-1], Path(command[command.index("--dest") + 1])
+        if name not in self.has:
+            return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution found for " + name)
+        (folder / f"{name.replace('-', '_')}-1.0-py3-none-any.whl").write_bytes(b"x" * self.size)
+        return subprocess.CompletedProcess(command, 0, "Saved", "")
+
+
+def test_gpu_wheels_downloads_without_dependencies_for_python_3_12(tmp_path):
+    pip = _Pip({"liger-kernel", "cut-cross-entropy"})
+    lines = wheels.download_wheels(tmp_path, runner=pip)
+    assert all({"--no-deps", "--only-binary=:all:"} <= set(c) and c[c.index("--python-version") + 1] == "3.12"
+               for c in pip.commands)
+    assert lines[0].startswith("liger-kernel: liger_kernel-1.0") and "limit 60 MiB" in lines[-1]
+    assert all(wheels.wheel_status(tmp_path).values())
+
+
+def test_gpu_wheels_names_a_package_without_a_wheel_and_a_folder_too_heavy(tmp_path):
+    with pytest.raises(RuntimeError, match="no wheel could be downloaded for cut-cross-entropy"):
+        wheels.download_wheels(tmp_path / "a", runner=_Pip({"liger-kernel"}))
+    with pytest.raises(RuntimeError, match="at or above the 0 MiB limit"):
+        wheels.download_wheels(tmp_path / "b", runner=_Pip({"liger-kernel", "cut-cross-entropy"}), limit_bytes=15)
+
+
+def test_wheels_are_unpacked_without_pip(tmp_path):
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    with zipfile.ZipFile(folder / "liger_kernel-9.9-py3-none-any.whl", "w") as archive:
+        archive.writestr("liger_kernel/__init__.py", "")
+    lines = wheels.unpack_wheels(folder, tmp_path / "site")
+    if "liger-kernel: importable already" not in lines:
+        assert (tmp_path / "site" / "liger_kernel" / "__init__.py").exists()
+        assert "liger-kernel: unpacked liger_kernel-9.9-py3-none-any.whl" in lines
+    assert any(line.startswith("cut-cross-entropy: no wheel") for line in lines)
+
+
+def _sweep_rows(device: str, floors: float, policy: str = "balanced") -> list[dict]:
+    rows = []
+    for seed in (0, 1):
+        rows.append(dict(op="lce", dtype="bfloat16", N=2048, D=128, C=16384, policy=policy, chunking="auto",
+                         acc_dtype="float32", bias=True, family="calibrated", seed=seed, device=device, status="ok",
+                         resolved_policy=policy, grad_input_fro_in_floors=floors, grad_weight_fro_in_floors=2 * floors,
+                         device_name="NVIDIA H200" if device == "cuda" else "CPU"))
+    return rows
+
+
+def test_emulated_and_real_runs_pair_on_the_same_computation():
+    table = pd.DataFrame(_sweep_rows("cuda-emulated", 1.0) + _sweep_rows("cuda", 1.5) + _sweep_rows("cuda-tf32", 9.0)
+                         + _sweep_rows("cuda", 3.0, policy="compact"))  # no emulated twin: left out
+    pairs = nb04_pareto.emulated_vs_real(table)
+    assert len(pairs) == 2 and set(pairs["resolved_policy"]) == {"balanced"}
+    assert pairs["grad_weight_ratio"].tolist() == [1.5, 1.5] and pairs["grad_input_real"].tolist() == [1.5, 1.5]
+    figure = nb04_pareto.plot_emulated_vs_real(table)
+    assert figure.stem == "cuda_emulated_vs_real" and "2 lce configurations" in figure.caption
+    assert "NVIDIA H200" in figure.caption and "median 1.50" in figure.caption
+
+
+def test_no_gpu_rows_draw_nothing():
+    assert nb04_pareto.plot_emulated_vs_real(pd.DataFrame(_sweep_rows("cuda-emulated", 1.0))) is None
+    assert nb04_pareto.draw_gpu_figures(pd.DataFrame()) == []
+
+
+def test_cuda_verdicts_use_the_gpus_runs_where_there_are_any():
+    emulated_only = pd.DataFrame(_sweep_rows("cuda-emulated", 1.0))
+    both = pd.DataFrame(_sweep_rows("cuda-emulated", 1.0) + _sweep_rows("cuda", 1.5))
+    assert _devices_for("cuda", emulated_only, "bfloat16") == ("cuda-emulated",)
+    assert _devices_for("cuda", both, "bfloat16") == ("cuda",)
+    assert _devices_for("cuda", both, "float16") == ("cuda-emulated",)
+    assert _devices_for("cpu", both, "bfloat16") == ("cpu",)

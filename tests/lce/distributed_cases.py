@@ -1,0 +1,303 @@
+"""What each spawned rank of tests/lce/test_distributed.py runs (a module, so spawned processes import it by name).
+
+:func:`run_group` joins a gloo group over a file rendezvous (loopback only), runs one scenario and saves what it
+measured to ``rank<R>.pt`` for the test to judge; collectives time out after :data:`TIMEOUT`, so a rank left
+waiting fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import lce
+from lce.distributed import (
+    VocabParallelLinearCrossEntropyLoss,
+    even_shard_sizes,
+    shard_bounds,
+    vocab_parallel_linear_cross_entropy,
+)
+
+TIMEOUT = datetime.timedelta(seconds=60)
+SHARDS = {2: [20, 17], 3: [10, 15, 12]}  # uneven, C = 37
+N, D, C = 29, 8, 37
+IGNORE = 3
+
+
+def run_group(rank: int, world: int, rendezvous: str, scenario: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
+                            timeout=TIMEOUT)
+    try:
+        torch.save(SCENARIOS[scenario](rank, world), Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _problem(dtype=torch.float64, seed=0, n=N, d=D, c=C):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    w = torch.randn(c, d, generator=g, dtype=torch.float64) * (2 / d**0.5)
+    b = torch.randn(c, generator=g, dtype=torch.float64) * 0.5
+    class_weight = torch.rand(c, generator=g, dtype=torch.float64) + 0.5
+    target = torch.randint(0, c, (n,), generator=g)
+    target[1::5] = IGNORE
+    grad_rows = torch.randn(n, generator=g, dtype=torch.float64)
+    return [t.to(dtype) for t in (x, w, b, class_weight)] + [target, grad_rows.to(dtype)]
+
+
+def _run(fn, x, w, b, target, grad_rows, reduction, **kw):
+    """loss, grad of x, w and b (b may be None) of ``fn`` on fresh leaves; "none" backpropagates ``grad_rows``."""
+    leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in (x, w, b)]
+    loss = fn(leaves[0], leaves[1], target, linear_bias=leaves[2], reduction=reduction, **kw)
+    if loss.requires_grad:
+        loss.backward(grad_rows[: loss.numel()].reshape(loss.shape) if reduction == "none" else None)
+    return loss.detach(), *[None if t is None else t.grad for t in leaves]
+
+
+def _rel(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
+    if a is None and b is None:
+        return 0.0
+    scale = b.abs().max().double()
+    return float((a.double() - b.double()).abs().max() / (scale if scale > 0 else 1.0))
+
+
+def fp64_parity(rank: int, world: int) -> list[dict]:
+    """Sharded against single-process lce on the unsharded weight, fp64, every policy and reduction, with bias,
+    class weights, ignore_index, label smoothing, soft-capping, z-loss, 1-D input and class tiling per shard."""
+    start, stop = shard_bounds(SHARDS[world])[rank]
+    x, w, b, class_weight, target, grad_rows = _problem()
+    results = []
+    cases = itertools.product(("accurate", "balanced", "compact"), ("mean", "sum", "none"),
+                              ("plain", "everything", "features", "one_d", "tiled"))
+    for policy, reduction, variant in cases:
+        options = lce.LinearCrossEntropyOptions(acc_policy=policy, batch_chunk_size=7,
+                                                class_chunk_size=4 if variant == "tiled" else None)
+        kw = dict(options=options)
+        if variant in ("everything", "features", "tiled"):
+            kw.update(weight=class_weight, ignore_index=IGNORE, label_smoothing=0.1)
+        if variant == "features":
+            kw.update(softcap=2.0, z_loss=0.05)
+        xs, ts, bias = (x[0], target[0], b) if variant == "one_d" else (x, target, b if variant != "plain" else None)
+        single = _run(lce.linear_cross_entropy, xs, w, bias, ts, grad_rows, reduction, **kw)
+        shard_kw = {**kw, "weight": kw["weight"][start:stop]} if "weight" in kw else kw
+        sharded = _run(vocab_parallel_linear_cross_entropy, xs, w[start:stop], None if bias is None else
+                       bias[start:stop], ts, grad_rows, reduction, num_classes=C, **shard_kw)
+        results.append(dict(label=f"{policy} {reduction} {variant}", loss=_rel(sharded[0], single[0]),
+                            grad_input=_rel(sharded[1], single[1]),
+                            grad_weight=_rel(sharded[2], single[2][start:stop]),
+                            grad_bias=_rel(sharded[3], None if single[3] is None else single[3][start:stop])))
+    return results
+
+
+UNEVEN = {2: [1, 36], 3: [5, 1, 31], 4: [1, 20, 3, 13]}
+"""Uneven shards of the C = 37 classes: a rank with a single class, ranks with fewer classes than D = 8."""
+
+CHUNKINGS = {
+    "automatic": {},
+    "explicit rows": dict(batch_chunk_size=7),
+    "aspect_ratio": dict(chunking_method="aspect_ratio"),
+    "automatic, class tiled": dict(class_chunk_size=3),
+    "explicit rows, class tiled": dict(batch_chunk_size=5, chunking_method=None, class_chunk_size=2),
+}
+"""Row chunkings whose automatic forms size the chunks from the class count (the shard's, before issue 24)."""
+
+
+def _compare(label: str, start: int, stop: int, single, sharded) -> dict:
+    return dict(label=label, loss=_rel(sharded[0], single[0]), grad_input=_rel(sharded[1], single[1]),
+                grad_weight=_rel(sharded[2], single[2][start:stop]),
+                grad_bias=_rel(sharded[3], None if single[3] is None else single[3][start:stop]))
+
+
+def uneven_parity(rank: int, world: int) -> list[dict]:
+    """Uneven shards (:data:`UNEVEN`), fp64, every policy, reduction and chunking of :data:`CHUNKINGS`, with a
+    bias: sharded against single-process lce on the unsharded weight."""
+    sizes = UNEVEN[world]
+    start, stop = shard_bounds(sizes)[rank]
+    x, w, b, class_weight, target, grad_rows = _problem()
+    results = []
+    for policy, reduction, (chunking, fields) in itertools.product(("accurate", "balanced", "compact"),
+                                                                   ("mean", "sum", "none"), CHUNKINGS.items()):
+        options = lce.LinearCrossEntropyOptions(acc_policy=policy, **fields)
+        single = _run(lce.linear_cross_entropy, x, w, b, target, grad_rows, reduction, options=options)
+        sharded = _run(vocab_parallel_linear_cross_entropy, x, w[start:stop], b[start:stop], target, grad_rows,
+                       reduction, options=options, num_classes=C)
+        results.append(_compare(f"{policy} {reduction} {chunking}", start, stop, single, sharded))
+    return results
+
+
+def reported_case(rank: int, world: int) -> list[dict]:
+    """Issue 24 as reported: 3 ranks, shards of 10, 3 and 19 classes, N=40, D=4, fp64, reduction "none", a bias,
+    acc_policy="accurate" with automatic chunking (5, 2 and 10 chunks had each rank planned its own)."""
+    sizes = [10, 3, 19]
+    start, stop = shard_bounds(sizes)[rank]
+    x, w, b, _, target, grad_rows = _problem(n=40, d=4, c=32)
+    target = target.clamp_max(31)
+    options = lce.LinearCrossEntropyOptions(acc_policy="accurate")
+    single = _run(lce.linear_cross_entropy, x, w, b, target, grad_rows, "none", options=options)
+    sharded = _run(vocab_parallel_linear_cross_entropy, x, w[start:stop], b[start:stop], target, grad_rows, "none",
+                   options=options)
+    return [_compare("reported", start, stop, single, sharded)]
+
+
+RANDOM_CASES = 24
+
+
+def random_parity(rank: int, world: int) -> list[dict]:
+    """:data:`RANDOM_CASES` calls drawn from one seed (the same draws on every rank): shard sizes from 1 to 3 D,
+    N, D, policy, reduction, row and class chunking, bias, class weights, ignored rows, smoothing, soft-capping
+    and z-loss; sharded against single-process lce in fp64."""
+    draw = torch.Generator().manual_seed(24)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=draw))]
+
+    def integer(low, high):
+        return int(torch.randint(low, high + 1, (1,), generator=draw))
+
+    results = []
+    for case in range(RANDOM_CASES):
+        n, d = integer(1, 48), integer(2, 10)
+        sizes = [integer(1, 3 * d) for _ in range(world)]
+        c = sum(sizes)
+        start, stop = shard_bounds(sizes)[rank]
+        fields = dict(acc_policy=pick(("accurate", "balanced", "compact", "auto")))
+        row_chunking = pick(("auto", "explicit", "aspect_ratio", "aspect_ratio:4"))
+        if row_chunking == "explicit":
+            fields.update(chunking_method=None, batch_chunk_size=integer(1, n))
+        elif row_chunking.startswith("aspect"):
+            fields.update(chunking_method=row_chunking)
+        if pick((False, True)):
+            fields.update(class_chunk_size=integer(1, max(sizes)))
+        options = lce.LinearCrossEntropyOptions(**fields)
+        x, w, b, class_weight, target, grad_rows = _problem(seed=100 + case, n=n, d=d, c=c)
+        target = torch.where(target >= c, c - 1, target)
+        kw = dict(options=options, ignore_index=IGNORE)
+        if pick((False, True)):
+            kw.update(weight=class_weight)
+        if pick((False, True)):
+            kw.update(label_smoothing=0.1)
+        if pick((False, True)):
+            kw.update(softcap=3.0)
+        if pick((False, True)):
+            kw.update(z_loss=0.01)
+        bias = b if pick((False, True)) else None
+        reduction = pick(("mean", "sum", "none"))
+        single = _run(lce.linear_cross_entropy, x, w, bias, target, grad_rows, reduction, **kw)
+        shard_kw = {**kw, "weight": kw["weight"][start:stop]} if "weight" in kw else kw
+        sharded = _run(vocab_parallel_linear_cross_entropy, x, w[start:stop],
+                       None if bias is None else bias[start:stop], target, grad_rows, reduction, **shard_kw)
+        label = (f"case {case}: shards {sizes}, N={n} D={d}, {reduction}, {fields}, "
+                 f"{sorted(k for k in kw if k != 'options')}, bias {bias is not None}")
+        results.append(_compare(label, start, stop, single, sharded))
+    return results
+
+
+def _gathered(shard: torch.Tensor) -> torch.Tensor:
+    pieces: list[torch.Tensor | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(pieces, shard)
+    return torch.cat(pieces)
+
+
+def low_precision(rank: int, world: int) -> list[dict]:
+    """Floors (against fp64 lce on the upcast inputs) of sharded and single-process lce in bf16 and fp16, per
+    policy and layout table."""
+    from analysis.core.metrics import report
+    from lce.testing import emulate_device_kind
+
+    c = 1000
+    start, stop = shard_bounds(even_shard_sizes(c, world))[rank]
+    rows = []
+    for dtype, kind, policy in itertools.product((torch.bfloat16, torch.float16), ("cpu", "cuda"),
+                                                 ("accurate", "balanced", "compact")):
+        x, w, b, _, target, grad_rows = _problem(dtype, seed=1, n=256, d=64, c=c)
+        target = target.clamp_max(c - 1)
+        options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32, batch_chunk_size=32)
+        exact = _run(lce.linear_cross_entropy, x.double(), w.double(), None, target, grad_rows, "mean",
+                     options=lce.LinearCrossEntropyOptions())
+        with emulate_device_kind(kind):
+            single = _run(lce.linear_cross_entropy, x, w, None, target, grad_rows, "mean", options=options)
+            sharded = _run(vocab_parallel_linear_cross_entropy, x, w[start:stop], None, target, grad_rows, "mean",
+                           options=options)
+        full_weight_grad = _gathered(sharded[2])
+        row = dict(label=f"{dtype} {kind} {policy}")
+        for name, got, want in (("single", single, exact), ("sharded", (sharded[0], sharded[1], full_weight_grad),
+                                                            exact)):
+            row[f"{name}_grad_input"] = report(got[1], want[1], dtype).fro_in_floors
+            row[f"{name}_grad_weight"] = report(got[2], want[2], dtype).fro_in_floors
+        rows.append(row)
+    return rows
+
+
+def all_ignored(rank: int, world: int) -> list[dict]:
+    start, stop = shard_bounds(SHARDS[world])[rank]
+    x, w, b, class_weight, target, grad_rows = _problem()
+    target = torch.full_like(target, -100)
+    out = []
+    for reduction in ("mean", "sum", "none"):
+        loss, gx, gw, gb = _run(vocab_parallel_linear_cross_entropy, x, w[start:stop], b[start:stop], target,
+                                grad_rows, reduction, options=lce.LinearCrossEntropyOptions(batch_chunk_size=8),
+                                z_loss=0.1)
+        out.append(dict(reduction=reduction, loss=loss, max_grad=max(float(g.abs().max()) for g in (gx, gw, gb))))
+    return out
+
+
+def bad_inputs(rank: int, world: int) -> list[dict]:
+    """Each case is bad on one rank only (or on all); every rank must raise, and the group must still work."""
+    start, stop = shard_bounds(SHARDS[world])[rank]
+    x, w, b, class_weight, target, grad_rows = _problem()
+    mine = w[start:stop]
+    cases = {
+        "rows differ": dict(input=x[:-1] if rank == 1 else x, target=target[:-1] if rank == 1 else target),
+        "dtype differs": dict(input=x.float() if rank == 0 else x, weight_shard=mine.float() if rank == 0 else mine),
+        "shards do not add up": dict(num_classes=C + 1),
+        "target out of range": dict(target=torch.where(torch.arange(N) == 4, C, target)),
+        "targets differ": dict(target=torch.roll(target, 1) if rank == world - 1 else target),
+        "bad bias shard": dict(linear_bias=b[start:stop - 1] if rank == 0 else b[start:stop]),
+        "bad softcap": dict(softcap=-1.0),
+        "options differ": dict(options=lce.LinearCrossEntropyOptions(acc_policy="accurate" if rank == 1
+                                                                      else "balanced")),
+        "chunking differs": dict(options=lce.LinearCrossEntropyOptions(batch_chunk_size=4 + (rank == 0))),
+        "bad options type": dict(options="fast" if rank == world - 1 else None),
+        "requires grad differs": dict(input=x.clone().requires_grad_(rank == 0)),
+    }
+    out = []
+    for name, change in cases.items():
+        call = dict(input=x, weight_shard=mine, target=target, num_classes=C) | change
+        try:
+            vocab_parallel_linear_cross_entropy(call.pop("input"), call.pop("weight_shard"), call.pop("target"),
+                                                **call)
+            out.append(dict(case=name, error=None, message=""))
+        except (ValueError, TypeError, RuntimeError) as error:
+            out.append(dict(case=name, error=type(error).__name__, message=str(error)))
+    # the group is still in step: a good call completes on every rank
+    loss = vocab_parallel_linear_cross_entropy(x, mine, target, options=lce.LinearCrossEntropyOptions())
+    out.append(dict(case="good call after", error=None, message=f"{float(loss):.17g}"))
+    return out
+
+
+def module(rank: int, world: int) -> list[dict]:
+    sizes = SHARDS[world]
+    start, stop = shard_bounds(sizes)[rank]
+    x, w, b, class_weight, target, grad_rows = _problem()
+    head = VocabParallelLinearCrossEntropyLoss(D, sizes, bias=True, dtype=torch.float64, ignore_index=IGNORE,
+                                               options=lce.LinearCrossEntropyOptions(batch_chunk_size=5),
+                                               softcap=3.0)
+    with torch.no_grad():
+        head.linear.weight.copy_(w[start:stop])
+        head.linear.bias.copy_(b[start:stop])
+    loss = head(x, target)
+    loss.backward()
+    single = _run(lce.linear_cross_entropy, x, w, b, target, grad_rows, "mean", ignore_index=IGNORE, softcap=3.0,
+                  options=lce.LinearCrossEntropyOptions())
+    return [dict(loss=_rel(loss.detach(), single[0]), grad_weight=_rel(head.linear.weight.grad,
+                                                                        single[2][start:stop]),
+                 repr=repr(head))]
+
+
+SCENARIOS = {"fp64": fp64_parity, "low_precision": low_precision, "all_ignored": all_ignored,
+             "bad_inputs": bad_inputs, "module": module, "uneven": uneven_parity, "reported": reported_case,
+             "random": random_parity}

@@ -1,0 +1,268 @@
+"""The memory model (lce.memory_model) against the allocations the chunk loop really makes.
+
+The model lists buffers by reading the plan; the loop allocates by running.
+Nothing but this test ties the two, so it runs the op (forward and backward)
+for every policy x device kind x reduction x dtype x acc_dtype, records every
+tensor each aten op creates -- not views, not in-place or ``out=`` results --
+with its shape in memory order, dtype, size, pass and chunk, and checks:
+
+* every planned buffer is made, with its shape and dtype, in its pass -- a
+  "chunk" buffer in every full chunk, the others outside the chunks;
+* nothing as large as a chunk of logits is made that the plan does not list;
+* the most bytes a chunk's tensors hold at once (per-row values aside) is
+  exactly the plan's chunk peak, the term the predicted peak is built from.
+
+The CUDA layouts run on CPU tensors (lce.testing.emulate_device_kind). There,
+lce.gemm's exact stand-in for CUDA's mixed-precision GEMM counts as one
+allocation, its result, and fp16 GEMMs run natively, as they do on a GPU: the
+temporaries of the CPU emulation are not the CUDA op's. What kernels allocate
+inside themselves (workspaces, packed operands) is invisible here; the
+allocator-level comparison in tests/analysis/test_memory.py covers it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import itertools
+import weakref
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import lce
+import lce.chunked
+import lce.gemm
+from lce.memory_model import chunk_peak_bytes
+from lce.options import EXPLICIT_POLICIES, dtype_name
+from lce.testing import emulate_device_kind
+
+N, D, C, ROWS = 80, 28, 320, 24  # three full chunks of 24 rows and one of 8; (C, D) > (ROWS, C)
+BLOCK_ELEMENTS = 64 * D  # weight blocks of 64 rows: the blocked upcasts are visible at this size
+CHUNK_FUNCTIONS = ("_scalar_chunk", "_per_row_loss_chunk", "_per_row_grad_chunk", "_scalar_chunk_tiled",
+                   "_per_row_loss_chunk_tiled", "_per_row_grad_chunk_tiled")
+CLASS_BLOCK = 96  # C = 320 in three blocks of 96 classes and one of 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    stage: str  # "forward" or "backward"
+    rows: int | None  # rows of the chunk that made it; None outside the chunks
+    shape: tuple[int, ...]  # in memory order (a transposed copy of W is (C, D), like W)
+    dtype: torch.dtype
+    nbytes: int
+
+
+class _Recorder(TorchDispatchMode):
+    """Records the tensors that aten ops create (not views, not in-place or out= results)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stage = "forward"
+        self.rows: int | None = None
+        self.paused = 0
+        self.allocations: list[Allocation] = []
+        self.live_chunk_bytes = 0
+        self.peak_chunk_bytes: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.paused:
+            outputs = out if isinstance(out, (tuple, list)) else (out,)
+            for tensor, returned in zip(outputs, func._schema.returns, strict=False):
+                if isinstance(tensor, torch.Tensor) and returned.alias_info is None:
+                    self.note(tensor)
+        return out
+
+    def note(self, tensor: torch.Tensor) -> None:
+        order = sorted(range(tensor.dim()), key=lambda i: -tensor.stride(i))
+        nbytes = tensor.numel() * tensor.element_size()
+        self.allocations.append(Allocation(self.stage, self.rows, tuple(tensor.shape[i] for i in order),
+                                           tensor.dtype, nbytes))
+        if self.rows == ROWS and tensor.numel() > ROWS:  # per-row values, (rows,) or (rows, 1), are not modeled
+            self.live_chunk_bytes += nbytes
+            weakref.finalize(tensor, self._freed, nbytes)
+            peak = max(self.peak_chunk_bytes.get(self.stage, 0), self.live_chunk_bytes)
+            self.peak_chunk_bytes[self.stage] = peak
+
+    def _freed(self, nbytes: int) -> None:
+        self.live_chunk_bytes -= nbytes
+
+    def start_chunk(self, rows: slice) -> None:
+        self.rows = rows.stop - rows.start
+        self.live_chunk_bytes = 0
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    recorder = _Recorder()
+    monkeypatch.setattr(lce.gemm, "_BLOCK_ELEMENTS", BLOCK_ELEMENTS)
+    for name in CHUNK_FUNCTIONS:
+        monkeypatch.setattr(lce.chunked, name, _marking_chunks(getattr(lce.chunked, name), recorder))
+    return recorder
+
+
+def _marking_chunks(chunk_function, recorder: _Recorder):
+    def run_chunk(*args):
+        recorder.start_chunk(next(a for a in args if isinstance(a, slice)))
+        try:
+            return chunk_function(*args)
+        finally:
+            recorder.rows = None
+
+    return run_chunk
+
+
+def _emulate_cuda_gemms(monkeypatch, recorder: _Recorder) -> None:
+    exact_stand_in = lce.gemm._mm_via_upcast
+
+    def mixed_precision_mm(*args):
+        recorder.paused += 1
+        try:
+            result = exact_stand_in(*args)
+        finally:
+            recorder.paused -= 1
+        recorder.note(result)
+        return result
+
+    monkeypatch.setattr(lce.gemm, "_mm_via_upcast", mixed_precision_mm)
+    monkeypatch.setattr(lce.gemm, "_slow_on_device", lambda dtype, device: False)
+
+
+def _record(recorder, kind, options, dtype, reduction, needs_grad, features=None):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, D, generator=g).to(dtype).requires_grad_(needs_grad[0])
+    w = (torch.randn(C, D, generator=g) / D**0.5).to(dtype).requires_grad_(needs_grad[1])
+    b = torch.randn(C, generator=g).to(dtype).requires_grad_(needs_grad[2])
+    target = torch.randint(0, C, (N,), generator=g)
+    target[1::7] = -100
+    features = features or {}
+    with emulate_device_kind(kind):
+        plan = lce.plan(options, x, w, linear_bias=b, reduction=reduction, **features)
+        with recorder:
+            loss = lce.linear_cross_entropy(x, w, target, linear_bias=b, reduction=reduction, options=options,
+                                            **features)
+            if features.get("return_lse"):
+                loss, _ = loss
+            recorder.stage = "backward"
+            if loss.requires_grad:
+                loss.backward(torch.ones_like(loss))
+    return plan
+
+
+def _check(plan, recorder: _Recorder, label: str) -> None:
+    assert plan.batch_chunk_size == ROWS and plan.num_chunks == 4, label
+    full_chunks_per_pass = 3
+
+    def key(stage: str, in_chunk: bool, shape: tuple[int, ...], dtype: torch.dtype):
+        return stage, in_chunk, tuple(shape), dtype
+
+    def text(k) -> str:
+        return f"{k[0]} {'chunk' if k[1] else 'outside the chunks'} {k[2]} {dtype_name(k[3])}"
+
+    planned = Counter(key(b.stage, b.span == "chunk", b.shape, b.dtype) for b in plan.buffers)
+    made = Counter(key(a.stage, a.rows is not None, a.shape, a.dtype) for a in recorder.allocations
+                   if a.rows in (None, ROWS))
+    for k, count in planned.items():
+        per_pass_or_chunk = made[k] / full_chunks_per_pass if k[1] else made[k]
+        names = [b.name for b in plan.buffers if key(b.stage, b.span == "chunk", b.shape, b.dtype) == k]
+        assert per_pass_or_chunk >= count, (
+            f"{label}: planned {names} ({text(k)}), made {per_pass_or_chunk:g} time(s) per pass or chunk")
+
+    logits_bytes = next(b.nbytes for b in plan.buffers if b.name == "logits_chunk")
+    for a in recorder.allocations:
+        k = key(a.stage, a.rows is not None, a.shape, a.dtype)
+        if a.rows in (None, ROWS) and k not in planned:
+            assert a.nbytes < logits_bytes, (
+                f"{label}: unplanned allocation {text(k)} of {a.nbytes} bytes; a chunk of logits is {logits_bytes}")
+
+    for stage in ("forward", "backward"):
+        held, modeled = recorder.peak_chunk_bytes.get(stage, 0), chunk_peak_bytes(plan, stage)
+        assert held == modeled, f"{label}: a {stage} chunk held {held} bytes at once, the plan says {modeled}"
+
+
+GRID = list(itertools.product(["cpu", "cuda"], EXPLICIT_POLICIES, ["mean", "sum", "none"],
+                              [torch.float32, torch.bfloat16, torch.float16], [None, torch.float32]))
+# acc_dtype narrower than, or unrelated to, the input: legal, rarely wise, modeled all the same
+GRID += [
+    ("cpu", "accurate", "mean", torch.float32, torch.float16),
+    ("cpu", "balanced", "none", torch.bfloat16, torch.float16),
+    ("cuda", "balanced", "sum", torch.float32, torch.bfloat16),
+    ("cpu", "compact", "none", torch.float64, torch.float32),
+    ("cuda", "accurate", "mean", torch.float64, torch.float32),
+]
+
+
+@pytest.mark.parametrize(("kind", "policy", "reduction", "dtype", "acc_dtype"), GRID,
+                         ids=[f"{k}-{p}-{r}-{dtype_name(d)}-{dtype_name(a) if a else 'acc=input'}"
+                              for k, p, r, d, a in GRID])
+def test_planned_buffers_are_the_allocations_made(recorder, monkeypatch, kind, policy, reduction, dtype, acc_dtype):
+    if kind == "cuda":
+        _emulate_cuda_gemms(monkeypatch, recorder)
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
+                                            batch_chunk_size=ROWS)
+    plan = _record(recorder, kind, options, dtype, reduction, (True, True, True))
+    _check(plan, recorder, f"{kind} {policy} {reduction} {dtype_name(dtype)} acc={acc_dtype}")
+
+
+@pytest.mark.parametrize("needs_grad", [(True, False, False), (False, True, False), (False, False, True),
+                                        (False, False, False)])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize(("kind", "policy", "dtype", "acc_dtype"), [("cpu", "accurate", torch.bfloat16, torch.float32),
+                                                                    ("cpu", "compact", torch.float16, None),
+                                                                    ("cuda", "balanced", torch.float16, torch.float32),
+                                                                    ("cuda", "compact", torch.bfloat16, torch.float32)])
+def test_only_the_requested_gradients_are_planned_and_made(recorder, monkeypatch, kind, policy, dtype, acc_dtype,
+                                                           reduction, needs_grad):
+    if kind == "cuda":
+        _emulate_cuda_gemms(monkeypatch, recorder)
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
+                                            batch_chunk_size=ROWS)
+    plan = _record(recorder, kind, options, dtype, reduction, needs_grad)
+    _check(plan, recorder, f"{kind} {policy} {reduction} {dtype_name(dtype)} grads={needs_grad}")
+
+
+# Class tiling: the same layouts with the vocabulary cut into blocks (an lce-only option).
+TILED_GRID = [(k, p, r, d, a) for k, p, r, d, a in GRID[:len(GRID) - 5] if d != torch.float32 or a is None]
+
+
+@pytest.mark.parametrize(("kind", "policy", "reduction", "dtype", "acc_dtype"), TILED_GRID,
+                         ids=[f"{k}-{p}-{r}-{dtype_name(d)}-{dtype_name(a) if a else 'acc=input'}"
+                              for k, p, r, d, a in TILED_GRID])
+def test_class_tiled_buffers_are_the_allocations_made(recorder, monkeypatch, kind, policy, reduction, dtype,
+                                                      acc_dtype):
+    if kind == "cuda":
+        _emulate_cuda_gemms(monkeypatch, recorder)
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
+                                            batch_chunk_size=ROWS, class_chunk_size=CLASS_BLOCK)
+    plan = _record(recorder, kind, options, dtype, reduction, (True, True, True))
+    assert plan.num_class_chunks == 4
+    _check(plan, recorder, f"tiled {kind} {policy} {reduction} {dtype_name(dtype)} acc={acc_dtype}")
+
+
+# lce's features beyond torch's op: soft-capping (a workspace of SOFTCAP_COLUMNS columns beside the logits),
+# z-loss and the returned log-sum-exp, with and without class tiling.
+SOFTCAP_COLUMNS = 40  # C = 320 in eight workspaces; a class block of 96 in two of 40 and one of 16
+PLAN_MODULE = importlib.import_module("lce.plan")  # the attribute lce.plan is the function
+FEATURES_GRID = [(k, p, r, d, a, tiled) for k, p, r, d, a in GRID[:len(GRID) - 5] for tiled in (False, True)
+                 if d != torch.float32 or a is None]
+
+
+@pytest.mark.parametrize(("kind", "policy", "reduction", "dtype", "acc_dtype", "tiled"), FEATURES_GRID,
+                         ids=[f"{k}-{p}-{r}-{dtype_name(d)}-{dtype_name(a) if a else 'acc=input'}"
+                              f"{'-tiled' if t else ''}" for k, p, r, d, a, t in FEATURES_GRID])
+def test_soft_capped_buffers_are_the_allocations_made(recorder, monkeypatch, kind, policy, reduction, dtype,
+                                                      acc_dtype, tiled):
+    if kind == "cuda":
+        _emulate_cuda_gemms(monkeypatch, recorder)
+    monkeypatch.setattr(PLAN_MODULE, "SOFTCAP_BLOCK_ELEMENTS", ROWS * SOFTCAP_COLUMNS)
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
+                                            batch_chunk_size=ROWS, class_chunk_size=CLASS_BLOCK if tiled else None)
+    features = dict(softcap=5.0, z_loss=1e-3, return_lse=True)
+    plan = _record(recorder, kind, options, dtype, reduction, (True, True, True), features)
+    assert plan.softcap_block_columns == SOFTCAP_COLUMNS
+    assert any(b.name == "softcap_workspace" for b in plan.buffers)
+    _check(plan, recorder, f"softcap {'tiled ' if tiled else ''}{kind} {policy} {reduction} {dtype_name(dtype)} "
+                           f"acc={acc_dtype}")

@@ -1,0 +1,63 @@
+"""The README passages that quote data are exactly what analysis.report.readme writes from the committed results."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from analysis.paths import ROOT
+from analysis.report import nb02_accuracy, readme
+
+
+def test_committed_readmes_are_up_to_date_with_the_results_files():
+    stale = readme.update(check=True)
+    assert not stale, f"{[str(p.relative_to(ROOT)) for p in stale]} quote stale data: run `python -m analysis docs`"
+
+
+@pytest.mark.parametrize("name", readme.DOCUMENTS)
+def test_every_generated_passage_in_a_document_is_known_and_filled(name):
+    text = (ROOT / name).read_text()
+    begun = re.findall(r"<!-- BEGIN generated:([\w-]+) ", text)
+    ended = re.findall(r"<!-- END generated:([\w-]+) -->", text)
+    assert begun == ended and begun, f"{name}: unbalanced or missing generated passages"
+    assert set(begun) <= set(readme.BLOCKS)
+    for passage in begun:
+        body = text.split(f"<!-- BEGIN generated:{passage} ")[1].split("-->", 1)[1].split("<!-- END")[0]
+        assert re.search(r"\d", body), f"{name}: passage {passage!r} quotes no number"
+
+
+def test_render_rewrites_only_between_markers_and_rejects_unknown_passages(tmp_path):
+    text = ("before\n<!-- BEGIN generated:grid-sizes (python -m analysis docs) -->\nstale 1 run\n"
+            "<!-- END generated:grid-sizes -->\nafter\n")
+    rendered = readme.render(text)
+    assert rendered.startswith("before\n") and rendered.endswith("<!-- END generated:grid-sizes -->\nafter\n")
+    assert "stale" not in rendered and "`quick`" in rendered
+    with pytest.raises(ValueError, match="unknown generated passage 'nope'"):
+        readme.render(text.replace("grid-sizes", "nope"))
+
+
+def test_cpu_chunking_table_reads_every_cpu_in_the_chunk_sweep():
+    table = readme.cpu_chunking(ROOT / "analysis" / "results")
+    assert "AMD EPYC" in table
+    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
+    assert rows and all(line.count("|") == 8 for line in rows)
+
+
+def test_bf16_errors_per_family_with_seed_intervals(tmp_path):
+    """From the tiny fixture (2 seeds), its compact acc=fp32 rows renamed balanced: medians and percentiles."""
+    import numpy as np
+    import pandas as pd
+
+    fixture = pd.read_csv(ROOT / "analysis" / "testdata" / "tiny_results.csv")
+    wide = (fixture["policy"] == "compact") & (fixture["acc_dtype"] == "float32")
+    fixture.loc[wide, "policy"] = "balanced"
+    fixture.to_csv(tmp_path / "tiny.csv", index=False)
+    text = nb02_accuracy.readme_bf16_errors(tmp_path)
+    rows = fixture[(fixture["device"] == "cpu") & (fixture["dtype"] == "bfloat16") & (fixture["op"] == "torch")
+                   & (fixture["policy"] == "auto") & (fixture["chunking"] == "auto")]
+    loss = rows["loss_fro_in_floors"]
+    low, high = np.percentile(loss, [5, 95])
+    assert f"torch's default is {loss.median():.2f}x [{low:.2f}–{high:.2f}] on the loss" in text
+    assert text.startswith("In bf16 on the CPU") and "on `random` inputs lce's default is" in text
+    assert "2 seeds: medians over seeds; in brackets the 5th–95th percentile over seeds" in text
