@@ -350,7 +350,7 @@ def _demo_command(args: argparse.Namespace) -> None:
 def _notebooks_command(args: argparse.Namespace) -> None:
     from analysis.report.notebooks import build_all
 
-    for path in build_all(quick=not args.full):
+    for path in build_all(quick=not args.full, only=tuple(args.only)):
         print(display_path(path))
 
 
@@ -616,6 +616,8 @@ def build_parser() -> argparse.ArgumentParser:
     notebooks = add("notebooks", _notebooks_command, "execute every notebook from its source and write the .ipynb",
                     "Runs notebooks/NN_*.py top to bottom in a fresh kernel each (quick settings unless --full).")
     notebooks.add_argument("--full", action="store_true", help="QUICK=False: the larger settings (slow)")
+    notebooks.add_argument("--only", nargs="+", default=[], metavar="NN",
+                           help="only the notebooks with these numbers, e.g. --only 01 06")
 
     lm = add("lm", _lm_command, "train the small language model and dump its head's (x, W, y)",
              "Corpus (this Python's standard library source) -> byte-level BPE tokenizer -> a small transformer "

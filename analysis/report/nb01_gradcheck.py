@@ -1,68 +1,63 @@
-"""Notebook 01 (fp64 gradcheck and parity): its conclusions.
+"""Notebook 01 (fp64: are lce's gradients the derivatives of its loss, and is every path exact?): its key
+numbers, from the tables :mod:`analysis.studies.fp64_checks` measures when the notebook runs.
+
+The notebook's prose quotes these numbers; ``tests/claims/test_nb01_gradcheck.py`` asserts each claim the
+prose makes about them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 
-from analysis.report.wording import _conclusion, _features, _join, _paths, _shapes
+from analysis.studies.fp64_checks import PARITY_TOLERANCE, parity_summary
+
+__all__ = ["GradcheckNumbers", "gradcheck_numbers", "ParityNumbers", "parity_numbers"]
 
 
-def gradcheck(table: pd.DataFrame, *, cpu: str) -> str:
-    """01: did ``torch.autograd.gradcheck`` pass on every path (a ``fp64_checks.gradcheck_table``)?"""
-    from analysis.studies.fp64_checks import INPUTS_DESCRIPTION
+@dataclasses.dataclass(frozen=True)
+class GradcheckNumbers:
+    """How many chunked paths ``torch.autograd.gradcheck`` passed, over which layout tables and shape."""
 
-    failed = table[~table["gradcheck"].astype(bool)]
-    if failed.empty:
-        finding = (f"lce's analytic gradients are the derivatives of its loss on all {len(table)} chunked paths: "
-                   "`torch.autograd.gradcheck` (fp64 finite differences) passed on every one.")
-        bullets = []
-    else:
-        finding = f"gradcheck **failed** on {len(failed)} of {len(table)} paths:"
-        bullets = [f"{r.policy}, {r.chunking}, {r.reduction}, {r.features} ({r.device_kind} layouts)"
-                   for r in failed.itertuples()]
-    quick = "" if "cuda" in set(table["device_kind"]) else (
-        "the CUDA layout table is not in this quick run (`LCE_QUICK=0` adds it); ")
-    return _conclusion(
-        finding, bullets,
-        inputs=(f"{_paths(table)}, paths with features: {_features(table)}; {INPUTS_DESCRIPTION}; "
-                f"{_shapes(table)}, float64; run on {cpu} when the notebook executed."),
-        limits=(f"{quick}one tiny shape and one seed; gradcheck shows that the gradients are those of lce's own "
-                "loss, not that the loss is right: the next section compares it with the reference."))
+    paths: int
+    passed: int
+    layouts: str
+    shape: str
+    failed: pd.DataFrame  # the paths that failed (policy, chunking, reduction, features, layouts)
 
 
-def parity(table: pd.DataFrame, *, cpu: str, tolerance: float | None = None) -> str:
-    """01: does every chunked path equal the reference path in fp64, lce's and torch's (a ``parity_table``)?"""
-    from analysis.studies.fp64_checks import INPUTS_DESCRIPTION, PARITY_TOLERANCE, parity_summary
+def _shape(table: pd.DataFrame) -> str:
+    shapes = table[["N", "D", "C"]].drop_duplicates()
+    return ", ".join(f"{r.N}×{r.D}×{r.C}" for r in shapes.itertuples())
 
-    tolerance = PARITY_TOLERANCE if tolerance is None else tolerance
+
+def gradcheck_numbers(table: pd.DataFrame) -> GradcheckNumbers:
+    """From a :func:`~analysis.studies.fp64_checks.gradcheck_table`."""
+    passed = table["gradcheck"].astype(bool)
+    return GradcheckNumbers(len(table), int(passed.sum()), " and ".join(sorted(set(table["device_kind"]))),
+                            _shape(table), table.loc[~passed, ["device_kind", "policy", "chunking", "reduction",
+                                                                 "features"]])
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityNumbers:
+    """The worst fp64 error against the reference path (relative to each output's largest entry), lce's over
+    every path and torch's over the paths where its chunked op ran, and the bound that counts as rounding."""
+
+    paths: int
+    tolerance: float
+    lce_worst: float
+    torch_chunked_paths: int
+    torch_worst: float
+    torch_fallback_features: tuple[str, ...]  # the feature sets of the paths where torch fell back
+    per_output: pd.DataFrame  # output, lce_worst, torch_worst
+
+
+def parity_numbers(table: pd.DataFrame, tolerance: float = PARITY_TOLERANCE) -> ParityNumbers:
+    """From a :func:`~analysis.studies.fp64_checks.parity_table`."""
     summary = parity_summary(table, tolerance)
-    worst = summary["lce_worst"].max()
-    per_output = ", ".join(f"{r.output} {r.lce_worst:.1e}" for r in summary.itertuples())
-    if summary["lce_ok"].all():
-        finding = (f"In fp64 every chunked lce path agrees with the reference path to within {worst:.1e} of each "
-                   f"output's largest entry (worst per output: {per_output}), below the {tolerance:.0e} bound: "
-                   "chunking adds nothing beyond rounding.")
-    else:
-        bad = summary[~summary["lce_ok"].astype(bool)]["output"]
-        finding = (f"lce **disagrees** with the reference path beyond the {tolerance:.0e} bound on "
-                   f"{_join(list(bad))} (worst {worst:.1e}; per output: {per_output}).")
-    chunked = table[table["torch_path"] == "chunked"]
-    fallback = len(table) - len(chunked)
-    if chunked.empty:
-        torch_text = f"torch 2.13's op fell back to its reference path on all {len(table)} paths."
-    else:
-        torch_worst = summary["torch_worst"].max()
-        verdict = "within" if torch_worst < tolerance else "**beyond**"
-        fell_back = table[table["torch_path"] != "chunked"]["features"].str.contains("smoothing", regex=False)
-        chunked_smoothing = chunked["features"].str.contains("smoothing", regex=False).any()
-        why = " (the paths with label smoothing)" if fell_back.all() and not chunked_smoothing else ""
-        torch_text = (f"torch 2.13's chunked op ran on {len(chunked)} of {len(table)} paths and is {verdict} the "
-                      f"same bound there (worst {torch_worst:.1e}); on the other {fallback}{why} it fell back to "
-                      "its reference path, so those say nothing about its chunking.")
-    return _conclusion(
-        finding, [torch_text],
-        inputs=(f"{_paths(table)}; {INPUTS_DESCRIPTION}; {_shapes(table)}, float64; error = "
-                f"max |value − ref| / max |ref| per output; run on {cpu} when the notebook executed."),
-        limits=("one shape and one seed; fp64 only, where rounding is negligible: this shows the algebra is "
-                "right, not how accurate low precision is (notebook 02)."))
+    chunked = table["torch_path"] == "chunked"
+    return ParityNumbers(len(table), tolerance, float(summary["lce_worst"].max()), int(chunked.sum()),
+                         float(summary["torch_worst"].max()), tuple(sorted(set(table.loc[~chunked, "features"]))),
+                         summary[["output", "lce_worst", "torch_worst"]])

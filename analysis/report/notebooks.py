@@ -34,6 +34,10 @@ __all__ = ["NOTEBOOKS_DIR", "QUICK_ENV", "sources", "stable_cell_ids", "execute"
 
 NOTEBOOKS_DIR: Path = ROOT / "notebooks"
 QUICK_ENV = "LCE_QUICK"
+MARKER = "**Conclusion.**"
+"""How the prose that closes each notebook section starts (tests/repo/test_notebooks.py requires one at the
+ end of every section)."""
+
 KERNEL = {"name": "lce-lab", "display_name": "Python (lce-lab)", "language": "python"}
 """The kernel ``make setup`` registers in the venv (``ipykernel install --sys-prefix``) and every notebook names."""
 
@@ -109,10 +113,16 @@ def _server_contents_manager(root: Path):
     return manager_class(root_dir=str(root))
 
 
-def build_all(folder: Path = NOTEBOOKS_DIR, *, quick: bool = True) -> list[Path]:
-    """Execute every source in ``folder`` and write ``NN_name.ipynb`` beside it."""
+def build_all(folder: Path = NOTEBOOKS_DIR, *, quick: bool = True, only: tuple[str, ...] = ()) -> list[Path]:
+    """Execute every source in ``folder`` (or those whose number ``NN`` is in ``only``) and write
+    ``NN_name.ipynb`` beside it. ``ValueError`` naming the numbers that match no source."""
+    chosen = [source for source in sources(folder) if not only or source.stem[:2] in only]
+    unknown = sorted(set(only) - {source.stem[:2] for source in chosen})
+    if unknown:
+        raise ValueError(f"only={unknown} matches no notebook source in {folder} (sources: "
+                         f"{', '.join(source.stem[:2] for source in sources(folder))})")
     written = []
-    for source in sources(folder):
+    for source in chosen:
         target = source.with_suffix(".ipynb")
         execute(source, target, quick=quick)
         written.append(target)

@@ -25,12 +25,10 @@ from analysis.judge.pareto import (
     seed_interval,
     unfused_words,
 )
+from analysis.report.notebooks import MARKER
 from analysis.report.tables import NA
 
 __all__ = ["MARKER", "count_range", "random_family", "family_description", "spread"]
-
-MARKER = "**Conclusion.**"
-"""How every conclusion starts (tests/repo/test_notebooks.py requires one at the end of each section)."""
 
 
 # --- wording shared by every conclusion ------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.report import nb07_choosing_options as choice
-from analysis.report.wording import MARKER
+from analysis.report.notebooks import MARKER
 
 
 def _budget_row(budget: str, budget_mib: float, measured_mib: float, **extra) -> dict:

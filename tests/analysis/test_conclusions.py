@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from analysis.judge.pareto import ERROR, VS_UNFUSED, prepare
-from analysis.report import nb01_gradcheck, nb02_accuracy, nb03_memory, nb04_pareto, wording
-from analysis.report.wording import MARKER
+from analysis.report import nb02_accuracy, nb03_memory, nb04_pareto, wording
+from analysis.report.notebooks import MARKER
 
 PROVENANCE = {"cpu_model": "Test CPU 9000", "num_threads": 1, "seed": 0}
 
@@ -27,51 +27,6 @@ def test_random_family_reads_its_variance_from_the_family():
     assert wording.random_family() == ("`random` inputs (x ~ N(0, 1), W ~ N(0, 9/D), b ~ N(0, 1), "
                                            "uniform targets)")
     assert "b ~" not in wording.random_family(bias=False)
-
-
-# --- 01 --------------------------------------------------------------------------------------------------------
-
-
-def _paths(**columns) -> pd.DataFrame:
-    base = {"device_kind": ["cpu", "cpu"], "policy": ["accurate", "compact"], "chunking": ["rows:3", "rows:3"],
-            "reduction": ["mean", "sum"], "features": ["bias", "smoothing"], "dtype": "float64", "N": 7, "D": 3,
-            "C": 5, "seed": 0}
-    return pd.DataFrame({**base, **columns})
-
-
-def test_gradcheck_all_passed():
-    body, inputs, limits = _sections(nb01_gradcheck.gradcheck(_paths(gradcheck=[True, True]), cpu="Test CPU 9000"))
-    assert "on all 2 chunked paths" in body and "passed on every one" in body
-    assert "2 policies × 1 chunkings × 2 reductions on the CPU layout table" in inputs
-    assert "bias on 1, class weight on 0, ignore_index on 0, smoothing on 1" in inputs
-    assert "shape 7×3×5 (N×D×C), float64" in inputs and "Test CPU 9000" in inputs
-    assert "CUDA layout table is not in this quick run" in limits and "one tiny shape and one seed" in limits
-
-
-def test_gradcheck_names_the_failing_path():
-    body, _, _ = _sections(nb01_gradcheck.gradcheck(_paths(gradcheck=[True, False]), cpu="x"))
-    assert "gradcheck **failed** on 1 of 2 paths" in body
-    assert "- compact, rows:3, sum, smoothing (cpu layouts)" in body
-
-
-def _parity(lce_loss=(1e-16, 3e-16), torch_loss=(2e-16, 5e-10)) -> pd.DataFrame:
-    return _paths(torch_path=["chunked", "reference (fallback)"], lce_loss=list(lce_loss),
-                  torch_loss=list(torch_loss), lce_grad_input=[2e-16, 1e-16], torch_grad_input=[4e-16, 1.0])
-
-
-def test_parity_within_the_bound_and_torch_only_where_it_chunked():
-    body, inputs, limits = _sections(nb01_gradcheck.parity(_parity(), cpu="Test CPU 9000"))
-    assert "to within 3.0e-16" in body and "loss 3.0e-16, grad_input 2.0e-16" in body
-    assert "below the 1e-13 bound" in body
-    # torch's fallback path (error 1.0) does not count: its chunked op ran on one path, at 4.0e-16.
-    assert "ran on 1 of 2 paths and is within the same bound there (worst 4.0e-16)" in body
-    assert "on the other 1 (the paths with label smoothing) it fell back to its reference path" in body
-    assert "shape 7×3×5" in inputs and "fp64 only" in limits
-
-
-def test_parity_beyond_the_bound_says_so():
-    body, _, _ = _sections(nb01_gradcheck.parity(_parity(lce_loss=(1e-16, 2e-12)), cpu="x"))
-    assert "**disagrees**" in body and "beyond the 1e-13 bound on loss (worst 2.0e-12" in body
 
 
 # --- 02 --------------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.report import nb05_realistic_inputs as realistic
-from analysis.report.wording import MARKER
+from analysis.report.notebooks import MARKER
 
 
 def _stats(family: str, **values: float) -> pd.DataFrame:

@@ -10,8 +10,7 @@ import jupytext
 import nbformat
 import pytest
 
-from analysis.report.notebooks import KERNEL, execute, save_as_jupyterlab, sources, stable_cell_ids
-from analysis.report.wording import MARKER
+from analysis.report.notebooks import KERNEL, MARKER, execute, save_as_jupyterlab, sources, stable_cell_ids
 
 SOURCES = sources()
 
