@@ -41,5 +41,17 @@ def parse_shape(text: str) -> Shape:
     except ValueError:
         raise ValueError(f"shape must look like NxDxC, e.g. 4096x512x32768; got {text!r}") from None
     return Shape(n, d, c)
-LLM_SHAPES: tuple[Shape, ...] = (Shape(16384, 4096, 128256), Shape(8192, 2304, 256000), Shape(65536, 8192, 152064))
-"""LLM heads (Llama 3 8B, Gemma 2 2B, Qwen 2 72B at 64k tokens) for the memory table."""
+
+
+# ---- the named shapes every study and report quotes ------------------------------------------------------------
+
+BENCH_SHAPE = Shape(4096, 512, 32768)
+"""The CPU bench problem (``python -m analysis bench``): an LLM-like aspect ratio (C/D = 64) that one forward and
+backward of every implementation, unfused included, can afford on 2 cores."""
+
+CCE_SHAPE = Shape(8192, 2304, 256000)
+"""Cut Cross-Entropy's benchmark head (Gemma 2 2B at 8192 tokens), the GPU bench problem."""
+
+LLM_SHAPES: tuple[Shape, ...] = (Shape(16384, 4096, 128256), CCE_SHAPE, Shape(65536, 8192, 152064))
+"""LLM heads (Llama 3 8B at 16k tokens, Gemma 2 2B at 8k, Qwen 2 72B at 64k), where the models predict what
+the CPU cannot measure."""

@@ -14,7 +14,7 @@ of its own with its share of ``--budget-s`` (:data:`STEPS`):
    (:func:`analysis.sweep.run.reference_block_elements`), so its memory is bounded at 128256 or 256000 classes;
 3. ``memory``: the CUDA allocator's peaks (allocated and reserved) against lce's model,
    ``lce.plan(...).peak_extra_bytes``, per policy (``gpu_memory.csv``);
-4. ``bench``: at :data:`BENCH_SHAPE` in bf16 (the Cut Cross-Entropy paper's table), lce per policy, the
+4. ``bench``: at :data:`CCE_SHAPE` in bf16 (the Cut Cross-Entropy paper's table), lce per policy, the
    unfused op eager and under ``torch.compile``, Liger-Kernel and Cut Cross-Entropy when importable:
    CUDA-event time (median after warm-up), allocator peaks, errors against fp64 (``gpu_bench.csv``);
 5. the log (``gpu_check.log``): provenance (GPU, driver, torch, CUDA, Triton, git revision: from
@@ -56,7 +56,7 @@ from analysis.core.implementations import ImplSpec, make_implementation, unavail
 from analysis.core.inputs import make_inputs
 from analysis.core.memory import measure_peak
 from analysis.core.metrics import compare
-from analysis.core.problem import DTYPES, Shape
+from analysis.core.problem import CCE_SHAPE, DTYPES, Shape
 from analysis.core.provenance import git_revision, provenance
 from analysis.core.results_io import GPU_BENCH, GPU_MEMORY, append_row
 from analysis.core.run_config import RunConfig
@@ -70,7 +70,7 @@ from lce.testing import emulate_device_kind
 __all__ = ["Step", "STEPS", "DEFAULT_BUDGET_S", "GRACE_S", "step_seconds", "Deadline", "GPU_PACKAGES", "WHEELS_DIR",
            "wheel_status", "unpack_wheels", "dry_run_configs", "estimate_seconds", "run_grid_step", "run_memory_step",
            "run_bench_step", "run_tests_step", "run_step", "run_check", "gpu_provenance", "CUDA_TEST_FILES",
-           "BENCH_SHAPE", "MEMORY_SHAPES", "BENCH_SPECS", "MEMORY_SPECS"]
+           "CCE_SHAPE", "MEMORY_SHAPES", "BENCH_SPECS", "MEMORY_SPECS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +106,6 @@ API_TEST_FILES: tuple[str, ...] = tuple(f"tests/lce/{name}" for name in (
 ``linear_cross_entropy`` (2.11), their comparisons with it skipping (tests/repo/test_torch_range.py checks that
 here)."""
 
-BENCH_SHAPE = Shape(8192, 2304, 256000)
 BENCH_DTYPE = "bfloat16"
 BENCH_WARMUP, BENCH_REPEATS = 2, 5
 MEMORY_SHAPES: tuple[Shape, ...] = (Shape(8192, 1024, 32768), *CUDA_HEADLINE_SHAPES)
@@ -369,13 +368,13 @@ def _bench_estimate(spec: ImplSpec, shape: Shape) -> float:
 
 def run_bench_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
                    echo: Callable[[str], None] = print) -> Counter[str]:
-    """Step 4: each of :data:`BENCH_SPECS` at :data:`BENCH_SHAPE` in bf16, ``random`` inputs, no bias (Liger's
+    """Step 4: each of :data:`BENCH_SPECS` at :data:`CCE_SHAPE` in bf16, ``random`` inputs, no bias (Liger's
     and CCE's plain call), into ``out/gpu_bench.csv``: errors vs fp64 and allocator peaks from one call after
     :data:`BENCH_WARMUP`, then the median of :data:`BENCH_REPEATS` CUDA-event timings. The dry run runs a
     tiny shape on the CPU (``compiled`` left out: it compiles for tens of seconds there). Returns the rows'
     statuses, counted."""
     device = _device()
-    shape = DRY_BENCH_SHAPE if dry_run or device != "cuda" else BENCH_SHAPE
+    shape = DRY_BENCH_SHAPE if dry_run or device != "cuda" else CCE_SHAPE
     started = time.monotonic()
     inputs = make_inputs(shape, DTYPES[BENCH_DTYPE], seed=0, bias=False, device=device)
     reference = _reference(inputs)
@@ -538,3 +537,46 @@ def run_check(out: Path, *, budget_s: float = DEFAULT_BUDGET_S, dry_run: bool = 
         written = [name for name in (CUDA_FILE, BENCH_FILE, MEMORY_FILE) if (out / name).exists()]
         echo(f"== files in {out}: {', '.join(written) or 'none'}, {LOG_NAME}")
     return results
+
+
+# ---- python -m analysis gpu-check ----------------------------------------------------------------------------
+
+DESCRIPTION = ("Steps, each in its own process with its share of the budget ("
+               + ", ".join(f"{step.name} {step.share:.0%}" for step in STEPS) + "): "
+               + "; ".join(step.summary for step in STEPS) + ". Writes cuda.csv, gpu_memory.csv, gpu_bench.csv "
+               "and gpu_check.log (provenance) to --out; a step cut short keeps its rows. --dry-run: every step's "
+               "plan, the wheels folder, the grid on tiny shapes with the CUDA layouts emulated (CPU, under a "
+               "minute).")
+
+
+def _budget(text: str) -> float:
+    step_seconds(float(text))  # ValueError for a budget too small to give every step its share
+    return float(text)
+
+
+def add_arguments(parser) -> None:
+    import argparse
+
+    from analysis.core.arguments import argument
+    from analysis.gpu.wheels import WHEELS_DIR
+    from analysis.paths import display_path
+
+    parser.add_argument("--budget-s", type=argument(_budget), default=DEFAULT_BUDGET_S, metavar="S",
+                        help=f"wall-clock budget of all steps in seconds (default: {DEFAULT_BUDGET_S:.0f})")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"output folder (default: {display_path(DEFAULT_OUT)}; a fresh temporary folder with "
+                             "--dry-run)")
+    parser.add_argument("--dry-run", action="store_true", help="on a CPU: plans, wheels, tiny emulated grid")
+    parser.add_argument("--wheels", type=Path, default=WHEELS_DIR,
+                        help=f"folder of Liger-Kernel / Cut Cross-Entropy wheels (default: {display_path(WHEELS_DIR)})")
+    parser.add_argument("--step", choices=[step.name for step in STEPS], default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--step-seconds", type=float, default=60.0, help=argparse.SUPPRESS)
+
+
+def run(args) -> int:
+    if args.step:
+        return run_step(args.step, args.out or DEFAULT_OUT, args.step_seconds, dry_run=args.dry_run)
+    if args.out is None and args.dry_run:
+        args.out = Path(tempfile.mkdtemp(prefix="gpu-check-dry-run-"))
+    results = run_check(args.out or DEFAULT_OUT, budget_s=args.budget_s, dry_run=args.dry_run, wheels=args.wheels)
+    return 1 if any(code != 0 for code, _ in results.values()) else 0

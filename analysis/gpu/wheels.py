@@ -111,3 +111,27 @@ def unpack_wheels(folder: Path, target: Path) -> list[str]:
                 archive.extractall(target)
             lines.append(f"{package.name}: unpacked {wheel.name}")
     return lines
+
+
+# ---- python -m analysis gpu-wheels ---------------------------------------------------------------------------
+
+DESCRIPTION = ("liger-kernel and cut-cross-entropy, pure-Python wheels for Python 3.12 without their dependencies "
+               "(torch and Triton are on the GPU machine); fails when one has no wheel or they weigh 60 MiB or "
+               "more (make gpu-wheels).")
+
+
+def add_arguments(parser) -> None:
+    from analysis.paths import display_path
+
+    parser.add_argument("--dest", type=Path, default=WHEELS_DIR,
+                        help=f"folder (default: {display_path(WHEELS_DIR)}, ignored by git)")
+
+
+def run(args) -> int:
+    try:
+        lines = download_wheels(args.dest)
+    except RuntimeError as error:
+        print(f"gpu-wheels: {error}")
+        return 1
+    print("\n".join(lines))
+    return 0

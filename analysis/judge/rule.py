@@ -202,3 +202,25 @@ def policy_costs(noise: pd.DataFrame, training: pd.DataFrame, chunks: int = 256)
                                                    if len(gaps) else "not run")
         table.append(row)
     return pd.DataFrame(table)
+
+
+# ---- python -m analysis verdicts -----------------------------------------------------------------------------
+
+DESCRIPTION = "Reads the sweep results and the noise study; measures nothing."
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import results_option
+
+    results_option(parser, "folder of results files")
+
+
+def run(args) -> None:
+    from analysis.core.results_io import NOISE, load_kind
+    from analysis.judge.pareto import load_table, verdict_lines
+
+    _, table = load_table(args.results)
+    print("\n".join(verdict_lines(table)))
+    _, noise = load_kind(args.results, NOISE.name)
+    if not noise.empty:
+        print("\n".join(f"error/noise rule: {line}" for line in rule_lines(noise)))

@@ -25,7 +25,7 @@ from analysis.lm.dumps import DUMP_ROWS, DUMP_WINDOWS, compute_head_dump
 from analysis.lm.model import ModelConfig
 from analysis.lm.tokenizer import encode_files, load_or_train_tokenizer
 from analysis.lm.train import TrainConfig, load_snapshot, train
-from analysis.paths import LM_CACHE_DIR, LM_DATA_DIR
+from analysis.paths import LM_CACHE_DIR, LM_DATA_DIR, display_path
 
 __all__ = ["DEFAULT_STEPS", "DEFAULT_VOCAB", "EARLY_FRACTION", "PipelineResult", "token_streams", "unigram_entropy",
            "run_pipeline"]
@@ -124,3 +124,44 @@ def run_pipeline(*, steps: int = DEFAULT_STEPS, seed: int = 0, out: Path | str =
         losses[name] = dump.meta["heldout_loss"]
         dumps[name] = save_head_dump(dump, name, out)
     return PipelineResult(dumps, result.elapsed_s, losses, entropy, run_dir)
+
+
+# ---- python -m analysis lm -----------------------------------------------------------------------------------
+
+DESCRIPTION = ("Corpus (this Python's standard library source) -> byte-level BPE tokenizer -> a small transformer "
+               "trained on one core (about 10 minutes; resumes from its last checkpoint in analysis/cache/lm) -> "
+               "head dumps of the early and final checkpoints on held-out text (analysis/data/lm; load them with "
+               "analysis.core.head_dumps.load_head_dump).")
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import progress_option
+    from analysis.paths import LM_CACHE_DIR, LM_DATA_DIR
+
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
+                        help=f"training steps (default: {DEFAULT_STEPS})")
+    parser.add_argument("--seed", type=int, default=0, help="training seed (default: 0)")
+    parser.add_argument("--out", type=Path, default=LM_DATA_DIR,
+                        help=f"dump folder (default: {display_path(LM_DATA_DIR)})")
+    parser.add_argument("--cache", type=Path, default=LM_CACHE_DIR,
+                        help=f"tokenizer, tokens and checkpoints (default: {display_path(LM_CACHE_DIR)})")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="intra-op threads; the result is bitwise reproducible for a fixed count (default: 1, "
+                             "which the committed dumps used: with 2, a second busy process on a 2-core machine "
+                             "made each step 4x slower, with 1 it cost nothing)")
+    progress_option(parser)
+
+
+def run(args) -> None:
+    import time
+
+    started = time.perf_counter()
+    torch.set_num_threads(args.threads)
+    result = run_pipeline(steps=args.steps, seed=args.seed, out=args.out, cache=args.cache,
+                          progress=not args.no_progress)
+    for name, paths in result.dumps.items():
+        print(f"{name}: held-out loss {result.heldout_losses[name]:.3f} nats -> "
+              + ", ".join(f"{display_path(path)} ({path.stat().st_size / 2**20:.1f} MiB)" for path in paths))
+    print(f"unigram entropy of the training tokens: {result.unigram_entropy:.3f} nats")
+    print(f"lm: {time.perf_counter() - started:.0f} s in all (training {result.train_wall_s:.0f} s over all "
+          f"sessions, {torch.get_num_threads()} thread(s); checkpoints in {display_path(result.run_dir)})")

@@ -158,3 +158,31 @@ def draw_all(table: pd.DataFrame, *, memory_breakdown: pd.DataFrame | None = Non
     drawn.append(plot_margins(empty if margins is None else margins))
     drawn.append(plot_rare_rows(empty if rare_rows is None else rare_rows))
     return [figure for figure in drawn if figure is not None]
+
+
+# ---- python -m analysis figures ------------------------------------------------------------------------------
+
+DESCRIPTION = ("Writes PNG and SVG per figure and figures/README.md (captions, data files, command, verdicts); "
+               "measures nothing.")
+
+
+def draw_and_report(results: Path, out: Path, command: str) -> None:
+    """:func:`make_figures` with the Agg backend (files only, whatever the environment's default), printing each
+    file written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    for path in make_figures(results, out, command):
+        print(display_path(path))
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import results_option
+    from analysis.paths import FIGURES_DIR
+
+    results_option(parser, "folder of results files")
+    parser.add_argument("--out", type=Path, default=FIGURES_DIR, help="figures folder (default: figures)")
+
+
+def run(args) -> None:
+    draw_and_report(args.results, args.out, "python -m analysis figures")

@@ -127,3 +127,21 @@ def build_all(folder: Path = NOTEBOOKS_DIR, *, quick: bool = True, only: tuple[s
         execute(source, target, quick=quick)
         written.append(target)
     return written
+
+
+# ---- python -m analysis notebooks ----------------------------------------------------------------------------
+
+DESCRIPTION = "Runs notebooks/NN_*.py top to bottom in a fresh kernel each (quick settings unless --full)."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--full", action="store_true", help="QUICK=False: the larger settings (slow)")
+    parser.add_argument("--only", nargs="+", default=[], metavar="NN",
+                        help="only the notebooks with these numbers, e.g. --only 01 06")
+
+
+def run(args) -> None:
+    from analysis.paths import display_path
+
+    for path in build_all(quick=not args.full, only=tuple(args.only)):
+        print(display_path(path))

@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from analysis.core.problem import DTYPES, Shape
+from analysis.core.problem import BENCH_SHAPE, DTYPES
 from analysis.core.results_io import BENCH, CHUNK_SWEEP, REPRODUCE, latest, load_kind
 from analysis.paths import RESULTS_DIR, ROOT
 from analysis.report.nb02_accuracy import readme_bf16_errors
@@ -29,10 +29,8 @@ from analysis.report.nb08_beyond_torch import readme_features, readme_vocab_para
 from analysis.sweep.grids import GRIDS
 from lce.policies import CPU_MIN_ROWS
 
-__all__ = ["BLOCKS", "DOCUMENTS", "BENCH_SHAPE", "render", "update"]
+__all__ = ["BLOCKS", "DOCUMENTS", "render", "update"]
 
-BENCH_SHAPE = Shape(4096, 512, 32768)
-"""The problem ``python -m analysis bench`` measures by default, quoted in the README."""
 
 DOCUMENTS: tuple[str, ...] = ("README.md", "analysis/README.md")
 """The files (relative to the repository root) that carry generated passages."""
@@ -192,3 +190,26 @@ def update(root: Path = ROOT, results: Path = RESULTS_DIR, *, check: bool = Fals
             if not check:
                 path.write_text(new, encoding="utf-8")
     return changed
+
+
+# ---- python -m analysis docs ---------------------------------------------------------------------------------
+
+DESCRIPTION = ("Every number a README quotes from data sits between <!-- BEGIN generated:NAME --> and "
+               "<!-- END generated:NAME --> comments; this rewrites them (analysis/report/readme.py). --check only "
+               "reports the files that are out of date and exits with 1 if any is.")
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import results_option
+
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a README is out of date")
+    results_option(parser, "folder of results files")
+
+
+def run(args) -> int:
+    from analysis.paths import display_path
+
+    changed = update(results=args.results, check=args.check)
+    for path in changed:
+        print(f"{display_path(path)}: {'out of date' if args.check else 'rewritten'}")
+    return 1 if args.check and changed else 0

@@ -36,9 +36,9 @@ import torch
 from analysis.core.implementations import ImplSpec, make_implementation, unavailable_reason
 from analysis.core.inputs import make_inputs
 from analysis.core.memory import measure_peak
-from analysis.core.problem import DTYPES, Shape, parse_shape
+from analysis.core.problem import BENCH_SHAPE, DTYPES, Shape, parse_shape
 from analysis.core.provenance import provenance
-from analysis.paths import ROOT
+from analysis.paths import ROOT, display_path
 from lce.options import dtype_name
 
 __all__ = ["BENCH_IMPLS", "SCALING_IMPLS", "CHUNK_SWEEP_POLICIES", "gemm_floor_s", "run_bench", "run_scaling",
@@ -260,3 +260,53 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---- python -m analysis bench --------------------------------------------------------------------------------
+
+DESCRIPTION = ("Interleaved timing rounds, peak memory in a fresh process per implementation and the 3-GEMM "
+               "floor, appended to analysis/results/bench.csv (about 10 minutes at the default shape here).")
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import results_option, shape_option
+
+    shape_option(parser, BENCH_SHAPE)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="input dtypes")
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds after one warm-up round")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--chunk-sweep", action="store_true",
+                      help="instead: time lce per policy (default options, balanced and compact on low "
+                           "precision) and chunk size (bench_chunks.csv)")
+    mode.add_argument("--scaling", action="store_true",
+                      help="instead: lce, torch and unfused with N and C divided by 1, 2 and 4 (bench.csv)")
+    mode.add_argument("--baseline", metavar="REV",
+                      help="instead: lce's default options here against git revision REV, one fresh process per "
+                           "version, alternating (bench_baseline.csv)")
+    results_option(parser)
+
+
+def run(args) -> None:
+    from analysis.core.results_io import BENCH, CHUNK_SWEEP, append_rows
+
+    dtypes = tuple(args.dtypes)
+    if args.baseline:
+        table = against_baseline(args.shape, dtypes, args.baseline, rounds=args.repeats)
+        path = args.results / "bench_baseline.csv"
+        append_rows(path, BENCH.rows(table))
+        times = table.set_index(["dtype", "impl"])["value"].unstack("impl")
+        times["ratio"] = times["lce now"] / times[f"lce@{args.baseline}"]
+        print(times.to_string(float_format="%.3f"))
+    elif args.chunk_sweep:
+        table = chunk_sweep(args.shape, dtypes, repeats=args.repeats, policies=CHUNK_SWEEP_POLICIES)
+        path = args.results / "bench_chunks.csv"
+        append_rows(path, CHUNK_SWEEP.rows(table))
+        print(table[["dtype", "impl", "chunk_size", "num_chunks", "value", "spread_s"]].to_string(index=False))
+    else:
+        measure = run_scaling if args.scaling else run_bench
+        table = measure(args.shape, dtypes, repeats=args.repeats)
+        path = args.results / "bench.csv"
+        append_rows(path, BENCH.rows(table))
+        if not args.scaling:
+            print(ratios(table).to_string(index=False, float_format="%.3f"))
+    print(display_path(path))

@@ -36,19 +36,19 @@ from analysis.core.fp64 import reference_outputs
 from analysis.core.inputs import Inputs, make_inputs, outputs_of
 from analysis.core.memory import measure_peak
 from analysis.core.metrics import compare
-from analysis.core.problem import DTYPES, Shape
+from analysis.core.problem import BENCH_SHAPE, DTYPES, Shape
 from analysis.core.timing import time_call
 from lce.options import dtype_name
 
 __all__ = ["BUDGET_SHAPES", "GRADIENT_MULTIPLES", "FAMILY", "TILING_SHAPE", "TILING_BLOCKS", "budgets_for",
            "measure_options", "measure_budgets", "measure_tiling"]
 
-BUDGET_SHAPES: tuple[Shape, ...] = (Shape(4096, 512, 32768), Shape(2048, 1024, 65536), Shape(8192, 256, 131072))
+BUDGET_SHAPES: tuple[Shape, ...] = (BENCH_SHAPE, Shape(2048, 1024, 65536), Shape(8192, 256, 131072))
 GRADIENT_MULTIPLES: tuple[float, ...] = (3.0, 1.5, 1.2, 1.1, 1.05)
 """Budgets below auto's peak, as multiples of the gradients' own bytes (input and weight, input dtype)."""
 FAMILY = "calibrated"
 STUDY_DTYPE = "bfloat16"
-TILING_SHAPE = Shape(4096, 512, 32768)
+TILING_SHAPE = BENCH_SHAPE
 TILING_BLOCKS: tuple[int, ...] = (4, 16, 64)
 """Class blocks per vocabulary in the tiling study (1 = untiled is always measured too)."""
 
@@ -161,3 +161,31 @@ def _child(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     _child()
+
+
+# ---- python -m analysis budgets ------------------------------------------------------------------------------
+
+DESCRIPTION = ("For three shapes (bf16, calibrated inputs) and budgets from lce auto's peak down to 1.05x "
+               "the gradients' bytes: recommend's options, then a fresh process per budget measures their "
+               "peak, errors against fp64 and time (budgets.csv). Then, at the bench shape, each policy "
+               "with the vocabulary whole and in 4/16/64 blocks, timed in one process (class_tiling.csv). "
+               "About 15 minutes on 2 cores.")
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import results_option
+
+    parser.add_argument("--skip-budgets", action="store_true", help="only the class-tiling measurement")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    results_option(parser)
+
+
+def run(args) -> None:
+    from analysis.core.arguments import print_study
+    from analysis.core.results_io import BUDGETS, CLASS_TILING
+    from analysis.studies.peers import record_study
+
+    if not args.skip_budgets:
+        print_study(*record_study(args.results / "budgets.csv", BUDGETS, measure_budgets, progress=not args.quiet))
+    print_study(*record_study(args.results / "class_tiling.csv", CLASS_TILING, measure_tiling,
+                              progress=not args.quiet))

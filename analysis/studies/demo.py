@@ -54,3 +54,20 @@ def run_demo(shape: Shape = DEMO_SHAPE, dtypes: tuple[str, ...] = ("bfloat16", "
                 reports = compare(outputs, exact)
                 cells = [f"{reports[name].rel_fro:.2e} ({reports[name].fro_in_floors:4.1f}x)" for name in OUTPUT_NAMES]
                 echo(f"{op:<12} {label:<22} {elapsed:6.2f}s  " + "  ".join(f"{c:>18}" for c in cells))
+
+
+# ---- python -m analysis demo ---------------------------------------------------------------------------------
+
+DESCRIPTION = ("Prints the resolved plan of lce's default options, then every output's error against fp64 "
+               "(and as a multiple of its rounding floor) for lce and torch, per policy. Writes nothing.")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--rows", type=int, default=2048, help="N (default: 2048)")
+    parser.add_argument("--features", type=int, default=256, help="D (default: 256)")
+    parser.add_argument("--classes", type=int, default=8192, help="C (default: 8192)")
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"], help="input dtypes")
+
+
+def run(args) -> None:
+    run_demo(Shape(args.rows, args.features, args.classes), tuple(args.dtypes))

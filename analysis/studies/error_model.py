@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 
 import lce
-from analysis.core.problem import Shape
+from analysis.core.problem import LLM_SHAPES, Shape
 from analysis.core.provenance import git_revision
 from analysis.paths import RESULTS_DIR, ROOT
 from lce import error_model
@@ -43,7 +43,7 @@ from lce.plan import make_plan
 from lce.testing import emulate_device_kind
 
 __all__ = ["stats_pairs", "GRID_FILES", "NOISE_FILES", "STATS_FILE", "VALIDATION_FILE", "CONSTANTS_FILE", "SHARE_BAND",
-           "GAMMA_CANDIDATES", "LLM_SHAPES", "split_of", "load_measurements", "measure_family_stats",
+           "GAMMA_CANDIDATES", "split_of", "load_measurements", "measure_family_stats",
            "load_stats", "plan_for", "predict_rows", "fit", "FitResult", "run", "check",
            "llm_predictions", "summary"]
 
@@ -60,8 +60,6 @@ FIT_FAMILIES: tuple[str, ...] = ("random", "trained", "trained:early", "trained:
 FIT_MAX_ROWS = 1024
 FIT_MAX_FEATURES, FIT_MAX_CLASSES = 128, 16384
 
-LLM_SHAPES: tuple[Shape, ...] = (Shape(16384, 4096, 128256), Shape(8192, 2304, 256000), Shape(65536, 8192, 152064))
-"""LLM output heads (N x D x C): Llama 3 8B, Gemma 2 2B, Qwen 2 72B at their training token counts per step."""
 LLM_CHUNKINGS: tuple[str, ...] = ("aspect_ratio", "aspect_ratio:2", "chunks:1", "chunks:16", "chunks:256",
                                   "chunks:1024")
 LLM_POLICIES: tuple[str, ...] = ("accurate", "balanced", "compact")
@@ -264,7 +262,7 @@ def hit_share(rows: pd.DataFrame) -> float:
     return float(np.mean(rows["relative_miss"].abs() <= SHARE_BAND)) if len(rows) else math.nan
 
 
-def run(results: Path = RESULTS_DIR, constants_file: Path = CONSTANTS_FILE, *, remeasure_stats: bool = False
+def fit_and_write(results: Path = RESULTS_DIR, constants_file: Path = CONSTANTS_FILE, *, remeasure_stats: bool = False
         ) -> tuple[FitResult, list[Path]]:
     """Fit, then write the validation file and the constants; statistics are measured first when missing
     (or with ``remeasure_stats``). Returns the fit and the files written."""
@@ -346,3 +344,37 @@ def point_name(row) -> str:
     """A validation point in words: shape, family, dtype/acc, layout kind, policy, chunks, output."""
     return (f"{row.N}x{row.D}x{row.C} {row.family} {row.dtype}/{row.acc_dtype} {row.kind} {row.policy} "
             f"k={row.num_chunks} {row.output}")
+
+
+# ---- python -m analysis error-model --------------------------------------------------------------------------
+
+DESCRIPTION = ("Reads the sweep grids and the noise study, fits lce/error_model.json's constants on random and "
+               "trained inputs at N <= 1024, and writes analysis/results/error_model/validation.csv (prediction, "
+               "measurement and split of every point; calibrated inputs and larger shapes are held out). "
+               "Seconds. --check refits without writing and exits with 1 if the committed constants differ.")
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import results_option
+
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if the constants are out of date")
+    parser.add_argument("--remeasure-stats", action="store_true",
+                        help="measure each family's input statistics again (error_model/stats.csv; about 20 s)")
+    results_option(parser)
+
+
+def run(args) -> int:
+    from analysis.paths import display_path
+
+    if args.check:
+        problems = check(args.results)
+        for problem in problems:
+            print(f"lce/error_model.json is out of date: {problem}")
+        return 1 if problems else 0
+    result, paths = fit_and_write(args.results, remeasure_stats=args.remeasure_stats)
+    print(result.constants["accuracy"])
+    for line in summary(result.rows)["worst"]:
+        print(f"  worst held-out miss: {line}")
+    for path in paths:
+        print(display_path(path))
+    return 0

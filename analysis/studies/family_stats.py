@@ -105,3 +105,33 @@ def study(families: Sequence[str] = STUDY_FAMILIES, shape: Shape = FAMILY_SHAPE,
                                     "value": curve["count"].astype(float)}))
     table = pd.concat(frames, ignore_index=True)
     return table.assign(N=shape.N, D=shape.D, C=shape.C, seed=seed)
+
+
+# ---- python -m analysis family-stats -------------------------------------------------------------------------
+
+DESCRIPTION = ("Draws every family of analysis.studies.family_stats at the trained head's shape and writes "
+               "family_stats.csv (an earlier one becomes .previous); about a minute. `figures` draws it.")
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import argument, family_names, results_option
+
+    parser.add_argument("--family", type=argument(family_names), default=None, metavar="NAME[,NAME]",
+                        help="these families only (default: random, calibrated at 0.5/3/6 nats, trained early/final)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the draw (default: 0)")
+    results_option(parser)
+
+
+def run(args) -> None:
+    from analysis.core.arguments import set_aside_announced
+    from analysis.core.provenance import provenance
+    from analysis.core.results_io import FAMILY_STATS, append_rows
+    from analysis.paths import display_path
+
+    table = study(args.family or STUDY_FAMILIES, seed=args.seed)
+    path = args.results / "family_stats.csv"
+    set_aside_announced(path)
+    append_rows(path, FAMILY_STATS.rows(table.assign(**provenance("cpu"))))
+    summary = table[table["statistic"] != "target_count"].pivot(index="statistic", columns="family", values="value")
+    print(summary.to_string(float_format="%.4g"))
+    print(display_path(path))

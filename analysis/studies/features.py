@@ -31,7 +31,7 @@ from analysis.core.implementations import ImplSpec
 from analysis.core.inputs import Inputs, make_inputs
 from analysis.core.memory import measure_peak
 from analysis.core.metrics import report, ulps
-from analysis.core.problem import DTYPES, Shape
+from analysis.core.problem import BENCH_SHAPE, DTYPES, Shape
 from analysis.core.results_io import FEATURE_COST, FEATURES
 from analysis.core.timing import time_call
 from analysis.studies.peers import Contender, lce_contenders, record_study, run_contenders
@@ -56,7 +56,7 @@ SEEDS: tuple[int, ...] = (0, 1, 2)
 STUDY_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
 FEATURES_FILE = "features.csv"
 FEATURE_COST_FILE = "feature_cost.csv"
-COST_SHAPE = Shape(4096, 512, 32768)
+COST_SHAPE = BENCH_SHAPE
 """The bench shape (``python -m analysis bench``)."""
 
 CONTENDERS: tuple[Contender, ...] = (
@@ -181,3 +181,32 @@ def record(folder: Path, **settings) -> tuple[Path, float]:
 def record_cost(folder: Path, **settings) -> tuple[Path, float]:
     """Measure (``settings``: :func:`measure_cost`'s) and write ``folder/feature_cost.csv`` with provenance."""
     return record_study(folder / FEATURE_COST_FILE, FEATURE_COST, measure_cost, **settings)
+
+
+# ---- python -m analysis features -----------------------------------------------------------------------------
+
+DESCRIPTION = ("lce's features beyond torch's op against fp64, next to the plain op: bf16 and fp16, random "
+               "and calibrated inputs at 2048x256x8192 and the trained head, per policy and layout, with the "
+               "fp64 softmax statistics of each feature set (features.csv, about 10 minutes here). With "
+               "--cost, also the time and peak of lce's defaults per feature set at the bench shape "
+               "(feature_cost.csv).")
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import results_option
+
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per problem (default 3)")
+    parser.add_argument("--cost", action="store_true", help="also measure time and peak at the bench shape")
+    parser.add_argument("--cost-only", action="store_true", help="only the time and peak measurement")
+    parser.add_argument("--repeats", type=int, default=5, help="alternating timed rounds (default 5)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    results_option(parser)
+
+
+def run(args) -> None:
+    from analysis.core.arguments import print_study
+
+    if not args.cost_only:
+        print_study(*record(args.results, seeds=tuple(range(args.seeds)), progress=not args.quiet))
+    if args.cost or args.cost_only:
+        print_study(*record_cost(args.results, rounds=args.repeats))

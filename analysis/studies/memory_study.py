@@ -21,6 +21,7 @@ from analysis.core.memory import allocation_trace
 from analysis.core.problem import DTYPES, Shape
 from analysis.core.provenance import provenance
 from analysis.core.results_io import MEMORY_BREAKDOWN, MEMORY_TRACE, append_rows, set_aside
+from analysis.paths import display_path
 from lce.options import dtype_name
 
 __all__ = ["STUDY_SHAPE", "STUDY_DTYPE", "STUDY_SPECS", "BREAKDOWN_FILE", "TRACE_FILE", "buffer_breakdown",
@@ -103,3 +104,29 @@ def record(folder: Path, shape: Shape = STUDY_SHAPE, dtype: str = STUDY_DTYPE) -
         append_rows(path, kind.rows(table.assign(**provenance("cpu"))))
         written.append(path)
     return written
+
+
+# ---- python -m analysis memory-study -------------------------------------------------------------------------
+
+DESCRIPTION = ("Writes memory_breakdown.csv (every buffer of lce's plan per configuration, no measurement) and "
+               "memory_trace.csv (live extra bytes after each allocator event of one forward+backward, lce next "
+               "to torch and the unfused reference), moving earlier ones to .previous; about 20 s at the default "
+               "problem. `figures` draws them.")
+
+
+def record_and_report(results: Path, shape: Shape, dtype: str) -> None:
+    for path in record(results, shape, dtype):
+        print(f"{display_path(path)} (an earlier one, if any, is now {path.name}.previous)")
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import results_option, shape_option
+
+    shape_option(parser, STUDY_SHAPE, "study problem")
+    parser.add_argument("--dtype", default=STUDY_DTYPE, choices=("float32", "bfloat16", "float16"),
+                        help=f"input dtype (default: {STUDY_DTYPE})")
+    results_option(parser)
+
+
+def run(args) -> None:
+    record_and_report(args.results, args.shape, args.dtype)

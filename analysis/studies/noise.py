@@ -206,3 +206,34 @@ def record(folder: Path, file_name: str = NOISE_FILE, **settings) -> tuple[Path,
     """Measure (``settings``: :func:`measure`'s) and write ``folder/<file_name>`` with provenance."""
     device = settings.get("device", "cuda-emulated")
     return record_study(folder / file_name, NOISE, measure, provenance_device=device, **settings)
+
+
+# ---- python -m analysis noise --------------------------------------------------------------------------------
+
+DESCRIPTION = ("Per input family, dtype (bf16, fp16) and seed: lce's CUDA-layout policies (fp32 acc_dtype) at "
+               "chunk counts 1 to 256 and the unfused op; writes noise.csv (floors, error/noise and bias/noise "
+               "ratios, steps until a bias matters). Emulated CUDA layouts on CPU tensors unless --device cuda. "
+               "About 10 CPU-minutes.")
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import argument, family_names, progress_option, study_options
+
+    study_options(parser, NOISE_SHAPE, list(STUDY_DTYPES), allowed=STUDY_DTYPES)
+    parser.add_argument("--families", type=argument(family_names), default=FAMILIES, metavar="NAME[,NAME]",
+                        help=f"input families (default: {','.join(FAMILIES)})")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: the CUDA layouts emulated on CPU tensors (default); cuda: a real GPU")
+    parser.add_argument("--file", default=None, metavar="NAME",
+                        help="results file name (default: noise.csv, noise_cuda.csv with --device cuda)")
+    progress_option(parser)
+
+
+def run(args) -> None:
+    from analysis.core.arguments import print_study
+
+    device = "cuda" if args.device == "cuda" else "cuda-emulated"
+    file_name = args.file or ("noise_cuda.csv" if device == "cuda" else NOISE_FILE)
+    print_study(*record(args.results, file_name, shape=args.shape, families=args.families,
+                        dtypes=tuple(args.dtypes), seeds=tuple(range(args.seeds)), device=device,
+                        progress=not args.no_progress))

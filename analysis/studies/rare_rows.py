@@ -125,3 +125,30 @@ def record(folder: Path, file_name: str = RARE_ROWS_FILE, **settings) -> tuple[P
     """Measure (``settings``: :func:`measure`'s) and write ``folder/<file_name>`` with provenance, an earlier
     one moved to ``.previous``; return the path and the wall time in seconds."""
     return record_study(folder / file_name, RARE_ROWS, measure, **settings)
+
+
+# ---- python -m analysis rare-rows ----------------------------------------------------------------------------
+
+DESCRIPTION = ("Calibrated inputs (Zipfian targets), fp16 and bf16; lce per policy, layout, acc_dtype and "
+               "chunking, torch's op and the unfused reference; writes rare_rows.csv (row error median/p99/max per "
+               "bin of target count, Frobenius floors), moving an earlier one to .previous. About 6 CPU-minutes.")
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import argument, names_of, study_options
+
+    study_options(parser, RARE_ROWS_SHAPE, ["float16", "bfloat16"])
+    parser.add_argument("--policies", type=argument(names_of(POLICIES)), default=POLICIES, metavar="P[,P]",
+                        help=f"lce policies (default: {','.join(POLICIES)})")
+    parser.add_argument("--chunkings", type=argument(names_of(CHUNKINGS)), default=CHUNKINGS, metavar="M[,M]",
+                        help=f"lce chunking methods (default: {','.join(CHUNKINGS)})")
+    parser.add_argument("--file", default="rare_rows.csv", metavar="NAME",
+                        help="results file name in the results folder (default: rare_rows.csv; a spot check at "
+                             "another shape goes in a file of its own)")
+
+
+def run(args) -> None:
+    from analysis.core.arguments import print_study
+
+    print_study(*record(args.results, args.file, shape=args.shape, dtypes=tuple(args.dtypes),
+                        seeds=tuple(range(args.seeds)), runs=contenders(args.policies, args.chunkings)))

@@ -320,3 +320,98 @@ def checkpoint_errors(cache: Path, setting: Setting, streams: tuple[torch.Tensor
                           "device": noise_device}
                 rows.extend({**common, **row} for row in measure_inputs(inputs, runs))
     return pd.DataFrame(rows)
+
+
+# ---- python -m analysis train --------------------------------------------------------------------------------
+
+DESCRIPTION = ("Arms: the fp32 head, the unfused bf16 head, lce accurate/balanced/compact in bf16 and fp16 "
+               "(loss-scaled) on the CUDA layouts (emulated on a CPU), aspect_ratio:2 chunks. Same "
+               "initialisation and batches per seed. Writes training.csv (train and held-out loss per step) "
+               "as runs finish, and noise_checkpoints.csv (gradient error vs noise on the fp32 arm's "
+               "snapshots). Resumable (checkpoints in analysis/cache/lm/study). --quick: about 2 minutes (CI, "
+               "notebook); full: about 100 minutes on 2 cores.")
+
+
+def arm_names(text: str) -> tuple[Arm, ...]:
+    """``fp32,bf16 compact`` -> the arms of those names."""
+    from analysis.core.arguments import names_of
+
+    return tuple(ARM_NAMES[name] for name in names_of(tuple(ARM_NAMES))(text))
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import argument, progress_option, results_option, seed_list, workers_option
+    from analysis.paths import LM_CACHE_DIR, display_path
+
+    parser.add_argument("--quick", action="store_true", help="the quick setting (writes training_quick.csv)")
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="full",
+                        help="which setting without --quick (default: full)")
+    parser.add_argument("--seeds", type=int, default=None, metavar="K", help="seeds 0..K-1 (default: the setting's)")
+    parser.add_argument("--seed-list", type=argument(seed_list), default=None, metavar="S[,S]",
+                        help="exactly these seeds (e.g. 1,2 to add seeds to a study whose seed 0 is done)")
+    parser.add_argument("--arms", type=argument(arm_names), default=ARMS, metavar="NAME[,NAME]",
+                        help="arms to train (default: all): " + ",".join(arm.name for arm in ARMS))
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train (default: cpu)")
+    workers_option(parser)
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads of the main process (default: 1)")
+    parser.add_argument("--budget-s", type=float, default=None, metavar="S",
+                        help="start no run after S seconds (the runs done are written; a rerun resumes)")
+    parser.add_argument("--tokens", type=Path, default=None, metavar="FILE",
+                        help="token streams file ({'train','heldout'}), e.g. carried to a GPU machine")
+    parser.add_argument("--file", default=None, metavar="NAME", help="results file name")
+    parser.add_argument("--cache", type=Path, default=LM_CACHE_DIR,
+                        help=f"token streams and run folders (default: {display_path(LM_CACHE_DIR)})")
+    parser.add_argument("--no-checkpoint-errors", action="store_true",
+                        help="skip the gradient errors on the fp32 arm's snapshots")
+    results_option(parser)
+    progress_option(parser)
+
+
+def run(args) -> None:
+    import dataclasses
+    import os
+    import time
+
+    from analysis.core.provenance import provenance
+    from analysis.core.results_io import NOISE, TRAINING, append_rows, set_aside
+    from analysis.lm.pipeline import DEFAULT_VOCAB
+    from analysis.paths import display_path
+
+    started = time.monotonic()
+    setting = SETTINGS["quick" if args.quick else args.setting]
+    if args.seeds is not None:
+        setting = dataclasses.replace(setting, seeds=tuple(range(args.seeds)))
+    if args.seed_list is not None:
+        setting = dataclasses.replace(setting, seeds=args.seed_list)
+    torch.set_num_threads(args.threads)
+    suffix = "" if args.device == "cpu" else f"_{args.device}"
+    path = args.results / (args.file or f"training{'_quick' if args.quick else ''}{suffix}.csv")
+    args.results.mkdir(parents=True, exist_ok=True)
+    cache = args.cache / "study"
+    model_config = ModelConfig(DEFAULT_VOCAB)
+    set_aside(path)
+
+    def write(table) -> None:
+        partial = path.with_name(path.name + ".partial")
+        partial.unlink(missing_ok=True)
+        append_rows(partial, TRAINING.rows(table.assign(device=args.device, **provenance(args.device))))
+        partial.replace(path)
+
+    deadline = None if args.budget_s is None else started + args.budget_s
+    workers = args.workers or (len(os.sched_getaffinity(0)) if args.device == "cpu" else 1)
+    table = run_study(setting, model_config, cache, arms=args.arms, device=args.device, workers=workers,
+                      token_cache=args.cache, tokens_file=args.tokens, progress=not args.no_progress,
+                      on_run_done=write, deadline=deadline)
+    if not table.empty:
+        write(table)
+        print(summary(table).to_string(float_format="%.4f"))
+    print(f"{display_path(path)}: {len(table)} rows, {time.monotonic() - started:.0f} s")
+    if setting.snapshot_steps and not args.no_checkpoint_errors:
+        errors = checkpoint_errors(cache, setting, load_streams(args.cache, args.tokens), model_config,
+                                   device=args.device)
+        if not errors.empty:
+            errors_path = args.results / f"noise_checkpoints{suffix}.csv"
+            set_aside(errors_path)
+            noise_device = "cuda" if args.device == "cuda" else "cuda-emulated"
+            append_rows(errors_path, NOISE.rows(errors.assign(**provenance(noise_device))))
+            print(f"{display_path(errors_path)}: {len(errors)} rows")

@@ -166,3 +166,26 @@ def measure(shape: Shape = SHAPE, worlds: Sequence[int] = WORLDS, policies: Sequ
 def record(folder: Path, **settings) -> tuple[Path, float]:
     """Measure (``settings``: :func:`measure`'s) and write ``folder/vocab_parallel.csv`` with provenance."""
     return record_study(folder / VOCAB_PARALLEL_FILE, VOCAB_PARALLEL, measure, **settings)
+
+
+# ---- python -m analysis vocab-parallel -----------------------------------------------------------------------
+
+DESCRIPTION = ("lce.distributed over gloo with the classes split evenly across 2, 3 and 4 processes, against "
+               "single-process lce (1), per policy, random and calibrated inputs at 2048x256x16384 bf16: floors "
+               "against fp64 and the peak extra memory of every rank (vocab_parallel.csv). About 10 minutes here.")
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import results_option
+
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 3, 4], help="process counts (1: one process)")
+    parser.add_argument("--seeds", type=int, default=2, help="seeds per problem (default 2)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    results_option(parser)
+
+
+def run(args) -> None:
+    from analysis.core.arguments import print_study
+
+    print_study(*record(args.results, worlds=tuple(args.ranks), seeds=tuple(range(args.seeds)),
+                        progress=not args.quiet))

@@ -25,7 +25,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
 
-from analysis.core.problem import Shape
+from analysis.core.problem import LLM_SHAPES, Shape
 from analysis.core.run_config import RunConfig
 from lce.options import ACC_POLICIES, parse_chunking_method
 from lce.plan import aspect_ratio_chunk_size
@@ -190,7 +190,7 @@ _MEDIUM_PROBLEMS = tuple((family, Shape(2048, TRAINED_D, TRAINED_C)) for family 
 _MEDIUM_WIDE = (("calibrated", Shape(1024, 1024, 8192)), ("calibrated", Shape(1024, 256, 65536)))
 _MEDIUM_CHUNKINGS = ("auto", "aspect_ratio", "aspect_ratio:2")
 CUDA_FAMILY_SHAPE = Shape(2048, TRAINED_D, TRAINED_C)
-CUDA_HEADLINE_SHAPES: tuple[Shape, ...] = (Shape(16384, 4096, 128256), Shape(8192, 2304, 256000))
+CUDA_HEADLINE_SHAPES: tuple[Shape, ...] = LLM_SHAPES[:2]
 """LLM heads (Llama 3 8B's vocabulary at 16k tokens; Gemma 2 2B's, the Cut Cross-Entropy paper's bench shape)."""
 CUDA_SEEDS: tuple[int, ...] = (0, 1, 2)
 
@@ -277,3 +277,17 @@ def get_grid(name: str) -> Grid:
     if name not in GRIDS:
         raise ValueError(f"grid must be one of {sorted(GRIDS)}, got {name!r}")
     return GRIDS[name]
+
+
+# ---- python -m analysis grids --------------------------------------------------------------------------------
+
+DESCRIPTION = "Measures nothing."
+
+
+def add_arguments(parser) -> None:
+    """No options."""
+
+
+def run(args) -> None:
+    for grid in GRIDS.values():
+        print(f"{grid.name:<6} {len(grid.configs):>5} runs  {grid.description}")

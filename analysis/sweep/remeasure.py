@@ -93,3 +93,27 @@ def remeasure(path: Path, *, progress: bool = True) -> int:
     bar.close()
     table.to_csv(path, index=False)
     return len(stale)
+
+
+# ---- python -m analysis remeasure-memory ---------------------------------------------------------------------
+
+DESCRIPTION = ("For every lce row whose modeled peak differs from lce's current memory model: rewrites the "
+               "modeled peak, measures the peak again on CPU rows (same inputs, same profiler), and notes the "
+               "revision and date in the row's note column. Errors and times are left as measured.")
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import argument, names_of, results_option
+
+    parser.add_argument("--grids", type=argument(names_of(["quick", "medium"])), default=("quick", "medium"),
+                        help="comma-separated grid results to update (default: quick,medium)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    results_option(parser)
+
+
+def run(args) -> None:
+    from analysis.paths import display_path
+
+    for name in args.grids:
+        path = args.results / f"{name}.csv"
+        print(f"{display_path(path)}: {remeasure(path, progress=not args.quiet)} row(s) brought up to date")

