@@ -33,6 +33,7 @@ layouts emulated (:func:`dry_run_configs`), and the memory and bench steps on a 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import importlib.metadata
@@ -62,15 +63,15 @@ from analysis.core.results_io import GPU_BENCH, GPU_MEMORY, append_row
 from analysis.core.run_config import RunConfig
 from analysis.core.timing import time_call
 from analysis.gpu.wheels import GPU_PACKAGES, WHEELS_DIR, unpack_wheels, wheel_status
-from analysis.paths import ROOT
+from analysis.paths import ROOT, display_path
 from analysis.sweep.grids import CUDA_HEADLINE_SHAPES, Grid, Measurement, get_grid
 from analysis.sweep.run import reference_block_elements, results_path, run_grid
 from lce.testing import emulate_device_kind
 
-__all__ = ["Step", "STEPS", "DEFAULT_BUDGET_S", "GRACE_S", "step_seconds", "Deadline", "GPU_PACKAGES", "WHEELS_DIR",
-           "wheel_status", "unpack_wheels", "dry_run_configs", "estimate_seconds", "run_grid_step", "run_memory_step",
-           "run_bench_step", "run_tests_step", "run_step", "run_check", "gpu_provenance", "CUDA_TEST_FILES",
-           "CCE_SHAPE", "MEMORY_SHAPES", "BENCH_SPECS", "MEMORY_SPECS"]
+__all__ = ["Step", "STEPS", "DEFAULT_STEPS", "DEFAULT_BUDGET_S", "GRACE_S", "TOKENS_FILE", "step_seconds", "Deadline",
+           "dry_run_configs", "estimate_seconds", "run_grid_step", "run_memory_step", "run_bench_step",
+           "run_tests_step", "run_noise_step", "run_train_step", "run_step", "run_check", "gpu_provenance",
+           "CUDA_TEST_FILES", "MEMORY_SHAPES", "BENCH_SPECS", "MEMORY_SPECS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,9 +88,23 @@ STEPS: tuple[Step, ...] = (
     Step("grid", 0.43, "the cuda grid: families, LLM heads, TF32 off and on (cuda.csv)"),
     Step("memory", 0.10, "measured CUDA peaks against lce's memory model, per policy (gpu_memory.csv)"),
     Step("bench", 0.30, "lce, unfused eager and compiled, Liger, CCE at 8192x2304x256000 bf16 (gpu_bench.csv)"),
+    Step("noise", 0.30, "error against the sampling noise on real cuBLAS kernels (noise_cuda.csv)"),
+    Step("train", 0.65, "the training study's arms on the GPU (training_cuda.csv; carry .gpu/tokens.pt)"),
 )
-"""The steps in the order they run. The shares add up to 0.95: the rest pays for starting each step's
-process (torch's import, CUDA's context) and writing the log."""
+"""Every step, in the order they run. ``--steps`` picks some (:data:`DEFAULT_STEPS` otherwise) and their
+shares are scaled to add up to :data:`BUDGET_SHARE` of the budget."""
+
+DEFAULT_STEPS: tuple[str, ...] = ("tests", "grid", "memory", "bench")
+"""What a plain ``gpu-check`` runs; ``noise`` and ``train`` (the does-it-matter study on real kernels) run when
+``--steps`` names them."""
+
+BUDGET_SHARE = 0.95
+"""The steps' shares of the budget; the rest pays for starting each step's process (torch's import, CUDA's
+context) and writing the log."""
+
+TOKENS_FILE = ROOT / ".gpu" / "tokens.pt"
+"""The training study's token streams, carried to the GPU (its Python's standard library differs from the one
+the tokenizer was trained on): ``torch.save({"train": ..., "heldout": ...})``."""
 
 DEFAULT_BUDGET_S = 420.0
 """Seven minutes: one device call of at most ten, with room to start the machine and bring the files home."""
@@ -132,11 +147,18 @@ LOG_NAME = "gpu_check.log"
 CUDA_FILE, BENCH_FILE, MEMORY_FILE = "cuda.csv", "gpu_bench.csv", "gpu_memory.csv"
 
 
-def step_seconds(budget_s: float) -> dict[str, float]:
-    """Each step's share of ``budget_s``, by name; ``ValueError`` for a budget that is not positive."""
+def step_seconds(budget_s: float, steps: Sequence[str] = DEFAULT_STEPS) -> dict[str, float]:
+    """The seconds of each of ``steps`` (names of :data:`STEPS`, in run order) out of ``budget_s``; ``ValueError``
+    for a budget that is not positive or a name that is not a step."""
     if not budget_s > 0 or math.isinf(budget_s):
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}")
-    return {step.name: step.share * budget_s for step in STEPS}
+    known = {step.name: step for step in STEPS}
+    unknown = [name for name in steps if name not in known]
+    if unknown or not steps:
+        raise ValueError(f"steps must name some of {tuple(known)}, got {tuple(steps)}")
+    chosen = [step for step in STEPS if step.name in steps]
+    total = sum(step.share for step in chosen)
+    return {step.name: step.share / total * BUDGET_SHARE * budget_s for step in chosen}
 
 
 @dataclasses.dataclass
@@ -457,7 +479,45 @@ def run_tests_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
     return worst
 
 
-_STEP_RUNNERS = {"tests": run_tests_step, "grid": run_grid_step, "memory": run_memory_step, "bench": run_bench_step}
+def _study_command(module, arguments: list[str]) -> int | None:
+    """Run a study's own command (``python -m analysis NAME ...``) in this process."""
+    parser = argparse.ArgumentParser(prog=f"gpu-check {module.__name__}")
+    module.add_arguments(parser)
+    return module.run(parser.parse_args(arguments))
+
+
+def run_noise_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
+                   echo: Callable[[str], None] = print) -> dict:
+    """Step ``noise``: ``python -m analysis noise --device cuda`` into ``out/noise_cuda.csv`` (the dry run: one
+    family and seed at a tiny shape, the CUDA layouts emulated)."""
+    from analysis.studies import noise
+
+    tiny = ["--device", "cpu", "--shape", "64x16x512", "--seeds", "1", "--families", "random"] if dry_run else [
+        "--device", "cuda"]
+    echo("noise: " + " ".join(tiny))
+    _study_command(noise, [*tiny, "--results", str(out), "--file", "noise_cuda.csv", "--no-progress"])
+    return {}
+
+
+def run_train_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
+                   echo: Callable[[str], None] = print) -> dict:
+    """Step ``train``: ``python -m analysis train --device cuda`` (every arm, seed 0) into
+    ``out/training_cuda.csv``, starting no run after the step's share; the dry run only checks the tokens file."""
+    from analysis.studies import training
+
+    if dry_run or not TOKENS_FILE.exists():
+        echo(f"train: tokens {display_path(TOKENS_FILE)} {'present' if TOKENS_FILE.exists() else 'MISSING'}; "
+             + ("dry run: planned only" if dry_run else "nothing to train on"))
+        return {} if dry_run else {"error": "no tokens file"}
+    cache = Path(tempfile.mkdtemp(prefix="lce-train-"))
+    _study_command(training, ["--device", "cuda", "--tokens", str(TOKENS_FILE), "--cache", str(cache),
+                              "--results", str(out), "--file", "training_cuda.csv", "--seed-list", "0",
+                              "--budget-s", f"{max(deadline.left() - 60, 1):.0f}", "--no-progress"])
+    return {}
+
+
+_STEP_RUNNERS = {"tests": run_tests_step, "grid": run_grid_step, "memory": run_memory_step, "bench": run_bench_step,
+                 "noise": run_noise_step, "train": run_train_step}
 
 
 def run_step(name: str, out: Path, seconds: float, *, dry_run: bool = False) -> int:
@@ -495,13 +555,13 @@ def _run_logged(command: list[str], timeout: float, log, env: dict[str, str]) ->
 
 
 def run_check(out: Path, *, budget_s: float = DEFAULT_BUDGET_S, dry_run: bool = False,
-              wheels: Path = WHEELS_DIR) -> dict[str, tuple[int, float]]:
-    """The whole check: provenance, the wheels, then each of :data:`STEPS` in a process of its own with its share
+              wheels: Path = WHEELS_DIR, steps: Sequence[str] = DEFAULT_STEPS) -> dict[str, tuple[int, float]]:
+    """The whole check: provenance, the wheels, then each of ``steps`` in a process of its own with its share
     of ``budget_s`` (killed :data:`GRACE_S` after it), everything logged to ``out/gpu_check.log``.
 
     Returns each step's (exit status, seconds); -9 is a step killed at its limit.
     """
-    shares = step_seconds(budget_s)
+    shares = step_seconds(budget_s, steps)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
@@ -524,7 +584,7 @@ def run_check(out: Path, *, budget_s: float = DEFAULT_BUDGET_S, dry_run: bool = 
             for line in unpack_wheels(wheels, site):
                 echo(line)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), str(ROOT), env.get("PYTHONPATH")]))
-        for step in STEPS:
+        for step in (step for step in STEPS if step.name in shares):
             seconds = shares[step.name]
             echo(f"== step {step.name} (limit {seconds:.0f} s): {step.summary}")
             command = [sys.executable, "-m", "analysis", "gpu-check", "--step", step.name, "--step-seconds",
@@ -541,8 +601,9 @@ def run_check(out: Path, *, budget_s: float = DEFAULT_BUDGET_S, dry_run: bool = 
 
 # ---- python -m analysis gpu-check ----------------------------------------------------------------------------
 
-DESCRIPTION = ("Steps, each in its own process with its share of the budget ("
-               + ", ".join(f"{step.name} {step.share:.0%}" for step in STEPS) + "): "
+DESCRIPTION = ("Steps, each in its own process with its share of the budget (by default "
+               + ", ".join(f"{name} {share / DEFAULT_BUDGET_S:.0%}"
+                           for name, share in step_seconds(DEFAULT_BUDGET_S).items()) + "): "
                + "; ".join(step.summary for step in STEPS) + ". Writes cuda.csv, gpu_memory.csv, gpu_bench.csv "
                "and gpu_check.log (provenance) to --out; a step cut short keeps its rows. --dry-run: every step's "
                "plan, the wheels folder, the grid on tiny shapes with the CUDA layouts emulated (CPU, under a "
@@ -550,8 +611,14 @@ DESCRIPTION = ("Steps, each in its own process with its share of the budget ("
 
 
 def _budget(text: str) -> float:
-    step_seconds(float(text))  # ValueError for a budget too small to give every step its share
+    step_seconds(float(text))  # ValueError for a budget that is not a positive number of seconds
     return float(text)
+
+
+def _steps(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    step_seconds(1.0, names)  # ValueError naming the steps there are
+    return names
 
 
 def add_arguments(parser) -> None:
@@ -567,6 +634,9 @@ def add_arguments(parser) -> None:
                         help=f"output folder (default: {display_path(DEFAULT_OUT)}; a fresh temporary folder with "
                              "--dry-run)")
     parser.add_argument("--dry-run", action="store_true", help="on a CPU: plans, wheels, tiny emulated grid")
+    parser.add_argument("--steps", type=argument(_steps), default=DEFAULT_STEPS, metavar="NAME[,NAME]",
+                        help=f"steps to run, in their fixed order (default: {','.join(DEFAULT_STEPS)}; all: "
+                             f"{','.join(step.name for step in STEPS)})")
     parser.add_argument("--wheels", type=Path, default=WHEELS_DIR,
                         help=f"folder of Liger-Kernel / Cut Cross-Entropy wheels (default: {display_path(WHEELS_DIR)})")
     parser.add_argument("--step", choices=[step.name for step in STEPS], default=None, help=argparse.SUPPRESS)
@@ -578,5 +648,6 @@ def run(args) -> int:
         return run_step(args.step, args.out or DEFAULT_OUT, args.step_seconds, dry_run=args.dry_run)
     if args.out is None and args.dry_run:
         args.out = Path(tempfile.mkdtemp(prefix="gpu-check-dry-run-"))
-    results = run_check(args.out or DEFAULT_OUT, budget_s=args.budget_s, dry_run=args.dry_run, wheels=args.wheels)
+    results = run_check(args.out or DEFAULT_OUT, budget_s=args.budget_s, dry_run=args.dry_run, wheels=args.wheels,
+                        steps=args.steps)
     return 1 if any(code != 0 for code, _ in results.values()) else 0

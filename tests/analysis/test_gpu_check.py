@@ -28,8 +28,9 @@ def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
                             timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     log = (tmp_path / "gpu_check.log").read_text()
-    for step in check.STEPS:
-        assert f"== step {step.name}: exit 0" in log
+    for name in check.DEFAULT_STEPS:
+        assert f"== step {name}: exit 0" in log
+    assert "== step noise" not in log  # opt-in steps run only when --steps names them
     assert "wheel liger-kernel: MISSING" in log and "wheel cut-cross-entropy: MISSING" in log
     assert "git_revision: " in log and "torch: " + torch.__version__ in log
     assert "planned: " in log  # the real grid's problems, each with an estimate
@@ -48,13 +49,28 @@ def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
 
 def test_step_shares_leave_room_and_bad_budgets_are_named():
     shares = check.step_seconds(420)
-    assert [step.name for step in check.STEPS] == ["tests", "grid", "memory", "bench"]
+    assert list(shares) == list(check.DEFAULT_STEPS) == ["tests", "grid", "memory", "bench"]
     assert 0.9 * 420 <= sum(shares.values()) < 420
+    chosen = check.step_seconds(420, ["train", "noise"])
+    assert list(chosen) == ["noise", "train"]  # the fixed run order, whatever the order asked
+    assert chosen["train"] > chosen["noise"] and 0.9 * 420 <= sum(chosen.values()) < 420
     for bad in (0, -5, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="budget_s"):
             check.step_seconds(bad)
+    with pytest.raises(ValueError, match="steps must name some of"):
+        check.step_seconds(420, ["grid", "nonsense"])
     with pytest.raises(ValueError, match="step must be one of"):
         check.run_step("nonsense", Path("."), 1.0)
+
+
+def test_the_noise_and_train_steps_run_their_studies_commands(tmp_path, capsys):
+    """The two steps a separate shell script used to run, as steps of the check: dry, the noise step measures one
+    tiny emulated problem into noise_cuda.csv and the train step only reports the tokens file."""
+    assert check.run_step("noise", tmp_path, 60.0, dry_run=True) == 0
+    noise = pd.read_csv(tmp_path / "noise_cuda.csv")
+    assert file_kind(tmp_path / "noise_cuda.csv") == "noise" and set(noise["family"]) == {"random"}
+    assert check.run_step("train", tmp_path, 60.0, dry_run=True) == 0
+    assert "dry run: planned only" in capsys.readouterr().out
 
 
 def test_a_step_skips_work_its_deadline_cannot_hold(tmp_path):
