@@ -18,6 +18,7 @@ def test_parse_shape():
         parse_shape("64x8")
 
 
+@pytest.mark.slow
 def test_against_a_baseline_revision_times_both_in_fresh_processes_and_cleans_up():
     import subprocess
 
@@ -31,6 +32,7 @@ def test_against_a_baseline_revision_times_both_in_fresh_processes_and_cleans_up
     assert subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout == worktrees
 
 
+@pytest.mark.slow
 def test_tiny_bench_measures_time_memory_and_floor():
     table = bench.run_bench(Shape(64, 16, 512), ("float32",), repeats=1, impls=("lce", "torch", "unfused"))
     value = {(row.impl, row.metric): row.value for row in table.itertuples()}

@@ -36,6 +36,7 @@ def test_measure_options_reports_peak_errors_and_time():
     assert row["time_median_s"] > 0
 
 
+@pytest.mark.slow
 def test_child_process_measures_the_same_options():
     shape = Shape(64, 16, 512)
     options = lce.LinearCrossEntropyOptions(acc_policy="compact", acc_dtype=torch.float32, batch_chunk_size=32,

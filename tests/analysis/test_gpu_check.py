@@ -22,6 +22,7 @@ from analysis.sweep.grids import CUDA_FAMILY_SHAPE, CUDA_HEADLINE_SHAPES, FAMILI
 from analysis.sweep.run import reference_block_elements
 
 
+@pytest.mark.slow
 def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
     result = subprocess.run([sys.executable, "-m", "analysis", "gpu-check", "--dry-run", "--out", str(tmp_path),
                              "--wheels", str(tmp_path / "no-wheels")], cwd=ROOT, capture_output=True, text=True,
@@ -63,6 +64,7 @@ def test_step_shares_leave_room_and_bad_budgets_are_named():
         check.run_step("nonsense", Path("."), 1.0)
 
 
+@pytest.mark.slow
 def test_the_noise_and_train_steps_run_their_studies_commands(tmp_path, capsys):
     """The two steps a separate shell script used to run, as steps of the check: dry, the noise step measures one
     tiny emulated problem into noise_cuda.csv and the train step only reports the tokens file."""

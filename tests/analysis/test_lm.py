@@ -107,6 +107,7 @@ def test_tokenizer_round_trips_has_the_vocab_size_and_is_cached(corpus_root, tmp
         train_tokenizer(["ab"], 400)
 
 
+@pytest.mark.slow
 def test_training_is_deterministic_and_resumes_bitwise(corpus_root, tmp_path):
     straight = _run(corpus_root, tmp_path, "a")
     repeat = _run(corpus_root, tmp_path, "b")
@@ -155,6 +156,7 @@ def test_the_head_loss_is_pluggable(tmp_path):
     assert fused.heldout_loss == pytest.approx(default.heldout_loss, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_loss_decreases_below_the_unigram_entropy(corpus_root, tmp_path):
     result = _run(corpus_root, tmp_path, "long", steps=48)
     log = [line.split(",") for line in (result.run_dir / "log.csv").read_text().splitlines()[1:]]

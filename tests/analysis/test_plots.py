@@ -68,6 +68,7 @@ def test_figures_without_data_are_skipped():
     assert draw_all(table.iloc[0:0]) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["analysis.report.style", "analysis.report.figures"])
 def test_importing_the_plots_leaves_the_backend_alone(module):
     """Notebooks display figures inline: no analysis module may switch matplotlib to a file-only backend."""

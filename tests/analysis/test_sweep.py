@@ -112,12 +112,14 @@ def test_rows_carry_config_and_provenance_columns(tmp_path):
                      chunking=lce_row["chunking"]).key == lce_row["key"]
 
 
+@pytest.mark.slow
 def test_cli_help():
     result = subprocess.run([sys.executable, "-m", "analysis", "--help"], cwd=ROOT, capture_output=True, text=True,
                             timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0 and "reproduce" in result.stdout and "sweep" in result.stdout
 
 
+@pytest.mark.slow
 def test_tiny_reproduce_end_to_end(tmp_path, capsys):
     results, figures = tmp_path / "results", tmp_path / "figures"
     assert main(["reproduce", "--grid", "tiny", "--results", str(results), "--out", str(figures),
@@ -141,6 +143,7 @@ def test_tiny_reproduce_end_to_end(tmp_path, capsys):
     assert "0 run(s)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_workers_write_the_same_rows_as_one_process(tmp_path):
     """Two worker processes (spawned) fill one file: every run once, the same errors as a serial sweep."""
     grid = get_grid("tiny")

@@ -37,6 +37,7 @@ def test_arms_have_distinct_loss_names_and_fp16_is_loss_scaled():
                                                                         "fp16 compact"}
 
 
+@pytest.mark.slow
 def test_loss_scaled_training_logs_skipped_steps_and_resumes(tmp_path):
     config = ModelConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=2, context=8)
     tokens = torch.randint(0, 64, (400,), generator=torch.Generator().manual_seed(0))
@@ -74,6 +75,7 @@ def test_gaps_compare_each_finished_run_with_the_fp32_run_of_its_seed():
     assert summary.loc["bf16 compact", "gap_min"] == pytest.approx(-0.1)
 
 
+@pytest.mark.slow
 def test_train_command_writes_tidy_rows_with_provenance(tmp_path):
     assert main(["train", "--quick", "--arms", "fp32,bf16 compact", "--seeds", "1", "--workers", "1",
                  "--results", str(tmp_path), "--cache", str(tmp_path / "cache"), "--no-progress"]) == 0

@@ -128,6 +128,7 @@ def test_gradient_buffers_exist_only_when_gradients_are_due(mode):
         assert not any(name.startswith("grad") for name in planned)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "reduction"), [("inductor", "mean"), ("aot_eager", "none")])
 def test_torch_compile_matches_eager(backend, reduction):
     p = make_problem(Case(N=32, D=8, V=50, reduction=reduction, bias=True, class_weight=True))

@@ -15,8 +15,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from distributed_cases import RANDOM_CASES, N, run_group
 
-pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
-                                reason="needs torch.distributed with gloo")
+pytestmark = [pytest.mark.slow,  # every test spawns a process group
+              pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                 reason="needs torch.distributed with gloo")]
 
 
 def _spawn(world: int, scenario: str, folder) -> list[list[dict]]:

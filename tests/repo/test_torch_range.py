@@ -155,6 +155,7 @@ sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[1:]]))
 """
 
 
+@pytest.mark.slow
 def test_the_api_suites_pass_without_the_newer_names():
     import subprocess
     import sys
