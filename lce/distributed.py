@@ -57,7 +57,7 @@ from .chunked import (
     scalar_loss_and_grads,
 )
 from .device import device_kind_of, has_mixed_precision_mm
-from .functional import REDUCTIONS, _check_arguments, _needs_grad, check_features
+from .functional import check_arguments, check_features, check_settings, first_out_of_range, grads_needed
 from .options import LinearCrossEntropyOptions, dtype_name
 from .plan import make_plan
 from .reference import DEFAULT_IGNORE_INDEX
@@ -131,8 +131,8 @@ def _local_problem(input, weight_shard, target, linear_bias, weight, reduction, 
             raise TypeError("target must hold int64 global class indices (class probabilities are not supported "
                             "vocab-parallel)")
         # the single-device checks, against the shard (targets are checked against the global range later)
-        _check_arguments(input, weight_shard, torch.zeros_like(target) if isinstance(target, torch.Tensor) else target,
-                         linear_bias, weight, reduction, ignore_index, label_smoothing)
+        check_arguments(input, weight_shard, torch.zeros_like(target) if isinstance(target, torch.Tensor) else target,
+                        linear_bias, weight, reduction, ignore_index, label_smoothing)
     except (TypeError, ValueError) as error:
         return f"{type(error).__name__}: {error}"
     return None
@@ -168,7 +168,7 @@ def _plan_inputs(input: torch.Tensor, weight_shard: torch.Tensor, linear_bias: t
     kind = device_kind_of(input.device)
     return {"device kind": kind,
             "mixed-precision GEMMs": has_mixed_precision_mm(input.device, kind, input.dtype),
-            "needs grad (input, weight_shard, linear_bias)": _needs_grad(input, weight_shard, linear_bias)}
+            "needs grad (input, weight_shard, linear_bias)": grads_needed(input, weight_shard, linear_bias)}
 
 
 _AGREED = {"input": "input shape or dtype", "target": "target (shape or values)",
@@ -193,15 +193,6 @@ def _agree(descriptions: list[dict], num_classes: int | None) -> list[int]:
         raise ValueError(f"vocab_parallel_linear_cross_entropy: the shards hold {sum(sizes)} classes "
                          f"({' + '.join(map(str, sizes))}), not num_classes={num_classes}")
     return sizes
-
-
-def _check_targets(target: torch.Tensor, num_classes: int, ignore_index: int) -> None:
-    """Targets must lie in the global range (the same verdict on every rank: the targets agree)."""
-    out_of_range = ((target < 0) | (target >= num_classes)) & (target != ignore_index)
-    if target.numel() and bool(out_of_range.any()):
-        bad = int(target[out_of_range].flatten()[0])
-        raise ValueError(f"vocab_parallel_linear_cross_entropy: target values must lie in [0, {num_classes}) (the "
-                         f"classes of every shard) or equal ignore_index={ignore_index}, found {bad}")
 
 
 # ---- the passes on one rank: lce.chunked's, with ShardLayout as their group reduction -----------------------
@@ -303,7 +294,10 @@ def vocab_parallel_linear_cross_entropy(
     start, stop = shard_bounds(sizes)[rank]
     layout = ShardLayout(start, stop - start, sum(sizes), group)
     ignored = DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index
-    _check_targets(target, layout.num_classes, ignored)
+    bad = first_out_of_range(target, layout.num_classes, ignored)  # the same on every rank: the targets agree
+    if bad is not None:
+        raise ValueError(f"vocab_parallel_linear_cross_entropy: target values must lie in [0, {layout.num_classes}) "
+                         f"(the classes of every shard) or equal ignore_index={ignored}, found {bad}")
 
     unbatched = input.dim() == 1
     if unbatched:
@@ -314,7 +308,7 @@ def vocab_parallel_linear_cross_entropy(
                          else LinearCrossEntropyOptions(),
                          num_rows=input.shape[0], in_features=input.shape[1], num_classes=layout.size,
                          dtype=input.dtype, device=input.device, reduction=reduction,
-                         needs_grad=_needs_grad(input, weight_shard, linear_bias), softcap=softcap, z_loss=z_loss,
+                         needs_grad=grads_needed(input, weight_shard, linear_bias), softcap=softcap, z_loss=z_loss,
                          chunking_classes=max(sizes))
     targets = _shard_targets(target, weight, ignored, float(label_smoothing), float(z_loss), layout,
                              resolved.stats_dtype)
@@ -341,8 +335,7 @@ class VocabParallelLinearCrossEntropyLoss(nn.Module):
         super().__init__()
         if not shard_sizes or any(not isinstance(s, int) or s < 1 for s in shard_sizes):
             raise ValueError(f"shard_sizes must list one positive int per rank, got {shard_sizes!r}")
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        check_settings(reduction, ignore_index, label_smoothing)
         check_features(softcap, z_loss, False)
         self.group, self.shard_sizes = group, list(shard_sizes)
         rank = dist.get_rank(group) if dist.is_initialized() else 0
