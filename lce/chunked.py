@@ -635,9 +635,9 @@ def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tenso
     """
     if not plan.rescales_grad_logits:
         return 1.0
-    max_weight = 1.0 if targets.class_weight is None else float(targets.class_weight.abs().max())
-    if targets.max_class_weight is not None:
-        max_weight = targets.max_class_weight
+    max_weight = targets.max_class_weight
+    if max_weight is None:
+        max_weight = 1.0 if targets.class_weight is None else float(targets.class_weight.abs().max())
     bound = 2.0 * float(max_row_scale) * max_weight
     if lse_coef is not None and lse_coef.numel():
         bound += float(lse_coef.abs().max())
