@@ -35,11 +35,13 @@ pass is given and hands each chunk (:class:`HeadTensors`, :class:`Targets`,
 :class:`ChunkLoop`, :class:`Chunk`), then the pieces in loop order:
 :func:`chunk_logits` (``z``), :class:`RowStatistics` and
 :func:`chunk_loss_and_softmax_` (``l``, ``lse``, ``p``), :func:`chunk_grad_logits_`
-(``dz``, scaled as :class:`DzScale` says) and :meth:`GradientSums.add_chunk` (the
-three products, summed over chunks and rounded once by :meth:`GradientSums.finish`);
-soft-capping last. Every dtype comes from the :class:`~lce.plan.Plan`; the GEMMs
-run through :mod:`lce.gemm`. Each pass runs a chunk inside a function of its own,
-so a chunk's buffers are freed before the next chunk allocates its own.
+(``dz``, scaled as :class:`DzScale` says, from the rows' weights in
+:class:`RowScales`), the soft-capped forms of the statistics and of dz, and last
+:meth:`GradientSums.add_chunk` (the three products, summed over chunks and
+rounded once by :meth:`GradientSums.finish`). Every dtype comes from the
+:class:`~lce.plan.Plan`; the GEMMs run through :mod:`lce.gemm`. Each pass runs a
+chunk inside a function of its own, so a chunk's buffers are freed before the
+next chunk allocates its own.
 
 A pass whose classes are split across processes (:mod:`lce.distributed`) is the
 same pass given a :class:`GroupReduction`: it completes each chunk's row
