@@ -26,21 +26,35 @@ block of columns at a time in a small workspace, and each block's dz is
 multiplied by the derivative ``1 - t**2`` in the buffer itself, which then
 holds the gradient with respect to the raw logits (no second chunk-sized buffer).
 
-The pieces, in loop order: :class:`Targets` (``y``, ``w``, ``w_y`` and ``eps``,
-computed once per call), :func:`chunk_logits` (``z``),
+The file reads top-down. First the three passes -- :func:`scalar_loss_and_grads`
+("mean"/"sum": loss and gradients in one pass), :func:`per_row_loss` and
+:func:`per_row_grads` ("none": forward, then backward recomputing the logits) --
+and the body of one chunk of each, whole-vocabulary and class-tiled (a
+statistics sweep over blocks of classes, then a gradient sweep). Then what a
+pass is given and hands each chunk (:class:`HeadTensors`, :class:`Targets`,
+:class:`ChunkLoop`, :class:`Chunk`), then the pieces in loop order:
+:func:`chunk_logits` (``z``), :class:`RowStatistics` and
 :func:`chunk_loss_and_softmax_` (``l``, ``lse``, ``p``), :func:`chunk_grad_logits_`
-(``dz``) and :meth:`GradientSums.add_chunk` (the three products, summed over
-chunks and rounded once by :meth:`GradientSums.finish`). Every dtype comes from
-the :class:`~lce.plan.Plan`; the GEMMs run through :mod:`lce.gemm`. Each pass
-runs a chunk inside a function of its own, so a chunk's buffers are freed
-before the next chunk allocates its own.
+(``dz``, scaled as :class:`DzScale` says, from the rows' weights in
+:class:`RowScales`), the soft-capped forms of the statistics and of dz, and last
+:meth:`GradientSums.add_chunk` (the three products, summed over chunks and
+rounded once by :meth:`GradientSums.finish`). Every dtype comes from the
+:class:`~lce.plan.Plan`; the GEMMs run through :mod:`lce.gemm`. Each pass runs a
+chunk inside a function of its own, so a chunk's buffers are freed before the
+next chunk allocates its own.
+
+A pass whose classes are split across processes (:mod:`lce.distributed`) is the
+same pass given a :class:`GroupReduction`: it completes each chunk's row
+statistics and input-gradient sum across the group, and such a pass always
+sweeps statistics before gradients, as class tiling does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from typing import Protocol
 
 import torch
 
@@ -48,13 +62,189 @@ from .gemm import add_mm_, mm, mm_upcast_weight, mm_upcast_weight_t
 from .plan import LOSS_SUM_DTYPE, Plan
 
 __all__ = [
-    "HeadTensors", "Targets", "Gradients", "GradientSums", "bias_for_logits", "chunk_logits",
-    "chunk_loss_and_softmax_", "chunk_softmax_from_lse_", "grad_logits_rescale", "chunk_grad_logits_",
-    "scalar_loss_and_grads", "RowStatistics", "block_logits", "block_statistics_", "input_chunk_in_acc",
-    "block_target_index", "RowScales", "z_loss_coefficient", "cap_logits_", "capped_statistics",
-    "capped_grad_logits_", "chunk_statistics_", "ChunkResult", "ScalarReduction", "per_row_loss", "per_row_grads",
+    "scalar_loss_and_grads", "per_row_loss", "per_row_grads", "HeadTensors", "Targets", "GroupReduction",
+    "RowStatistics", "ChunkLoop", "DzScale", "chunk_logits", "chunk_loss_and_softmax_",
+    "chunk_grad_logits_", "grad_logits_rescale", "GradientSums",
 ]
 
+
+# ---- the passes ---------------------------------------------------------------------------------
+
+def scalar_loss_and_grads(plan: Plan, head: HeadTensors, targets: Targets, group: GroupReduction | None = None,
+                          ) -> tuple[torch.Tensor, Gradients, torch.Tensor | None]:
+    """Loss for "mean"/"sum" and, as the plan requests, its gradients (already scaled for the reduction), and
+    the per-row log-sum-exp in fp32 when the plan returns it (else None)."""
+    n, device = head.input.shape[0], head.input.device
+    sums = GradientSums(plan, head, wide_input_partials=group is not None) if any(plan.needs_grad) else None
+    reduction = ScalarReduction.of(plan, targets, sums is not None)
+    loop = ChunkLoop.of(plan, head, targets, sums=sums, scales=reduction.scales, group=group)
+    lse_out = torch.empty(n, dtype=torch.float32, device=device) if plan.return_lse else None
+    loss_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
+    z_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
+    run_chunk = _scalar_chunk_tiled if loop.sweeps_statistics_first else _scalar_chunk
+    for rows in plan.row_chunks():
+        result = run_chunk(loop, rows)
+        loss_sum += result.loss_sum
+        if targets.z_loss:
+            z_sum += _squared_lse(result.lse, targets, rows).sum(dtype=LOSS_SUM_DTYPE)
+        if lse_out is not None:
+            lse_out[rows] = result.lse
+    loss = reduction.loss(plan, targets, loss_sum, z_sum)
+    return loss, (sums.finish() if sums is not None else Gradients()), lse_out
+
+
+def per_row_loss(plan: Plan, head: HeadTensors, targets: Targets, group: GroupReduction | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Per-row losses for reduction="none" (input dtype, z-loss included) and what backward reuses: the
+    log-sum-exp rows and ``1 - p_y`` where backward never sees every class of a row at once (None otherwise):
+    where the plan :attr:`~lce.plan.Plan.saves_other_prob`, and under a group."""
+    n, device = head.input.shape[0], head.input.device
+    losses = torch.empty(n, dtype=plan.input_dtype, device=device)
+    lse = torch.empty(n, dtype=plan.stats_dtype, device=device)
+    saves_other_prob = plan.saves_other_prob or group is not None
+    other_prob = torch.empty(n, dtype=plan.stats_dtype, device=device) if saves_other_prob else None
+    loop = ChunkLoop.of(plan, head, targets, group=group)
+    run_chunk = _per_row_loss_chunk_tiled if loop.sweeps_statistics_first else _per_row_loss_chunk
+    for rows in plan.row_chunks():
+        stats = run_chunk(loop, rows)
+        row_losses = stats.losses(targets, rows)
+        if targets.z_loss:
+            row_losses = row_losses + targets.z_loss * _squared_lse(stats.lse, targets, rows)
+        losses[rows], lse[rows] = row_losses, stats.lse
+        if other_prob is not None:
+            other_prob[rows] = stats.other_prob
+    return losses, lse, other_prob
+
+
+def per_row_grads(plan: Plan, head: HeadTensors, targets: Targets, lse: torch.Tensor, grad_losses: torch.Tensor,
+                  other_prob: torch.Tensor | None = None, group: GroupReduction | None = None) -> Gradients:
+    """Gradients of sum(grad_losses * losses) for reduction="none", recomputing logits chunk by chunk.
+
+    ``lse`` and ``other_prob`` are what :func:`per_row_loss` returned."""
+    sums = GradientSums(plan, head, wide_input_partials=group is not None)
+    row_scale = grad_losses.to(plan.stats_dtype)
+    # under a group the same bound on every rank: the incoming gradients agree (every rank computes the same loss)
+    max_scale = row_scale.abs().max() if row_scale.numel() else 0.0
+    scales = RowScales(row_scale, row_scale if targets.z_loss else None, max_scale,
+                       grad_logits_rescale(plan, targets, max_scale))
+    loop = ChunkLoop.of(plan, head, targets, sums=sums, scales=scales, group=group)
+    run_chunk = _per_row_grad_chunk_tiled if loop.sweeps_statistics_first else _per_row_grad_chunk
+    for rows in plan.row_chunks():
+        run_chunk(loop, rows, lse[rows], None if other_prob is None else other_prob[rows])
+    return sums.finish()
+
+
+# ---- one chunk against every class at once -------------------------------------------------------
+
+def _scalar_chunk(loop: ChunkLoop, rows: slice) -> ChunkResult:
+    """One chunk of the scalar reductions: its loss sum and log-sum-exp; its gradients go into ``loop.sums``."""
+    chunk = loop.chunk(rows)
+    z = chunk_logits(chunk)
+    if chunk.plan.softcap is not None:
+        return _capped_chunk(loop, chunk, z)
+    losses, lse, other_prob = chunk_loss_and_softmax_(z, chunk)
+    if loop.sums is not None:
+        scale = loop.scales.dz_scale(chunk, lse)
+        loop.sums.add_chunk(chunk, chunk_grad_logits_(z, chunk, other_prob, scale), scale.rescale)
+    return ChunkResult(losses.sum(dtype=LOSS_SUM_DTYPE), lse)
+
+
+def _capped_chunk(loop: ChunkLoop, chunk: Chunk, z: torch.Tensor) -> ChunkResult:
+    """:func:`_scalar_chunk` with soft-capped logits: statistics from ``t``, then ``t`` turned into the gradient."""
+    stats, t = _capped_chunk_statistics(z, chunk)
+    lse = stats.lse
+    if loop.sums is not None:
+        scale = loop.scales.dz_scale(chunk, lse)
+        dz = capped_grad_logits_(t, chunk, chunk.all_classes, lse, stats.other_prob, scale)
+        loop.sums.add_chunk(chunk, dz, scale.rescale)
+    return ChunkResult(stats.losses(chunk.targets, chunk.rows).sum(dtype=LOSS_SUM_DTYPE), lse)
+
+
+def _per_row_loss_chunk(loop: ChunkLoop, rows: slice) -> RowStatistics:
+    """One chunk of forward for reduction="none": its rows' statistics, from which the pass takes the rest."""
+    chunk = loop.chunk(rows)
+    z = chunk_logits(chunk)
+    chunk = chunk.without_input_in_acc()  # not needed past the logits GEMM: freed before the statistics
+    if chunk.plan.softcap is not None:
+        return _capped_chunk_statistics(z, chunk)[0]
+    return chunk_statistics_(z, chunk)
+
+
+def _per_row_grad_chunk(loop: ChunkLoop, rows: slice, lse: torch.Tensor, other_prob: torch.Tensor | None) -> None:
+    """One chunk of backward for reduction="none": ``lse`` and ``other_prob`` are the chunk's rows of what
+    :func:`per_row_loss` saved (``other_prob`` only with soft-capping here)."""
+    chunk = loop.chunk(rows)
+    z = chunk_logits(chunk)
+    scale = loop.scales.dz_scale(chunk, lse)
+    if chunk.plan.softcap is not None:
+        dz = capped_grad_logits_(cap_logits_(z, chunk.plan.softcap), chunk, chunk.all_classes, lse,
+                                 other_prob, scale)
+    else:
+        probs, chunk_other_prob = chunk_softmax_from_lse_(z, chunk, lse)
+        dz = chunk_grad_logits_(probs, chunk, chunk_other_prob, scale)
+    loop.sums.add_chunk(chunk, dz, scale.rescale)
+
+
+# ---- one chunk a block of classes at a time: a statistics sweep, then a gradient sweep -----------
+
+def _scalar_chunk_tiled(loop: ChunkLoop, rows: slice) -> ChunkResult:
+    """:func:`_scalar_chunk` for a class-tiled plan (or a group): the row statistics of the whole vocabulary
+    first, then the gradients, each block's logits computed again."""
+    chunk = loop.chunk(rows)
+    stats = _tiled_statistics(loop, chunk)
+    if loop.sums is not None:
+        _tiled_gradients(loop, chunk, stats.lse, stats.other_prob)
+    return ChunkResult(stats.losses(chunk.targets, rows).sum(dtype=LOSS_SUM_DTYPE), stats.lse)
+
+
+def _per_row_loss_chunk_tiled(loop: ChunkLoop, rows: slice) -> RowStatistics:
+    return _tiled_statistics(loop, loop.chunk(rows))
+
+
+def _per_row_grad_chunk_tiled(loop: ChunkLoop, rows: slice, lse: torch.Tensor, other_prob: torch.Tensor) -> None:
+    _tiled_gradients(loop, loop.chunk(rows), lse, other_prob)
+
+
+def _tiled_statistics(loop: ChunkLoop, chunk: Chunk) -> RowStatistics:
+    """The statistics of the chunk's rows over every class, one block of logits alive at a time, completed
+    across the group if there is one."""
+    plan, stats = chunk.plan, None
+    for cols in plan.class_chunks():
+        z = block_logits(chunk, cols)
+        if plan.softcap is None:
+            stats = block_statistics_(z, chunk, cols, stats)
+        else:
+            stats = capped_statistics(cap_logits_(z, plan.softcap), chunk, cols, stats)
+        del z  # one block alive at a time: the next one is made before a reassignment would free this
+    return stats if loop.group is None else loop.group.reduce_statistics(stats)
+
+
+def _tiled_gradients(loop: ChunkLoop, chunk: Chunk, lse: torch.Tensor, other_prob: torch.Tensor) -> None:
+    """The chunk's gradients, block by block: each block's logits are computed again, turned into dz
+    with the row statistics of the whole vocabulary, and multiplied out. The input gradient's blocks are
+    summed in the stats dtype and rounded once, after the group (if any) has added the other processes'
+    blocks to the sum."""
+    plan, sums = chunk.plan, loop.sums
+    input_sum = None
+    if sums.input is not None:
+        input_sum = torch.zeros(chunk.num_rows, plan.in_features, dtype=plan.stats_dtype,
+                                device=chunk.head.input.device)
+    scale = loop.scales.dz_scale(chunk, lse)
+    for cols in plan.class_chunks():
+        z = block_logits(chunk, cols)
+        if plan.softcap is None:
+            dz = chunk_grad_logits_(z.sub_(lse[:, None]).exp_(), chunk, other_prob, scale, cols)
+        else:
+            dz = capped_grad_logits_(cap_logits_(z, plan.softcap), chunk, cols, lse, other_prob, scale)
+        sums.add_chunk(chunk, dz, scale.rescale, cols, input_sum)
+        del z, dz  # one block alive at a time (dz is z, turned into the gradient in place)
+    if input_sum is not None:
+        if loop.group is not None:
+            loop.group.complete_input_sum(input_sum)
+        sums.input[chunk.rows].copy_(input_sum)
+
+
+# ---- what a pass is given, and what it hands each chunk ------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class HeadTensors:
@@ -76,6 +266,9 @@ class Targets:
     ``class_weight`` (C,) is ``w`` or None for all ones, both in the plan's
     stats dtype; ``class_weight_sum`` is ``sum(w)`` (a 0-dim tensor, or the
     float C without class weights); ``z_loss`` is the z-loss's factor (0: none).
+    ``max_class_weight`` is the largest ``|w|`` of the whole vocabulary where
+    ``class_weight`` holds only a shard of it (:mod:`lce.distributed`); None:
+    read it from ``class_weight``.
     """
 
     valid: torch.Tensor
@@ -86,6 +279,7 @@ class Targets:
     label_smoothing: float
     num_classes: int
     z_loss: float = 0.0
+    max_class_weight: float | None = None
 
     @classmethod
     def build(cls, target: torch.Tensor, *, class_weight: torch.Tensor | None, ignore_index: int,
@@ -102,75 +296,110 @@ class Targets:
         return cls(valid, safe_target, row_weight, weight, weight_sum, label_smoothing, num_classes, z_loss)
 
 
+class GroupReduction(Protocol):
+    """The cross-process half of a pass whose classes are split across the processes of a group, each holding
+    a shard of the vocabulary (:mod:`lce.distributed`); a pass on one device has none (None).
+
+    Every process walks the same row chunks and calls both hooks once per chunk, in the same order, so the
+    collectives inside them pair up.
+    """
+
+    def reduce_statistics(self, stats: RowStatistics) -> RowStatistics:
+        """The statistics of the chunk's rows over the whole vocabulary, from this process's over its shard."""
+
+    def complete_input_sum(self, input_sum: torch.Tensor) -> None:
+        """Add the other processes' input-gradient products of the chunk (rows, D) to ``input_sum``, in place."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkLoop:
+    """What every chunk of one pass shares: the plan, the head, ``bias`` (the head's bias in the logits GEMM's
+    result dtype, converted once per call by :meth:`of`), the targets, the gradient sums the chunks add to
+    and the :class:`RowScales` they weigh rows by (None where the pass has no gradients), and the
+    :class:`GroupReduction` (None on one device)."""
+
+    plan: Plan
+    head: HeadTensors
+    bias: torch.Tensor | None
+    targets: Targets
+    sums: GradientSums | None = None
+    scales: RowScales | None = None
+    group: GroupReduction | None = None
+
+    @classmethod
+    def of(cls, plan: Plan, head: HeadTensors, targets: Targets, *, sums: GradientSums | None = None,
+           scales: RowScales | None = None, group: GroupReduction | None = None) -> ChunkLoop:
+        """The loop of one pass, with the head's bias converted for the logits GEMM (once, not per chunk)."""
+        bias = head.bias.to(plan.gemm_dtypes("logits").result) if head.bias is not None else None
+        return cls(plan, head, bias, targets, sums, scales, group)
+
+    @property
+    def sweeps_statistics_first(self) -> bool:
+        """Whether a chunk builds its row statistics over every class before any gradient (its logits computed
+        twice): with class tiling, and under a group, whose statistics are complete only once reduced."""
+        return self.plan.tiles_classes or self.group is not None
+
+    def chunk(self, rows: slice) -> Chunk:
+        """The chunk of ``rows``; its input is upcast to acc_dtype here where the plan keeps one."""
+        x_in_acc = self.head.input[rows].to(self.plan.acc_dtype) if self.plan.input_chunk_in_acc else None
+        return Chunk(self.plan, self.head, self.bias, self.targets, rows, x_in_acc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Chunk:
+    """One chunk of rows and what its pieces read: the pass's plan, head, bias for the logits and targets
+    (see :class:`ChunkLoop`), the chunk's ``rows`` and ``x_in_acc``, its input upcast to acc_dtype (for the
+    logits GEMM or the weight-gradient one; None unless :attr:`~lce.plan.Plan.input_chunk_in_acc`)."""
+
+    plan: Plan
+    head: HeadTensors
+    bias: torch.Tensor | None
+    targets: Targets
+    rows: slice
+    x_in_acc: torch.Tensor | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.rows.stop - self.rows.start
+
+    @property
+    def all_classes(self) -> slice:
+        """Every class as one block with its bounds spelled out (the soft-capped workspace walks them)."""
+        return slice(0, self.plan.num_classes)
+
+    def without_input_in_acc(self) -> Chunk:
+        """This chunk without its upcast input, so that the upcast is freed once nothing else needs it."""
+        return dataclasses.replace(self, x_in_acc=None)
+
+
 @dataclasses.dataclass
 class Gradients:
+    """The gradients a pass hands out, in the input dtype (None where not requested)."""
+
     input: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     bias: torch.Tensor | None = None
 
 
-# ---- one chunk ------------------------------------------------------------------------------------
+# ---- the logits, and the softmax statistics of a chunk's rows ------------------------------------
 
-def bias_for_logits(plan: Plan, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """The bias in the logits GEMM's result dtype, converted once per call."""
-    return bias.to(plan.gemm_dtypes("logits").result) if bias is not None else None
-
-
-def input_chunk_in_acc(plan: Plan, head: HeadTensors, rows: slice) -> torch.Tensor | None:
-    """The chunk's input upcast to acc_dtype, or None unless the plan keeps one (for the logits GEMM or the
-    weight-gradient one)."""
-    return head.input[rows].to(plan.acc_dtype) if plan.input_chunk_in_acc else None
+def chunk_logits(chunk: Chunk) -> torch.Tensor:
+    """``z = x @ W.T + b`` for the chunk's rows and every class, in the stats dtype."""
+    return block_logits(chunk, slice(None))
 
 
-def block_logits(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, rows: slice, cols: slice,
-                 x_in_acc: torch.Tensor | None) -> torch.Tensor:
-    """``z = x @ W.T + b`` for the chunk's rows and the block's classes ``cols``, in the stats dtype.
-
-    ``bias`` is ``head.bias`` as :func:`bias_for_logits` converted it; ``x_in_acc`` comes from
-    :func:`input_chunk_in_acc`.
-    """
-    weight = head.weight[cols]
+def block_logits(chunk: Chunk, cols: slice) -> torch.Tensor:
+    """``z = x @ W.T + b`` for the chunk's rows and the block's classes ``cols``, in the stats dtype."""
+    plan, weight = chunk.plan, chunk.head.weight[cols]
     if plan.upcasts_weight_for("logits"):
-        z = mm_upcast_weight_t(x_in_acc, weight)
+        z = mm_upcast_weight_t(chunk.x_in_acc, weight)
     else:
-        z = mm(head.input[rows], weight.T, plan.gemm_dtypes("logits").result)
-    if bias is not None:
-        z.add_(bias[cols])
+        z = mm(chunk.head.input[chunk.rows], weight.T, plan.gemm_dtypes("logits").result)
+    if chunk.bias is not None:
+        z.add_(chunk.bias[cols])
     if z.dtype != plan.stats_dtype:
         z = z.to(plan.stats_dtype)
     return z
-
-
-def chunk_logits(plan: Plan, head: HeadTensors, bias: torch.Tensor | None,
-                 rows: slice) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``z = x @ W.T + b`` for the chunk's rows and every class, in the stats dtype, and the chunk's input
-    upcast to acc_dtype (see :func:`input_chunk_in_acc`).
-
-    ``bias`` is ``head.bias`` as :func:`bias_for_logits` converted it.
-    """
-    x_in_acc = input_chunk_in_acc(plan, head, rows)
-    return block_logits(plan, head, bias, rows, slice(None), x_in_acc), x_in_acc
-
-
-def _exp_apart_from_target_(z: torch.Tensor, targets: Targets, rows: slice, shift: torch.Tensor,
-                            target_logit: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``z <- exp(z - shift)`` in place; return ``(other, target)``: the sum over the classes other than
-    each row's target and the target's own term.
-
-    ``other`` is summed with the target's entry left out (set to -inf before the
-    exp, put back after), so ``1 - p_y`` is never formed as a difference: when
-    the target's logit leads by tens of nats, ``p_y`` rounds to 1 in fp32 and
-    ``p_y - 1`` or ``lse - z_y`` would lose every digit, while ``other`` keeps
-    fp32's relative precision. ``target_logit`` is ``z``'s target entry, if the caller has it already.
-    """
-    index = targets.safe_target[rows, None]
-    if target_logit is None:
-        target_logit = z.gather(1, index).squeeze(1)
-    target = (target_logit - shift).exp()
-    z.sub_(shift[:, None]).scatter_(1, index, -math.inf).exp_()
-    other = z.sum(1)
-    z.scatter_(1, index, target[:, None])
-    return other, target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,9 +445,57 @@ class RowStatistics:
         # where(), not a product: an ignored row with non-finite logits must not leak NaN.
         return torch.where(targets.valid[rows], loss, 0)
 
-    def squared_lse(self, targets: Targets, rows: slice) -> torch.Tensor:
-        """``lse**2`` per row, 0 for ignored rows: the z-loss term before its factor and reduction."""
-        return torch.where(targets.valid[rows], self.lse.square(), 0)
+
+def _squared_lse(lse: torch.Tensor, targets: Targets, rows: slice) -> torch.Tensor:
+    """``lse**2`` per row, 0 for ignored rows: the z-loss term before its factor and reduction."""
+    return torch.where(targets.valid[rows], lse.square(), 0)
+
+
+def chunk_loss_and_softmax_(z: torch.Tensor, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chunk's per-row losses ``l`` (0 for ignored rows), ``lse`` and ``1 - p_y``; leaves ``p`` in ``z``.
+
+    See :class:`RowStatistics` and :func:`_exp_apart_from_target_`.
+    """
+    stats = chunk_statistics_(z, chunk)
+    z.div_(stats.sum_exp[:, None])
+    return stats.losses(chunk.targets, chunk.rows), stats.lse, stats.other_prob
+
+
+def chunk_statistics_(z: torch.Tensor, chunk: Chunk) -> RowStatistics:
+    """The statistics of a chunk's logits ``z`` over every class (``z`` is consumed: it holds exponentials after)."""
+    targets, rows = chunk.targets, chunk.rows
+    target_logit = z.gather(1, targets.safe_target[rows, None]).squeeze(1)
+    weighted_logit_sum = _weighted_logit_sum(z, targets, slice(None))
+    row_max = z.amax(1)
+    other, _ = _exp_apart_from_target_(z, chunk, row_max, target_logit)
+    return RowStatistics(row_max, other, target_logit, weighted_logit_sum)
+
+
+def chunk_softmax_from_lse_(z: torch.Tensor, chunk: Chunk, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``p = exp(z - lse)`` in place (backward of reduction="none") and ``1 - p_y``, summed without the target."""
+    other, _ = _exp_apart_from_target_(z, chunk, lse)
+    return z, other
+
+
+def _exp_apart_from_target_(z: torch.Tensor, chunk: Chunk, shift: torch.Tensor,
+                            target_logit: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``z <- exp(z - shift)`` in place; return ``(other, target)``: the sum over the classes other than
+    each row's target and the target's own term.
+
+    ``other`` is summed with the target's entry left out (set to -inf before the
+    exp, put back after), so ``1 - p_y`` is never formed as a difference: when
+    the target's logit leads by tens of nats, ``p_y`` rounds to 1 in fp32 and
+    ``p_y - 1`` or ``lse - z_y`` would lose every digit, while ``other`` keeps
+    fp32's relative precision. ``target_logit`` is ``z``'s target entry, if the caller has it already.
+    """
+    index = chunk.targets.safe_target[chunk.rows, None]
+    if target_logit is None:
+        target_logit = z.gather(1, index).squeeze(1)
+    target = (target_logit - shift).exp()
+    z.sub_(shift[:, None]).scatter_(1, index, -math.inf).exp_()
+    other = z.sum(1)
+    z.scatter_(1, index, target[:, None])
+    return other, target
 
 
 def _weighted_logit_sum(z: torch.Tensor, targets: Targets, cols: slice) -> torch.Tensor | None:
@@ -228,35 +505,124 @@ def _weighted_logit_sum(z: torch.Tensor, targets: Targets, cols: slice) -> torch
     return z.sum(1) if targets.class_weight is None else z @ targets.class_weight[cols]
 
 
-def chunk_loss_and_softmax_(z: torch.Tensor, targets: Targets,
-                            rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The chunk's per-row losses ``l`` (0 for ignored rows), ``lse`` and ``1 - p_y``; leaves ``p`` in ``z``.
+def block_statistics_(z: torch.Tensor, chunk: Chunk, cols: slice, previous: RowStatistics | None) -> RowStatistics:
+    """Fold one block's logits ``z`` (rows, block; consumed) into the running statistics of the chunk's rows.
 
-    See :class:`RowStatistics` and :func:`_exp_apart_from_target_`.
+    The running maximum rises to the block's where it is larger and the sum of
+    exponentials gathered so far is rescaled to it (``exp(old_max - new_max)``),
+    the online form of the log-sum-exp. The target's term stays out of the
+    sum, as in :func:`_exp_apart_from_target_`, for every row whose target
+    lies in this block.
     """
-    stats = chunk_statistics_(z, targets, rows)
-    z.div_(stats.sum_exp[:, None])
-    return stats.losses(targets, rows), stats.lse, stats.other_prob
+    index, in_block = block_target_index(chunk, cols)
+    block_target = z.gather(1, index).squeeze(1)
+    weighted = _weighted_logit_sum(z, chunk.targets, cols)
+    row_max = z.amax(1) if previous is None else torch.maximum(previous.row_max, z.amax(1))
+    z.sub_(row_max[:, None])
+    z.scatter_(1, index, torch.where(in_block, -math.inf, block_target - row_max)[:, None])
+    other = z.exp_().sum(1)
+    if previous is None:
+        return RowStatistics(row_max, other, torch.where(in_block, block_target, -math.inf), weighted)
+    carried = (previous.row_max - row_max).exp().nan_to_num_(0.0)  # -inf - -inf: nothing gathered yet
+    return RowStatistics(
+        row_max,
+        torch.addcmul(other, previous.other, carried),
+        torch.where(in_block, block_target, previous.target_logit),
+        None if weighted is None else previous.weighted_logit_sum + weighted,
+    )
 
 
-def chunk_statistics_(z: torch.Tensor, targets: Targets, rows: slice) -> RowStatistics:
-    """The statistics of a chunk's logits ``z`` over every class (``z`` is consumed: it holds exponentials after)."""
-    target_logit = z.gather(1, targets.safe_target[rows, None]).squeeze(1)
-    weighted_logit_sum = _weighted_logit_sum(z, targets, slice(None))
-    row_max = z.amax(1)
-    other, _ = _exp_apart_from_target_(z, targets, rows, row_max, target_logit)
-    return RowStatistics(row_max, other, target_logit, weighted_logit_sum)
+def block_target_index(chunk: Chunk, cols: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's target as a column of the block ``cols`` (clamped into it), and whether it lies there."""
+    target = chunk.targets.safe_target[chunk.rows]
+    start = cols.start or 0
+    stop = chunk.targets.num_classes if cols.stop is None else cols.stop
+    return (target - start).clamp(0, stop - start - 1)[:, None], (target >= start) & (target < stop)
 
 
-def chunk_softmax_from_lse_(z: torch.Tensor, targets: Targets, rows: slice,
-                            lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``p = exp(z - lse)`` in place (backward of reduction="none") and ``1 - p_y``, summed without the target."""
-    other, _ = _exp_apart_from_target_(z, targets, rows, lse)
-    return z, other
+# ---- dz: the gradient with respect to the logits --------------------------------------------------
+
+def chunk_grad_logits_(probs: torch.Tensor, chunk: Chunk, other_prob: torch.Tensor, scale: DzScale,
+                       cols: slice = slice(None)) -> torch.Tensor:
+    """Turn the chunk's softmax ``probs`` into ``dz / scale.rescale``, in place (the formula in the module
+    docstring).
+
+    ``other_prob`` (rows,) is ``1 - p_y`` as :func:`chunk_loss_and_softmax_`
+    computed it. The target's entry, ``prob_coef * p_y - target_coef``, is
+    written as ``(prob_coef - target_coef) * p_y - target_coef * (1 - p_y)``,
+    so it keeps its precision when ``p_y`` is within rounding of 1. ``probs``
+    may hold a block of classes ``cols`` only; rows whose target lies outside
+    it get no target entry.
+    """
+    targets, rows, rescale = chunk.targets, chunk.rows, scale.rescale
+    eps, c = targets.label_smoothing, targets.num_classes
+    index, in_block = block_target_index(chunk, cols)
+    row_scale = torch.where(targets.valid[rows], scale.row_scale / rescale, 0)
+    target_coef = row_scale * (1.0 - eps) * targets.row_weight[rows]
+    prob_coef = target_coef
+    if eps:
+        prob_coef = prob_coef + row_scale * (eps / c) * targets.class_weight_sum
+    if scale.lse_coef is not None:
+        prob_coef = prob_coef + scale.lse_coef / rescale
+    target_prob = probs.gather(1, index).squeeze(1)
+    dz = probs.mul_(prob_coef[:, None])
+    target_entry = (prob_coef - target_coef) * target_prob - target_coef * other_prob
+    dz.scatter_(1, index, torch.where(in_block, target_entry, prob_coef * target_prob)[:, None])
+    if eps:
+        if targets.class_weight is None:
+            dz.sub_((eps / c) * row_scale[:, None])
+        else:
+            dz.addr_(row_scale, targets.class_weight[cols], alpha=-eps / c)
+    return dz
+
+
+@dataclasses.dataclass(frozen=True)
+class DzScale:
+    """How dz is scaled for one chunk's rows: ``row_scale`` (rows,) is ``s`` before ignored rows are zeroed,
+    ``lse_coef`` (rows,) the z-loss's coefficient of ``p`` (None without z-loss), and ``rescale`` the power of
+    two dz is divided by before it is rounded for a backward GEMM (:func:`grad_logits_rescale`)."""
+
+    row_scale: torch.Tensor
+    rescale: float
+    lse_coef: torch.Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RowScales:
+    """How the rows of a pass weigh in the gradient.
+
+    ``main`` is the cross-entropy term's ``s``: a 0-dim tensor for the scalar
+    reductions (1/sum(w_y) or 1), (N,) incoming gradients for "none". ``z``
+    is the z-loss term's ``s_z`` in the same form (1/count of rows that are
+    not ignored for "mean"), None without z-loss. ``rescale`` is the pass's
+    :func:`grad_logits_rescale` without z-loss, and ``max_main`` the bound it
+    was computed from; a z-loss recomputes it per chunk (:meth:`dz_scale`).
+    """
+
+    main: torch.Tensor
+    z: torch.Tensor | None
+    max_main: torch.Tensor | float
+    rescale: float
+
+    def dz_scale(self, chunk: Chunk, lse: torch.Tensor) -> DzScale:
+        """The chunk's :class:`DzScale`, from its rows' log-sum-exp ``lse`` (which the z-loss term scales)."""
+        lse_coef = None
+        if self.z is not None:  # the z-loss term's coefficient of p: 2 * z_loss * s_z * lse, 0 for ignored rows
+            z_scale = _rows_of(self.z, chunk.rows)
+            lse_coef = torch.where(chunk.targets.valid[chunk.rows], (2.0 * chunk.targets.z_loss) * z_scale * lse, 0)
+        rescale = self.rescale
+        if lse_coef is not None:
+            rescale = grad_logits_rescale(chunk.plan, chunk.targets, self.max_main, lse_coef)
+        return DzScale(_rows_of(self.main, chunk.rows), rescale, lse_coef)
+
+
+def _rows_of(scale: torch.Tensor, rows: slice) -> torch.Tensor:
+    """A per-row ``scale`` (N,) or 0-dim one for the chunk's rows, as a (rows,) tensor."""
+    return scale[rows] if scale.dim() else scale.expand(rows.stop - rows.start)
 
 
 def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tensor | float,
-                        lse_coef: torch.Tensor | None = None, max_class_weight: float | None = None) -> float:
+                        lse_coef: torch.Tensor | None = None) -> float:
     """The power of two dz is divided by before it is rounded for a backward GEMM; 1.0 if none is needed.
 
     fp16's smallest normal number is 6.1e-5, while softmax entries are about
@@ -268,14 +634,12 @@ def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tenso
     this (bf16 has fp32's exponent range). The backward GEMMs multiply their
     results by the same power of two, which undoes it exactly. A z-loss adds
     its coefficient of ``p``, ``lse_coef`` (rows,), to the bound.
-    ``max_class_weight`` overrides the largest class weight ``targets`` hold
-    (a shard of the vocabulary holds only its own).
     """
     if not plan.rescales_grad_logits:
         return 1.0
-    max_weight = 1.0 if targets.class_weight is None else float(targets.class_weight.abs().max())
-    if max_class_weight is not None:
-        max_weight = max_class_weight
+    max_weight = targets.max_class_weight
+    if max_weight is None:
+        max_weight = 1.0 if targets.class_weight is None else float(targets.class_weight.abs().max())
     bound = 2.0 * float(max_row_scale) * max_weight
     if lse_coef is not None and lse_coef.numel():
         bound += float(lse_coef.abs().max())
@@ -284,48 +648,96 @@ def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tenso
     return 1.0
 
 
-def block_target_index(targets: Targets, rows: slice, cols: slice) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's target as a column of the block ``cols`` (clamped into it), and whether it lies there."""
-    target = targets.safe_target[rows]
-    start = cols.start or 0
-    stop = targets.num_classes if cols.stop is None else cols.stop
-    return (target - start).clamp(0, stop - start - 1)[:, None], (target >= start) & (target < stop)
+@dataclasses.dataclass(frozen=True)
+class ScalarReduction:
+    """How "mean"/"sum" weigh the rows: the gradients' :class:`RowScales`, and the loss's normalisers in fp64:
+    ``total_weight`` (sum of ``w_y``) and the z-term's ``z_scale`` (1/count of rows not ignored for "mean", 1
+    for "sum"; None without z-loss)."""
+
+    scales: RowScales
+    total_weight: torch.Tensor
+    z_scale: torch.Tensor | None
+
+    @classmethod
+    def of(cls, plan: Plan, targets: Targets, with_grads: bool) -> ScalarReduction:
+        device = targets.valid.device
+        total_weight = targets.row_weight.sum(dtype=torch.float64)
+        mean = plan.reduction == "mean"
+        # An all-ignored batch has a 0/0 = NaN loss but must get zero gradients.
+        ones = torch.ones((), dtype=torch.float64, device=device)
+        main_scale = torch.where(total_weight > 0, 1.0 / total_weight, 0.0) if mean else ones
+        z_scale = None
+        if targets.z_loss:
+            count = targets.valid.sum(dtype=torch.float64)
+            z_scale = torch.where(count > 0, 1.0 / count, 0.0) if mean else ones
+        main = main_scale.to(plan.stats_dtype)
+        rescale = grad_logits_rescale(plan, targets, main) if with_grads else 1.0
+        z = None if z_scale is None else z_scale.to(plan.stats_dtype)
+        return cls(RowScales(main, z, main, rescale), total_weight, z_scale)
+
+    def loss(self, plan: Plan, targets: Targets, loss_sum: torch.Tensor, z_sum: torch.Tensor) -> torch.Tensor:
+        """The reduced loss in the input dtype, from the fp64 sums of the row losses and of ``lse**2``."""
+        loss = loss_sum / self.total_weight if plan.reduction == "mean" else loss_sum
+        if self.z_scale is not None:
+            loss = loss + targets.z_loss * z_sum * self.z_scale
+        return loss.to(plan.input_dtype)
 
 
-def chunk_grad_logits_(probs: torch.Tensor, row_scale: torch.Tensor, targets: Targets, rows: slice,
-                       rescale: float, other_prob: torch.Tensor, cols: slice = slice(None),
-                       lse_coef: torch.Tensor | None = None) -> torch.Tensor:
-    """Turn the chunk's softmax ``probs`` into ``dz / rescale``, in place (the formula in the module docstring).
+@dataclasses.dataclass
+class ChunkResult:
+    """What a chunk of a scalar reduction returns: its loss sum (fp64) and its rows' log-sum-exp."""
 
-    ``row_scale`` (rows,) is ``s`` before ignored rows are zeroed; ``rescale``
-    comes from :func:`grad_logits_rescale`; ``other_prob`` (rows,) is ``1 - p_y``
-    as :func:`chunk_loss_and_softmax_` computed it. The target's entry,
-    ``prob_coef * p_y - target_coef``, is written as
-    ``(prob_coef - target_coef) * p_y - target_coef * (1 - p_y)``, so it keeps
-    its precision when ``p_y`` is within rounding of 1. ``probs`` may hold a
-    block of classes ``cols`` only; rows whose target lies outside it get no
-    target entry. ``lse_coef`` (rows,) is the z-loss's coefficient of ``p``
-    from :func:`z_loss_coefficient` (None without z-loss).
+    loss_sum: torch.Tensor
+    lse: torch.Tensor
+
+
+# ---- soft-capping: statistics and dz from cap * t, a workspace of columns at a time ---------------
+
+def cap_logits_(z: torch.Tensor, softcap: float) -> torch.Tensor:
+    """``z <- tanh(z / softcap)`` in place: the buffer then holds ``t``, with the capped logits ``softcap * t``."""
+    return z.div_(softcap).tanh_()
+
+
+def _capped_chunk_statistics(z: torch.Tensor, chunk: Chunk) -> tuple[RowStatistics, torch.Tensor]:
+    """The statistics of a chunk's soft-capped logits over every class, from its raw logits ``z``, and ``z``
+    turned into ``t`` for :func:`capped_grad_logits_`."""
+    t = cap_logits_(z, chunk.plan.softcap)
+    return capped_statistics(t, chunk, chunk.all_classes, None), t
+
+
+def capped_statistics(t: torch.Tensor, chunk: Chunk, cols: slice, previous: RowStatistics | None) -> RowStatistics:
+    """Fold the soft-capped logits ``softcap * t`` of the classes ``cols`` into the statistics of the chunk's rows,
+    a workspace of columns at a time; ``t`` is left as it is."""
+    stats, softcap = previous, chunk.plan.softcap
+    for classes, columns in _column_blocks(chunk.plan, cols):
+        stats = block_statistics_(t[:, columns] * softcap, chunk, classes, stats)
+    return stats
+
+
+def capped_grad_logits_(t: torch.Tensor, chunk: Chunk, cols: slice, lse: torch.Tensor, other_prob: torch.Tensor,
+                        scale: DzScale) -> torch.Tensor:
+    """Turn ``t`` (the classes ``cols``) into the gradient with respect to the raw logits, ``/ scale.rescale``,
+    in place.
+
+    Per workspace of columns: ``p = exp(softcap * t - lse)``, dz from it as in
+    :func:`chunk_grad_logits_`, then ``t <- (1 - t**2) * dz``, the chain rule
+    through the cap.
     """
-    eps, c = targets.label_smoothing, targets.num_classes
-    index, in_block = block_target_index(targets, rows, cols)
-    scale = torch.where(targets.valid[rows], row_scale / rescale, 0)
-    target_coef = scale * (1.0 - eps) * targets.row_weight[rows]
-    prob_coef = target_coef
-    if eps:
-        prob_coef = prob_coef + scale * (eps / c) * targets.class_weight_sum
-    if lse_coef is not None:
-        prob_coef = prob_coef + lse_coef / rescale
-    target_prob = probs.gather(1, index).squeeze(1)
-    dz = probs.mul_(prob_coef[:, None])
-    target_entry = (prob_coef - target_coef) * target_prob - target_coef * other_prob
-    dz.scatter_(1, index, torch.where(in_block, target_entry, prob_coef * target_prob)[:, None])
-    if eps:
-        if targets.class_weight is None:
-            dz.sub_((eps / c) * scale[:, None])
-        else:
-            dz.addr_(scale, targets.class_weight[cols], alpha=-eps / c)
-    return dz
+    softcap = chunk.plan.softcap
+    for classes, columns in _column_blocks(chunk.plan, cols):
+        probs = (t[:, columns] * softcap).sub_(lse[:, None]).exp_()
+        dz = chunk_grad_logits_(probs, chunk, other_prob, scale, classes)
+        t[:, columns].square_().sub_(1.0).mul_(dz).neg_()
+        del probs, dz  # one workspace at a time: the next one is made before a reassignment would free this
+    return t
+
+
+def _column_blocks(plan: Plan, cols: slice) -> Iterator[tuple[slice, slice]]:
+    """The sub-blocks of the classes ``cols`` the soft-capped workspace covers, each as (classes, buffer columns)."""
+    width = plan.softcap_block_columns
+    for start in range(cols.start, cols.stop, width):
+        stop = min(start + width, cols.stop)
+        yield slice(start, stop), slice(start - cols.start, stop - cols.start)
 
 
 # ---- gradients summed over chunks ---------------------------------------------------------------
@@ -339,7 +751,7 @@ class GradientSums:
     ``wide_input_partials``: a block's input-gradient product is formed in the
     dtype of the sum it is added to (the stats dtype), not rounded to the
     plan's GEMM result first, for sums that another process completes
-    (:mod:`lce.distributed`).
+    (a :class:`GroupReduction`).
     """
 
     def __init__(self, plan: Plan, head: HeadTensors, *, wide_input_partials: bool = False):
@@ -352,20 +764,19 @@ class GradientSums:
         self.weight = torch.zeros(c, d, dtype=plan.weight_grad_sum_dtype, device=device) if wanted.weight else None
         self.bias = torch.zeros(c, dtype=plan.stats_dtype, device=device) if wanted.bias else None
 
-    def add_chunk(self, head: HeadTensors, rows: slice, dz: torch.Tensor, x_in_acc: torch.Tensor | None,
-                  rescale: float, cols: slice = slice(None), input_sum: torch.Tensor | None = None) -> None:
+    def add_chunk(self, chunk: Chunk, dz: torch.Tensor, rescale: float, cols: slice = slice(None),
+                  input_sum: torch.Tensor | None = None) -> None:
         """Add the chunk's products: ``grad_input[rows] = dz @ W``, ``grad_weight += dz.T @ x``,
         ``grad_bias += dz.sum(0)``, each GEMM in the plan's precision.
 
         ``dz`` is the chunk's ``dz / rescale`` (stats dtype); every product is
-        multiplied by ``rescale`` before it is rounded or added. ``x_in_acc``
-        is the chunk's input in acc_dtype from :func:`input_chunk_in_acc`. For
-        a block of classes ``cols`` (class tiling), ``dz`` holds those columns,
-        the weight and bias gradients get their rows ``cols``, and the input
+        multiplied by ``rescale`` before it is rounded or added. For a block
+        of classes ``cols`` (class tiling), ``dz`` holds those columns, the
+        weight and bias gradients get their rows ``cols``, and the input
         gradient's product is added to ``input_sum`` (rows, D) in the stats
         dtype, which the caller rounds into ``grad_input[rows]`` after the last block.
         """
-        plan, weight = self.plan, head.weight[cols]
+        plan, head, rows, weight = self.plan, chunk.head, chunk.rows, chunk.head.weight[cols]
         rounded: dict[torch.dtype, torch.Tensor] = {dz.dtype: dz}
 
         def dz_as(dtype: torch.dtype) -> torch.Tensor:
@@ -386,7 +797,7 @@ class GradientSums:
                 mm(dz_as(operands), weight, result, out=self.input[rows], alpha=rescale)
         if self.weight is not None:
             operands, product = plan.gemm_dtypes("grad_weight")
-            x = head.input[rows] if operands == plan.input_dtype else x_in_acc
+            x = head.input[rows] if operands == plan.input_dtype else chunk.x_in_acc
             add_mm_(self.weight[cols], dz_as(operands).T, x, product, alpha=rescale)
         if self.bias is not None:
             self.bias[cols].add_(dz.sum(0), alpha=rescale)
@@ -411,357 +822,3 @@ class GradientSums:
         if self.bias is not None:
             grads.bias = self.bias.to(dtype)
         return grads
-
-
-# ---- the features beyond torch's op: z-loss and soft-capping ----------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class RowScales:
-    """How the rows of a pass weigh in the gradient.
-
-    ``main`` is the cross-entropy term's ``s``: a 0-dim tensor for the scalar
-    reductions (1/sum(w_y) or 1), (N,) incoming gradients for "none". ``z``
-    is the z-loss term's ``s_z`` in the same form (1/count of rows that are
-    not ignored for "mean"), None without z-loss. ``rescale`` is the pass's
-    :func:`grad_logits_rescale` without z-loss, and ``max_main`` the bound it
-    was computed from; a z-loss recomputes it per chunk (:meth:`chunk_rescale`).
-    """
-
-    main: torch.Tensor
-    z: torch.Tensor | None
-    max_main: torch.Tensor | float
-    rescale: float
-    max_class_weight: float | None = None
-
-    def at(self, scale: torch.Tensor, rows: slice) -> torch.Tensor:
-        """``scale`` for the chunk's rows, as a (rows,) tensor."""
-        return scale[rows] if scale.dim() else scale.expand(rows.stop - rows.start)
-
-    def chunk_rescale(self, plan: Plan, targets: Targets, lse_coef: torch.Tensor | None) -> float:
-        if lse_coef is None:
-            return self.rescale
-        return grad_logits_rescale(plan, targets, self.max_main, lse_coef, self.max_class_weight)
-
-
-def z_loss_coefficient(targets: Targets, scales: RowScales, rows: slice, lse: torch.Tensor) -> torch.Tensor | None:
-    """The z-loss term's coefficient of ``p`` in dz, ``2 * z_loss * s_z * lse`` per row (0 for ignored rows), or
-    None without z-loss."""
-    if scales.z is None:
-        return None
-    return torch.where(targets.valid[rows], (2.0 * targets.z_loss) * scales.at(scales.z, rows) * lse, 0)
-
-
-def cap_logits_(z: torch.Tensor, softcap: float) -> torch.Tensor:
-    """``z <- tanh(z / softcap)`` in place: the buffer then holds ``t``, with the capped logits ``softcap * t``."""
-    return z.div_(softcap).tanh_()
-
-
-def _column_blocks(plan: Plan, cols: slice) -> Iterator[tuple[slice, slice]]:
-    """The sub-blocks of the classes ``cols`` the soft-capped workspace covers, each as (classes, buffer columns)."""
-    width = plan.softcap_block_columns
-    for start in range(cols.start, cols.stop, width):
-        stop = min(start + width, cols.stop)
-        yield slice(start, stop), slice(start - cols.start, stop - cols.start)
-
-
-def capped_statistics(plan: Plan, t: torch.Tensor, targets: Targets, rows: slice, cols: slice,
-                      previous: RowStatistics | None) -> RowStatistics:
-    """Fold the soft-capped logits ``softcap * t`` of the classes ``cols`` into the statistics of the chunk's rows,
-    a workspace of columns at a time; ``t`` is left as it is."""
-    stats = previous
-    for classes, columns in _column_blocks(plan, cols):
-        stats = block_statistics_(t[:, columns] * plan.softcap, targets, rows, classes, stats)
-    return stats
-
-
-def capped_grad_logits_(plan: Plan, t: torch.Tensor, targets: Targets, rows: slice, cols: slice, lse: torch.Tensor,
-                        other_prob: torch.Tensor, row_scale: torch.Tensor, rescale: float,
-                        lse_coef: torch.Tensor | None) -> torch.Tensor:
-    """Turn ``t`` (the classes ``cols``) into the gradient with respect to the raw logits, ``/ rescale``, in place.
-
-    Per workspace of columns: ``p = exp(softcap * t - lse)``, dz from it as in
-    :func:`chunk_grad_logits_`, then ``t <- (1 - t**2) * dz``, the chain rule
-    through the cap.
-    """
-    for classes, columns in _column_blocks(plan, cols):
-        probs = (t[:, columns] * plan.softcap).sub_(lse[:, None]).exp_()
-        dz = chunk_grad_logits_(probs, row_scale, targets, rows, rescale, other_prob, classes, lse_coef)
-        t[:, columns].square_().sub_(1.0).mul_(dz).neg_()
-        del probs, dz  # one workspace at a time: the next one is made before a reassignment would free this
-    return t
-
-
-def _capped_chunk_statistics(plan: Plan, z: torch.Tensor, targets: Targets,
-                             rows: slice) -> tuple[RowStatistics, torch.Tensor]:
-    """The statistics of a chunk's soft-capped logits over every class, from its raw logits ``z``, and ``z``
-    turned into ``t`` for :func:`capped_grad_logits_`."""
-    t = cap_logits_(z, plan.softcap)
-    return capped_statistics(plan, t, targets, rows, slice(0, plan.num_classes), None), t
-
-
-# ---- the passes ---------------------------------------------------------------------------------
-
-@dataclasses.dataclass
-class ChunkResult:
-    """What a chunk of a scalar reduction returns: its loss sum (fp64) and its rows' log-sum-exp."""
-
-    loss_sum: torch.Tensor
-    lse: torch.Tensor
-
-
-@dataclasses.dataclass(frozen=True)
-class ScalarReduction:
-    """How "mean"/"sum" weigh the rows: the gradients' :class:`RowScales`, and the loss's normalisers in fp64:
-    ``total_weight`` (sum of ``w_y``) and the z-term's ``z_scale`` (1/count of rows not ignored for "mean", 1
-    for "sum"; None without z-loss)."""
-
-    scales: RowScales
-    total_weight: torch.Tensor
-    z_scale: torch.Tensor | None
-
-    @classmethod
-    def of(cls, plan: Plan, targets: Targets, with_grads: bool,
-           max_class_weight: float | None = None) -> ScalarReduction:
-        device = targets.valid.device
-        total_weight = targets.row_weight.sum(dtype=torch.float64)
-        mean = plan.reduction == "mean"
-        # An all-ignored batch has a 0/0 = NaN loss but must get zero gradients.
-        ones = torch.ones((), dtype=torch.float64, device=device)
-        main_scale = torch.where(total_weight > 0, 1.0 / total_weight, 0.0) if mean else ones
-        z_scale = None
-        if targets.z_loss:
-            count = targets.valid.sum(dtype=torch.float64)
-            z_scale = torch.where(count > 0, 1.0 / count, 0.0) if mean else ones
-        main = main_scale.to(plan.stats_dtype)
-        rescale = grad_logits_rescale(plan, targets, main, max_class_weight=max_class_weight) if with_grads else 1.0
-        z = None if z_scale is None else z_scale.to(plan.stats_dtype)
-        return cls(RowScales(main, z, main, rescale, max_class_weight), total_weight, z_scale)
-
-    def loss(self, plan: Plan, targets: Targets, loss_sum: torch.Tensor, z_sum: torch.Tensor) -> torch.Tensor:
-        """The reduced loss in the input dtype, from the fp64 sums of the row losses and of ``lse**2``."""
-        loss = loss_sum / self.total_weight if plan.reduction == "mean" else loss_sum
-        if self.z_scale is not None:
-            loss = loss + targets.z_loss * z_sum * self.z_scale
-        return loss.to(plan.input_dtype)
-
-
-def scalar_loss_and_grads(plan: Plan, head: HeadTensors,
-                          targets: Targets) -> tuple[torch.Tensor, Gradients, torch.Tensor | None]:
-    """Loss for "mean"/"sum" and, as the plan requests, its gradients (already scaled for the reduction), and
-    the per-row log-sum-exp in fp32 when the plan returns it (else None)."""
-    n, device = head.input.shape[0], head.input.device
-    sums = GradientSums(plan, head) if any(plan.needs_grad) else None
-    reduction = ScalarReduction.of(plan, targets, sums is not None)
-    bias = bias_for_logits(plan, head.bias)
-    lse_out = torch.empty(n, dtype=torch.float32, device=device) if plan.return_lse else None
-    loss_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
-    z_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
-    chunk = _scalar_chunk_tiled if plan.tiles_classes else _scalar_chunk
-    for rows in plan.row_chunks():
-        result = chunk(plan, head, bias, targets, sums, rows, reduction.scales)
-        loss_sum += result.loss_sum
-        if targets.z_loss:
-            z_sum += torch.where(targets.valid[rows], result.lse.square(), 0).sum(dtype=LOSS_SUM_DTYPE)
-        if lse_out is not None:
-            lse_out[rows] = result.lse
-    loss = reduction.loss(plan, targets, loss_sum, z_sum)
-    return loss, (sums.finish() if sums is not None else Gradients()), lse_out
-
-
-def _scalar_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
-                  sums: GradientSums | None, rows: slice, scales: RowScales) -> ChunkResult:
-    """One chunk of the scalar reductions: its loss sum and log-sum-exp; its gradients go into ``sums``."""
-    z, x_in_acc = chunk_logits(plan, head, bias, rows)
-    if plan.softcap is not None:
-        return _capped_chunk(plan, head, targets, sums, rows, scales, z, x_in_acc)
-    losses, lse, other_prob = chunk_loss_and_softmax_(z, targets, rows)
-    if sums is not None:
-        lse_coef = z_loss_coefficient(targets, scales, rows, lse)
-        rescale = scales.chunk_rescale(plan, targets, lse_coef)
-        dz = chunk_grad_logits_(z, scales.at(scales.main, rows), targets, rows, rescale, other_prob,
-                                lse_coef=lse_coef)
-        sums.add_chunk(head, rows, dz, x_in_acc, rescale)
-    return ChunkResult(losses.sum(dtype=LOSS_SUM_DTYPE), lse)
-
-
-def _capped_chunk(plan: Plan, head: HeadTensors, targets: Targets, sums: GradientSums | None, rows: slice,
-                  scales: RowScales, z: torch.Tensor, x_in_acc: torch.Tensor | None) -> ChunkResult:
-    """:func:`_scalar_chunk` with soft-capped logits: statistics from ``t``, then ``t`` turned into the gradient."""
-    stats, t = _capped_chunk_statistics(plan, z, targets, rows)
-    lse = stats.lse
-    if sums is not None:
-        lse_coef = z_loss_coefficient(targets, scales, rows, lse)
-        rescale = scales.chunk_rescale(plan, targets, lse_coef)
-        dz = capped_grad_logits_(plan, t, targets, rows, slice(0, plan.num_classes), lse, stats.other_prob,
-                                 scales.at(scales.main, rows), rescale, lse_coef)
-        sums.add_chunk(head, rows, dz, x_in_acc, rescale)
-    return ChunkResult(stats.losses(targets, rows).sum(dtype=LOSS_SUM_DTYPE), lse)
-
-
-def per_row_loss(plan: Plan, head: HeadTensors,
-                 targets: Targets) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Per-row losses for reduction="none" (input dtype, z-loss included) and what backward reuses: the
-    log-sum-exp rows and, where :attr:`~lce.plan.Plan.saves_other_prob`, ``1 - p_y`` (None otherwise: backward
-    sees every class of a row at once)."""
-    n, device = head.input.shape[0], head.input.device
-    losses = torch.empty(n, dtype=plan.input_dtype, device=device)
-    lse = torch.empty(n, dtype=plan.stats_dtype, device=device)
-    other_prob = torch.empty(n, dtype=plan.stats_dtype, device=device) if plan.saves_other_prob else None
-    bias = bias_for_logits(plan, head.bias)
-    chunk = _per_row_loss_chunk_tiled if plan.tiles_classes else _per_row_loss_chunk
-    for rows in plan.row_chunks():
-        stats = chunk(plan, head, bias, targets, rows)
-        row_losses = stats.losses(targets, rows)
-        if targets.z_loss:
-            row_losses = row_losses + targets.z_loss * stats.squared_lse(targets, rows)
-        losses[rows], lse[rows] = row_losses, stats.lse
-        if other_prob is not None:
-            other_prob[rows] = stats.other_prob
-    return losses, lse, other_prob
-
-
-def _per_row_loss_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
-                        rows: slice) -> RowStatistics:
-    z = chunk_logits(plan, head, bias, rows)[0]  # the input chunk in acc_dtype is not needed past the GEMM
-    if plan.softcap is not None:
-        return _capped_chunk_statistics(plan, z, targets, rows)[0]
-    return chunk_statistics_(z, targets, rows)
-
-
-def per_row_grads(plan: Plan, head: HeadTensors, targets: Targets, lse: torch.Tensor,
-                  grad_losses: torch.Tensor, other_prob: torch.Tensor | None = None) -> Gradients:
-    """Gradients of sum(grad_losses * losses) for reduction="none", recomputing logits chunk by chunk.
-
-    ``lse`` and ``other_prob`` are what :func:`per_row_loss` returned."""
-    sums = GradientSums(plan, head)
-    row_scale = grad_losses.to(plan.stats_dtype)
-    max_scale = row_scale.abs().max() if row_scale.numel() else 0.0
-    scales = RowScales(row_scale, row_scale if targets.z_loss else None, max_scale,
-                       grad_logits_rescale(plan, targets, max_scale))
-    bias = bias_for_logits(plan, head.bias)
-    for rows in plan.row_chunks():
-        if plan.tiles_classes:
-            _per_row_grad_chunk_tiled(plan, head, bias, targets, sums, rows, lse, other_prob, scales)
-        else:
-            _per_row_grad_chunk(plan, head, bias, targets, sums, rows, lse, other_prob, scales)
-    return sums.finish()
-
-
-def _per_row_grad_chunk(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
-                        sums: GradientSums, rows: slice, lse: torch.Tensor, other_prob: torch.Tensor | None,
-                        scales: RowScales) -> None:
-    z, x_in_acc = chunk_logits(plan, head, bias, rows)
-    lse_coef = z_loss_coefficient(targets, scales, rows, lse[rows])
-    rescale = scales.chunk_rescale(plan, targets, lse_coef)
-    if plan.softcap is not None:
-        t = cap_logits_(z, plan.softcap)
-        dz = capped_grad_logits_(plan, t, targets, rows, slice(0, plan.num_classes), lse[rows], other_prob[rows],
-                                 scales.at(scales.main, rows), rescale, lse_coef)
-    else:
-        probs, chunk_other_prob = chunk_softmax_from_lse_(z, targets, rows, lse[rows])
-        dz = chunk_grad_logits_(probs, scales.at(scales.main, rows), targets, rows, rescale, chunk_other_prob,
-                                lse_coef=lse_coef)
-    sums.add_chunk(head, rows, dz, x_in_acc, rescale)
-
-
-# ---- class tiling: a chunk of rows against the vocabulary, a block of classes at a time ------------
-
-def block_statistics_(z: torch.Tensor, targets: Targets, rows: slice, cols: slice,
-                      previous: RowStatistics | None) -> RowStatistics:
-    """Fold one block's logits ``z`` (rows, block; consumed) into the running statistics of the chunk's rows.
-
-    The running maximum rises to the block's where it is larger and the sum of
-    exponentials gathered so far is rescaled to it (``exp(old_max - new_max)``),
-    the online form of the log-sum-exp. The target's term stays out of the
-    sum, as in :func:`_exp_apart_from_target_`, for every row whose target
-    lies in this block.
-    """
-    index, in_block = block_target_index(targets, rows, cols)
-    block_target = z.gather(1, index).squeeze(1)
-    weighted = _weighted_logit_sum(z, targets, cols)
-    row_max = z.amax(1) if previous is None else torch.maximum(previous.row_max, z.amax(1))
-    z.sub_(row_max[:, None])
-    z.scatter_(1, index, torch.where(in_block, -math.inf, block_target - row_max)[:, None])
-    other = z.exp_().sum(1)
-    if previous is None:
-        return RowStatistics(row_max, other, torch.where(in_block, block_target, -math.inf), weighted)
-    carried = (previous.row_max - row_max).exp().nan_to_num_(0.0)  # -inf - -inf: nothing gathered yet
-    return RowStatistics(
-        row_max,
-        torch.addcmul(other, previous.other, carried),
-        torch.where(in_block, block_target, previous.target_logit),
-        None if weighted is None else previous.weighted_logit_sum + weighted,
-    )
-
-
-def _tiled_statistics(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets, rows: slice,
-                      x_in_acc: torch.Tensor | None) -> RowStatistics:
-    """The statistics of the chunk's rows over every class, one block of logits alive at a time."""
-    stats = None
-    for cols in plan.class_chunks():
-        z = block_logits(plan, head, bias, rows, cols, x_in_acc)
-        if plan.softcap is None:
-            stats = block_statistics_(z, targets, rows, cols, stats)
-        else:
-            stats = capped_statistics(plan, cap_logits_(z, plan.softcap), targets, rows, cols, stats)
-        del z  # one block alive at a time: the next one is made before a reassignment would free this
-    return stats
-
-
-def _tiled_gradients(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
-                     sums: GradientSums, rows: slice, x_in_acc: torch.Tensor | None, lse: torch.Tensor,
-                     other_prob: torch.Tensor, scales: RowScales,
-                     complete_input_sum: Callable[[torch.Tensor], None] | None = None) -> None:
-    """The chunk's gradients, block by block: each block's logits are computed again, turned into dz
-    with the row statistics of the whole vocabulary, and multiplied out; the input gradient's blocks are
-    summed in the stats dtype and rounded once, after ``complete_input_sum`` (if any) has added the other
-    processes' blocks to the sum in place."""
-    input_sum = None
-    if sums.input is not None:
-        input_sum = torch.zeros(rows.stop - rows.start, plan.in_features, dtype=plan.stats_dtype,
-                                device=head.input.device)
-    lse_coef = z_loss_coefficient(targets, scales, rows, lse)
-    rescale = scales.chunk_rescale(plan, targets, lse_coef)
-    for cols in plan.class_chunks():
-        _block_gradients(plan, head, bias, targets, sums, rows, cols, x_in_acc, lse, other_prob,
-                         scales.at(scales.main, rows), rescale, lse_coef, input_sum)
-    if input_sum is not None:
-        if complete_input_sum is not None:
-            complete_input_sum(input_sum)
-        sums.input[rows].copy_(input_sum)
-
-
-def _block_gradients(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
-                     sums: GradientSums, rows: slice, cols: slice, x_in_acc: torch.Tensor | None, lse: torch.Tensor,
-                     other_prob: torch.Tensor, row_scale: torch.Tensor, rescale: float,
-                     lse_coef: torch.Tensor | None, input_sum: torch.Tensor | None) -> None:
-    z = block_logits(plan, head, bias, rows, cols, x_in_acc)
-    if plan.softcap is None:
-        dz = chunk_grad_logits_(z.sub_(lse[:, None]).exp_(), row_scale, targets, rows, rescale, other_prob, cols,
-                                lse_coef)
-    else:
-        dz = capped_grad_logits_(plan, cap_logits_(z, plan.softcap), targets, rows, cols, lse, other_prob, row_scale,
-                                 rescale, lse_coef)
-    sums.add_chunk(head, rows, dz, x_in_acc, rescale, cols, input_sum)
-
-
-def _scalar_chunk_tiled(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
-                        sums: GradientSums | None, rows: slice, scales: RowScales) -> ChunkResult:
-    """:func:`_scalar_chunk` for a class-tiled plan: a statistics sweep over the blocks, then a gradient sweep."""
-    x_in_acc = input_chunk_in_acc(plan, head, rows)
-    stats = _tiled_statistics(plan, head, bias, targets, rows, x_in_acc)
-    if sums is not None:
-        _tiled_gradients(plan, head, bias, targets, sums, rows, x_in_acc, stats.lse, stats.other_prob, scales)
-    return ChunkResult(stats.losses(targets, rows).sum(dtype=LOSS_SUM_DTYPE), stats.lse)
-
-
-def _per_row_loss_chunk_tiled(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
-                              rows: slice) -> RowStatistics:
-    return _tiled_statistics(plan, head, bias, targets, rows, input_chunk_in_acc(plan, head, rows))
-
-
-def _per_row_grad_chunk_tiled(plan: Plan, head: HeadTensors, bias: torch.Tensor | None, targets: Targets,
-                              sums: GradientSums, rows: slice, lse: torch.Tensor, other_prob: torch.Tensor,
-                              scales: RowScales) -> None:
-    _tiled_gradients(plan, head, bias, targets, sums, rows, input_chunk_in_acc(plan, head, rows), lse[rows],
-                     other_prob[rows], scales)

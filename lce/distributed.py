@@ -2,9 +2,11 @@
 
 Every rank of a process group passes the same ``input`` (N, D) and ``target``
 (global class indices) and its own contiguous shard of the classifier rows, in
-rank order; shards may differ in size. Each rank runs lce's chunk loop on its
-shard (any policy, row and class chunking, soft-capping, z-loss) and, per
-chunk of rows, exchanges only per-row softmax statistics. The row chunks are
+rank order; shards may differ in size. Each rank runs the one-device passes of
+:mod:`lce.chunked` on its shard (any policy, row and class chunking,
+soft-capping, z-loss) with :class:`ShardLayout` as their group reduction, the
+one hook through which, per chunk of rows, the ranks exchange per-row softmax
+statistics and sum the input gradient. The row chunks are
 the group's, not the rank's: automatic chunking is sized for the largest shard
 (the same rows per chunk on every rank, so the per-chunk collectives pair up),
 while each rank cuts its own classes into blocks (no collective inside them).
@@ -46,23 +48,18 @@ from torch import nn
 
 from .autograd import hand_out_gradients
 from .chunked import (
-    Gradients,
-    GradientSums,
+    GroupReduction,
     HeadTensors,
-    RowScales,
     RowStatistics,
-    ScalarReduction,
     Targets,
-    _tiled_gradients,
-    _tiled_statistics,
-    bias_for_logits,
-    grad_logits_rescale,
-    input_chunk_in_acc,
+    per_row_grads,
+    per_row_loss,
+    scalar_loss_and_grads,
 )
 from .device import device_kind_of, has_mixed_precision_mm
-from .functional import REDUCTIONS, _check_arguments, _needs_grad, check_features
+from .functional import check_arguments, check_features, check_settings, first_out_of_range, grads_needed
 from .options import LinearCrossEntropyOptions, dtype_name
-from .plan import LOSS_SUM_DTYPE, Plan, make_plan
+from .plan import make_plan
 from .reference import DEFAULT_IGNORE_INDEX
 
 __all__ = ["vocab_parallel_linear_cross_entropy", "VocabParallelLinearCrossEntropyLoss", "ShardLayout",
@@ -84,9 +81,13 @@ def shard_bounds(sizes: list[int]) -> list[tuple[int, int]]:
 
 
 @dataclasses.dataclass(frozen=True)
-class ShardLayout:
+class ShardLayout(GroupReduction):
     """Where this rank's classes lie among the group's: ``start`` (its first global class), ``size`` and
-    ``num_classes`` (the sum of every rank's shard), and the group the statistics are reduced over."""
+    ``num_classes`` (the sum of every rank's shard), and the group the statistics are reduced over.
+
+    It is the chunk passes' :class:`~lce.chunked.GroupReduction`: the one-device passes of :mod:`lce.chunked`
+    run on this rank's shard and call it once per chunk of rows.
+    """
 
     start: int
     size: int
@@ -96,6 +97,20 @@ class ShardLayout:
     def all_reduce_(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
         dist.all_reduce(tensor, op=op, group=self.group)
         return tensor
+
+    def reduce_statistics(self, stats: RowStatistics) -> RowStatistics:
+        """The statistics of the whole vocabulary from each rank's: O(rows) values per rank, in the stats dtype."""
+        maxima = self.all_reduce_(torch.stack([stats.row_max, stats.target_logit], 1), dist.ReduceOp.MAX)
+        row_max, target_logit = maxima[:, 0], maxima[:, 1]
+        carried = (stats.row_max - row_max).exp().nan_to_num_(0.0)
+        columns = [stats.other * carried] + ([stats.weighted_logit_sum] if stats.weighted_logit_sum is not None else [])
+        sums = self.all_reduce_(torch.stack(columns, 1))
+        return RowStatistics(row_max.contiguous(), sums[:, 0].contiguous(), target_logit.contiguous(),
+                             sums[:, 1].contiguous() if sums.shape[1] > 1 else None)
+
+    def complete_input_sum(self, input_sum: torch.Tensor) -> None:
+        """Every rank's input-gradient products of the chunk, summed in place (O(rows x D))."""
+        self.all_reduce_(input_sum)
 
 
 # ---- agreement before any collective of the loop ---------------------------------------------------------------
@@ -116,8 +131,8 @@ def _local_problem(input, weight_shard, target, linear_bias, weight, reduction, 
             raise TypeError("target must hold int64 global class indices (class probabilities are not supported "
                             "vocab-parallel)")
         # the single-device checks, against the shard (targets are checked against the global range later)
-        _check_arguments(input, weight_shard, torch.zeros_like(target) if isinstance(target, torch.Tensor) else target,
-                         linear_bias, weight, reduction, ignore_index, label_smoothing)
+        check_arguments(input, weight_shard, torch.zeros_like(target) if isinstance(target, torch.Tensor) else target,
+                        linear_bias, weight, reduction, ignore_index, label_smoothing)
     except (TypeError, ValueError) as error:
         return f"{type(error).__name__}: {error}"
     return None
@@ -153,7 +168,7 @@ def _plan_inputs(input: torch.Tensor, weight_shard: torch.Tensor, linear_bias: t
     kind = device_kind_of(input.device)
     return {"device kind": kind,
             "mixed-precision GEMMs": has_mixed_precision_mm(input.device, kind, input.dtype),
-            "needs grad (input, weight_shard, linear_bias)": _needs_grad(input, weight_shard, linear_bias)}
+            "needs grad (input, weight_shard, linear_bias)": grads_needed(input, weight_shard, linear_bias)}
 
 
 _AGREED = {"input": "input shape or dtype", "target": "target (shape or values)",
@@ -180,21 +195,12 @@ def _agree(descriptions: list[dict], num_classes: int | None) -> list[int]:
     return sizes
 
 
-def _check_targets(target: torch.Tensor, num_classes: int, ignore_index: int) -> None:
-    """Targets must lie in the global range (the same verdict on every rank: the targets agree)."""
-    out_of_range = ((target < 0) | (target >= num_classes)) & (target != ignore_index)
-    if target.numel() and bool(out_of_range.any()):
-        bad = int(target[out_of_range].flatten()[0])
-        raise ValueError(f"vocab_parallel_linear_cross_entropy: target values must lie in [0, {num_classes}) (the "
-                         f"classes of every shard) or equal ignore_index={ignore_index}, found {bad}")
-
-
-# ---- the loop on one rank ----------------------------------------------------------------------------------------
+# ---- the passes on one rank: lce.chunked's, with ShardLayout as their group reduction -----------------------
 
 def _shard_targets(target: torch.Tensor, class_weight: torch.Tensor | None, ignore_index: int, label_smoothing: float,
-                   z_loss: float, layout: ShardLayout, stats_dtype: torch.dtype) -> tuple[Targets, float | None]:
+                   z_loss: float, layout: ShardLayout, stats_dtype: torch.dtype) -> Targets:
     """The :class:`~lce.chunked.Targets` of this rank's classes in local indices, with the global row weights,
-    class count and weight sum; and the largest class weight of the group (None without class weights)."""
+    class count, weight sum and largest class weight."""
     valid = target != ignore_index
     local_target = torch.where(valid, target, 0) - layout.start  # outside [0, size): another rank's class
     weight = None if class_weight is None else class_weight.to(stats_dtype)
@@ -206,104 +212,37 @@ def _shard_targets(target: torch.Tensor, class_weight: torch.Tensor | None, igno
         totals = layout.all_reduce_(weight.sum().reshape(1))
         weight_sum = totals[0]
         max_weight = float(layout.all_reduce_(weight.abs().max().reshape(1), dist.ReduceOp.MAX))
-    targets = Targets(valid, local_target, row_weight, weight, weight_sum, label_smoothing, layout.num_classes,
-                      z_loss)
-    return targets, max_weight
-
-
-def _group_statistics(local: RowStatistics, layout: ShardLayout) -> RowStatistics:
-    """The statistics of the whole vocabulary from each rank's: O(rows) values per rank, in the stats dtype."""
-    maxima = layout.all_reduce_(torch.stack([local.row_max, local.target_logit], 1), dist.ReduceOp.MAX)
-    row_max, target_logit = maxima[:, 0], maxima[:, 1]
-    carried = (local.row_max - row_max).exp().nan_to_num_(0.0)
-    columns = [local.other * carried] + ([local.weighted_logit_sum] if local.weighted_logit_sum is not None else [])
-    sums = layout.all_reduce_(torch.stack(columns, 1))
-    return RowStatistics(row_max.contiguous(), sums[:, 0].contiguous(), target_logit.contiguous(),
-                         sums[:, 1].contiguous() if sums.shape[1] > 1 else None)
-
-
-def _rows_statistics(plan: Plan, head: HeadTensors, bias, targets: Targets, rows: slice, layout: ShardLayout,
-                     x_in_acc) -> RowStatistics:
-    return _group_statistics(_tiled_statistics(plan, head, bias, targets, rows, x_in_acc), layout)
-
-
-def _scalar_loss_and_grads(plan: Plan, head: HeadTensors, targets: Targets, max_weight: float | None,
-                           layout: ShardLayout) -> tuple[torch.Tensor, Gradients]:
-    device = head.input.device
-    sums = GradientSums(plan, head, wide_input_partials=True) if any(plan.needs_grad) else None
-    reduction = ScalarReduction.of(plan, targets, sums is not None, max_weight)
-    bias = bias_for_logits(plan, head.bias)
-    loss_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
-    z_sum = torch.zeros((), dtype=LOSS_SUM_DTYPE, device=device)
-    for rows in plan.row_chunks():
-        x_in_acc = input_chunk_in_acc(plan, head, rows)
-        stats = _rows_statistics(plan, head, bias, targets, rows, layout, x_in_acc)
-        loss_sum += stats.losses(targets, rows).sum(dtype=LOSS_SUM_DTYPE)
-        if targets.z_loss:
-            z_sum += stats.squared_lse(targets, rows).sum(dtype=LOSS_SUM_DTYPE)
-        if sums is not None:
-            _tiled_gradients(plan, head, bias, targets, sums, rows, x_in_acc, stats.lse, stats.other_prob,
-                             reduction.scales, layout.all_reduce_)
-    return reduction.loss(plan, targets, loss_sum, z_sum), (sums.finish() if sums is not None else Gradients())
-
-
-def _per_row_loss(plan: Plan, head: HeadTensors, targets: Targets, layout: ShardLayout):
-    n, device = head.input.shape[0], head.input.device
-    losses = torch.empty(n, dtype=plan.input_dtype, device=device)
-    lse = torch.empty(n, dtype=plan.stats_dtype, device=device)
-    other_prob = torch.empty(n, dtype=plan.stats_dtype, device=device)
-    bias = bias_for_logits(plan, head.bias)
-    for rows in plan.row_chunks():
-        stats = _rows_statistics(plan, head, bias, targets, rows, layout, input_chunk_in_acc(plan, head, rows))
-        row_losses = stats.losses(targets, rows)
-        if targets.z_loss:
-            row_losses = row_losses + targets.z_loss * stats.squared_lse(targets, rows)
-        losses[rows], lse[rows], other_prob[rows] = row_losses, stats.lse, stats.other_prob
-    return losses, lse, other_prob
-
-
-def _per_row_grads(plan: Plan, head: HeadTensors, targets: Targets, max_weight: float | None, layout: ShardLayout,
-                   lse, other_prob, grad_losses) -> Gradients:
-    sums = GradientSums(plan, head, wide_input_partials=True)
-    row_scale = grad_losses.to(plan.stats_dtype)
-    # the same bound on every rank: the incoming gradients agree (every rank computes the same loss)
-    max_scale = row_scale.abs().max() if row_scale.numel() else 0.0
-    scales = RowScales(row_scale, row_scale if targets.z_loss else None, max_scale,
-                       grad_logits_rescale(plan, targets, max_scale, max_class_weight=max_weight), max_weight)
-    bias = bias_for_logits(plan, head.bias)
-    for rows in plan.row_chunks():
-        _tiled_gradients(plan, head, bias, targets, sums, rows, input_chunk_in_acc(plan, head, rows), lse[rows],
-                         other_prob[rows], scales, layout.all_reduce_)
-    return sums.finish()
+    return Targets(valid, local_target, row_weight, weight, weight_sum, label_smoothing, layout.num_classes, z_loss,
+                   max_class_weight=max_weight)
 
 
 class _ScalarVocabParallel(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, weight, bias, targets, max_weight, layout, plan):
-        loss, grads = _scalar_loss_and_grads(plan, HeadTensors(input, weight, bias), targets, max_weight, layout)
+    def forward(ctx, input, weight, bias, targets, layout, plan):
+        loss, grads, _ = scalar_loss_and_grads(plan, HeadTensors(input, weight, bias), targets, layout)
         ctx.grads = (grads.input, grads.weight, grads.bias)
         ctx.allow_retain_graph = plan.allow_retain_graph
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        return (*hand_out_gradients(ctx, grad_loss), None, None, None, None)
+        return (*hand_out_gradients(ctx, grad_loss), None, None, None)
 
 
 class _PerRowVocabParallel(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, input, weight, bias, targets, max_weight, layout, plan):
-        losses, lse, other_prob = _per_row_loss(plan, HeadTensors(input, weight, bias), targets, layout)
+    def forward(ctx, input, weight, bias, targets, layout, plan):
+        losses, lse, other_prob = per_row_loss(plan, HeadTensors(input, weight, bias), targets, layout)
         ctx.save_for_backward(input, weight, bias, lse, other_prob)
-        ctx.targets, ctx.max_weight, ctx.layout, ctx.plan = targets, max_weight, layout, plan
+        ctx.targets, ctx.layout, ctx.plan = targets, layout, plan
         return losses
 
     @staticmethod
     def backward(ctx, grad_losses):
         input, weight, bias, lse, other_prob = ctx.saved_tensors
-        grads = _per_row_grads(ctx.plan, HeadTensors(input, weight, bias), ctx.targets, ctx.max_weight, ctx.layout,
-                               lse, other_prob, grad_losses)
-        return grads.input, grads.weight, grads.bias, None, None, None, None
+        grads = per_row_grads(ctx.plan, HeadTensors(input, weight, bias), ctx.targets, lse, grad_losses, other_prob,
+                              ctx.layout)
+        return grads.input, grads.weight, grads.bias, None, None, None
 
 
 def vocab_parallel_linear_cross_entropy(
@@ -355,7 +294,10 @@ def vocab_parallel_linear_cross_entropy(
     start, stop = shard_bounds(sizes)[rank]
     layout = ShardLayout(start, stop - start, sum(sizes), group)
     ignored = DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index
-    _check_targets(target, layout.num_classes, ignored)
+    bad = first_out_of_range(target, layout.num_classes, ignored)  # the same on every rank: the targets agree
+    if bad is not None:
+        raise ValueError(f"vocab_parallel_linear_cross_entropy: target values must lie in [0, {layout.num_classes}) "
+                         f"(the classes of every shard) or equal ignore_index={ignored}, found {bad}")
 
     unbatched = input.dim() == 1
     if unbatched:
@@ -366,12 +308,12 @@ def vocab_parallel_linear_cross_entropy(
                          else LinearCrossEntropyOptions(),
                          num_rows=input.shape[0], in_features=input.shape[1], num_classes=layout.size,
                          dtype=input.dtype, device=input.device, reduction=reduction,
-                         needs_grad=_needs_grad(input, weight_shard, linear_bias), softcap=softcap, z_loss=z_loss,
+                         needs_grad=grads_needed(input, weight_shard, linear_bias), softcap=softcap, z_loss=z_loss,
                          chunking_classes=max(sizes))
-    targets, max_weight = _shard_targets(target, weight, ignored, float(label_smoothing), float(z_loss), layout,
-                                         resolved.stats_dtype)
+    targets = _shard_targets(target, weight, ignored, float(label_smoothing), float(z_loss), layout,
+                             resolved.stats_dtype)
     function = _PerRowVocabParallel if reduction == "none" else _ScalarVocabParallel
-    loss = function.apply(input, weight_shard, linear_bias, targets, max_weight, layout, resolved)
+    loss = function.apply(input, weight_shard, linear_bias, targets, layout, resolved)
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
 
 
@@ -393,8 +335,7 @@ class VocabParallelLinearCrossEntropyLoss(nn.Module):
         super().__init__()
         if not shard_sizes or any(not isinstance(s, int) or s < 1 for s in shard_sizes):
             raise ValueError(f"shard_sizes must list one positive int per rank, got {shard_sizes!r}")
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        check_settings(reduction, ignore_index, label_smoothing)
         check_features(softcap, z_loss, False)
         self.group, self.shard_sizes = group, list(shard_sizes)
         rank = dist.get_rank(group) if dist.is_initialized() else 0

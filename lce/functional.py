@@ -12,7 +12,8 @@ from .options import LinearCrossEntropyOptions
 from .plan import Plan, make_plan
 from .reference import DEFAULT_IGNORE_INDEX, reference_linear_cross_entropy
 
-__all__ = ["linear_cross_entropy", "plan", "check_features"]
+__all__ = ["linear_cross_entropy", "plan", "check_arguments", "check_settings", "check_class_weight", "check_features",
+           "first_out_of_range", "grads_needed"]
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -21,15 +22,15 @@ def _shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
 
 
-def _check_arguments(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
-                     label_smoothing) -> bool:
-    """Reject bad arguments with an error naming the argument; return whether ``target`` holds probabilities."""
+def check_arguments(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
+                    label_smoothing) -> bool:
+    """Reject bad arguments of :func:`linear_cross_entropy` with an error naming the argument; return whether
+    ``target`` holds probabilities."""
     for name, value in (("input", input), ("linear_weight", linear_weight), ("target", target)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     for name, value in (("linear_bias", linear_bias), ("weight", weight)):
-        if value is not None and not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
+        _check_tensor_or_none(name, value)
     if input.dim() not in (1, 2):
         raise ValueError(f"input must have shape (in_features,) or (N, in_features), got shape {_shape(input)}")
     if not input.is_floating_point():
@@ -62,17 +63,8 @@ def _check_arguments(input, linear_weight, target, linear_bias, weight, reductio
             )
         if linear_bias.dtype != input.dtype:
             raise TypeError(f"linear_bias must have input's dtype {input.dtype}, got {linear_bias.dtype}")
-    if weight is not None:
-        if _shape(weight) != (num_classes,):
-            raise ValueError(f"weight (per-class) must have shape ({num_classes},), got {_shape(weight)}")
-        if weight.dtype != input.dtype:
-            raise TypeError(f"weight (per-class) must have input's dtype {input.dtype}, got {weight.dtype}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be a float in [0, 1], got {label_smoothing!r}")
-    if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, int)):
-        raise TypeError(f"ignore_index must be an int or None, got {ignore_index!r}")
+    check_class_weight(weight, num_classes, input.dtype)
+    check_settings(reduction, ignore_index, label_smoothing)
     devices = {t.device for t in (input, linear_weight, target, linear_bias, weight) if t is not None}
     if len(devices) > 1:
         raise ValueError(f"input, linear_weight, target, linear_bias and weight must share one device, "
@@ -96,13 +88,44 @@ def _check_arguments(input, linear_weight, target, linear_bias, weight, reductio
         raise ValueError(f"target must have shape {class_index_shape} to match input {_shape(input)}, "
                          f"got {_shape(target)}")
     ignored = DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index
-    out_of_range = ((target < 0) | (target >= num_classes)) & (target != ignored)
-    if target.numel() and bool(out_of_range.any()):
-        bad = int(target[out_of_range].flatten()[0])
-        raise ValueError(
-            f"target values must lie in [0, {num_classes}) or equal ignore_index={ignored}, found {bad}"
-        )
+    bad = first_out_of_range(target, num_classes, ignored)
+    if bad is not None:
+        raise ValueError(f"target values must lie in [0, {num_classes}) or equal ignore_index={ignored}, found {bad}")
     return False
+
+
+def _check_tensor_or_none(name: str, value) -> None:
+    if value is not None and not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
+
+
+def check_class_weight(weight: torch.Tensor | None, num_classes: int, dtype: torch.dtype | None = None) -> None:
+    """The per-class ``weight``: None, or a (C,) tensor (of ``dtype``, the input's, where it is known yet)."""
+    _check_tensor_or_none("weight", weight)
+    if weight is None:
+        return
+    if _shape(weight) != (num_classes,):
+        raise ValueError(f"weight (per-class) must have shape ({num_classes},), got {_shape(weight)}")
+    if dtype is not None and weight.dtype != dtype:
+        raise TypeError(f"weight (per-class) must have input's dtype {dtype}, got {weight.dtype}")
+
+
+def check_settings(reduction: str, ignore_index: int | None = None, label_smoothing: float = 0.0) -> None:
+    """Reject bad values of the arguments that are not tensors (torch's op's), naming the argument."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"label_smoothing must be a float in [0, 1], got {label_smoothing!r}")
+    if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, int)):
+        raise TypeError(f"ignore_index must be an int or None, got {ignore_index!r}")
+
+
+def first_out_of_range(target: torch.Tensor, num_classes: int, ignore_index: int) -> int | None:
+    """The first int64 target outside ``[0, num_classes)`` that is not ``ignore_index``, or None if there is none."""
+    out_of_range = ((target < 0) | (target >= num_classes)) & (target != ignore_index)
+    if target.numel() and bool(out_of_range.any()):
+        return int(target[out_of_range].flatten()[0])
+    return None
 
 
 def check_features(softcap: float | None, z_loss: float, return_lse: bool) -> None:
@@ -131,7 +154,9 @@ def _fallback_reason(linear_weight: torch.Tensor, target_is_probabilities: bool)
     return None
 
 
-def _needs_grad(input, linear_weight, linear_bias) -> tuple[bool, bool, bool]:
+def grads_needed(input: torch.Tensor, linear_weight: torch.Tensor,
+                 linear_bias: torch.Tensor | None) -> tuple[bool, bool, bool]:
+    """Which of (input, linear_weight, linear_bias) need a gradient: those that require grad, under grad mode."""
     if not torch.is_grad_enabled():
         return (False, False, False)
     return (input.requires_grad, linear_weight.requires_grad,
@@ -152,8 +177,7 @@ def plan(options: LinearCrossEntropyOptions, input: torch.Tensor, linear_weight:
     if input.dim() not in (1, 2) or linear_weight.dim() != 2:
         raise ValueError(f"plan needs input (N, D) or (D,) and linear_weight (C, D), got {_shape(input)} "
                          f"and {_shape(linear_weight)}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    check_settings(reduction)
     return make_plan(
         options,
         num_rows=input.shape[0] if input.dim() == 2 else 1,
@@ -162,7 +186,7 @@ def plan(options: LinearCrossEntropyOptions, input: torch.Tensor, linear_weight:
         dtype=input.dtype,
         device=input.device,
         reduction=reduction,
-        needs_grad=_needs_grad(input, linear_weight, linear_bias),
+        needs_grad=grads_needed(input, linear_weight, linear_bias),
         softcap=softcap,
         z_loss=z_loss,
         return_lse=return_lse,
@@ -253,8 +277,8 @@ def linear_cross_entropy(
         ValueError / TypeError naming the offending argument for bad shapes,
         dtypes, values (including out-of-range targets) and options.
     """
-    is_probabilities = _check_arguments(input, linear_weight, target, linear_bias, weight, reduction,
-                                        ignore_index, label_smoothing)
+    is_probabilities = check_arguments(input, linear_weight, target, linear_bias, weight, reduction,
+                                       ignore_index, label_smoothing)
     check_features(softcap, z_loss, return_lse)
     features = dict(softcap=None if softcap is None else float(softcap), z_loss=float(z_loss), return_lse=return_lse)
     keywords = dict(linear_bias=linear_bias, weight=weight, reduction=reduction, ignore_index=ignore_index,

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from .functional import check_features, linear_cross_entropy
+from .functional import check_class_weight, check_features, check_settings, linear_cross_entropy
 from .options import LinearCrossEntropyOptions
 
 __all__ = ["LinearCrossEntropyLoss"]
@@ -42,13 +42,10 @@ class LinearCrossEntropyLoss(nn.Module):
         return_lse: bool = False,
     ) -> None:
         super().__init__()
+        # the function's own checks, now rather than at the first forward (the dtypes are checked there)
+        check_settings(reduction, ignore_index, label_smoothing)
         check_features(softcap, z_loss, return_lse)
-        if weight is not None and tuple(weight.shape) != (num_classes,):
-            raise ValueError(f"weight must have shape ({num_classes},), got {tuple(weight.shape)}")
-        if not 0.0 <= label_smoothing <= 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
-        if reduction not in ("mean", "sum", "none"):
-            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        check_class_weight(weight, num_classes)
         self.num_classes = num_classes
         self.out_features = tuple(out_features)
         self.reduction = reduction

@@ -16,10 +16,11 @@ import torch.nn.functional as F
 import lce
 from helpers import F64, Case, make_problem, ref_run, rel_err
 from lce.chunked import (
+    ChunkLoop,
+    DzScale,
     GradientSums,
     HeadTensors,
     Targets,
-    bias_for_logits,
     chunk_grad_logits_,
     chunk_logits,
     chunk_loss_and_softmax_,
@@ -85,12 +86,13 @@ def test_one_chunk_of_logits_losses_and_softmax(name, policy, kind):
     plan, head, targets, args = _setup(CASES[name], policy, kind)
     logits = _reference_logits(args)
     per_row = _reference_loss(args, logits, "none")
-    bias = bias_for_logits(plan, head.bias)
+    loop = ChunkLoop.of(plan, head, targets)
     for rows in plan.row_chunks():
-        z, x_in_acc = chunk_logits(plan, head, bias, rows)
-        assert x_in_acc is None  # fp64 input: acc_dtype is the input dtype
+        chunk = loop.chunk(rows)
+        z = chunk_logits(chunk)
+        assert chunk.x_in_acc is None  # fp64 input: acc_dtype is the input dtype
         assert rel_err(z, logits[rows]) <= 1e-15
-        losses, lse, other_prob = chunk_loss_and_softmax_(z, targets, rows)
+        losses, lse, other_prob = chunk_loss_and_softmax_(z, chunk)
         assert rel_err(lse, torch.logsumexp(logits[rows], 1)) <= 1e-15
         assert rel_err(z, torch.softmax(logits[rows], 1)) <= 1e-14
         assert rel_err(losses, per_row[rows]) <= 1e-14
@@ -111,10 +113,11 @@ def test_one_chunk_of_grad_logits(name, reduction, rescale):
         loss.backward()
         row_scale = torch.full_like(targets.row_weight, 1.0 / float(targets.row_weight.sum())
                                     if reduction == "mean" else 1.0)
+    loop = ChunkLoop.of(plan, head, targets)
     for rows in plan.row_chunks():
         probs = torch.softmax(logits[rows].detach(), 1)
         other_prob = _other_prob(logits[rows].detach(), targets.safe_target[rows])
-        dz = chunk_grad_logits_(probs, row_scale[rows], targets, rows, rescale, other_prob)
+        dz = chunk_grad_logits_(probs, loop.chunk(rows), other_prob, DzScale(row_scale[rows], rescale))
         assert rel_err(dz * rescale, logits.grad[rows]) <= 1e-14
 
 
@@ -161,9 +164,9 @@ def test_gradient_sums_of_reference_dz_give_the_reference_gradients(policy, kind
     plan, head, targets, args = _setup(CASES["everything"], policy, kind)
     logits = _reference_logits(args).requires_grad_()
     _reference_loss(args, logits, "mean").backward()
-    sums = GradientSums(plan, head)
+    sums, loop = GradientSums(plan, head), ChunkLoop.of(plan, head, targets)
     for rows in plan.row_chunks():
-        sums.add_chunk(head, rows, logits.grad[rows] / rescale, None, rescale)
+        sums.add_chunk(loop.chunk(rows), logits.grad[rows] / rescale, rescale)
     grads = sums.finish()
     _, expected = ref_run(args)
     for name, got in (("input", grads.input), ("linear_weight", grads.weight), ("linear_bias", grads.bias)):
@@ -188,10 +191,13 @@ def test_gradient_sums_round_the_weight_gradient_once(kind):
         with emulate_device_kind(kind):
             plan = lce.plan(options, x.detach().requires_grad_(), w.detach().requires_grad_())
         head = HeadTensors(x, w, None)
-        sums = GradientSums(plan, head)
+        targets = Targets.build(args.target, class_weight=None, ignore_index=-100, label_smoothing=0.0,
+                                num_classes=case.V, stats_dtype=plan.stats_dtype)
+        sums, loop = GradientSums(plan, head), ChunkLoop.of(plan, head, targets)
         for rows in plan.row_chunks():
-            x_in_acc = head.input[rows].float() if plan.input_chunk_in_acc else None
-            sums.add_chunk(head, rows, logits.grad[rows].float(), x_in_acc, 1.0)
+            chunk = loop.chunk(rows)  # its input in fp32 where the plan upcasts it
+            assert (chunk.x_in_acc is not None) == plan.input_chunk_in_acc
+            sums.add_chunk(chunk, logits.grad[rows].float(), 1.0)
         got = sums.finish().weight
         assert got.dtype == torch.bfloat16
         errors[policy, plan.weight_grad_sum_dtype] = rel_err(got, exact) / floor

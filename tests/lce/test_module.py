@@ -120,3 +120,24 @@ def test_state_dict_interchangeable_with_torch(with_weight):
     assert torch.equal(ours.linear.weight, theirs.linear.weight)
     assert torch.equal(ours.linear.bias, theirs.linear.bias)
     theirs.load_state_dict(ours.state_dict())
+
+
+BAD_SETTINGS = [
+    (dict(reduction="avg"), ValueError, "reduction"),
+    (dict(label_smoothing=1.5), ValueError, "label_smoothing"),
+    (dict(ignore_index="pad"), TypeError, "ignore_index"),
+    (dict(weight=torch.ones(C + 1, dtype=F64)), ValueError, r"weight \(per-class\)"),
+    (dict(weight=[1.0] * C), TypeError, "weight"),
+    (dict(z_loss=-1.0), ValueError, "z_loss"),
+]
+
+
+@pytest.mark.parametrize(("settings", "error", "name"), BAD_SETTINGS, ids=[str(b[0]) for b in BAD_SETTINGS])
+def test_module_rejects_bad_settings_with_the_functions_errors(settings, error, name):
+    """The module checks its settings at construction with the function's own checks (the same message)."""
+    with pytest.raises(error, match=name) as at_construction:
+        lce.LinearCrossEntropyLoss(IN, C, dtype=F64, **settings)
+    x, target = torch.randn(4, IN, dtype=F64), torch.randint(0, C, (4,))
+    with pytest.raises(error) as in_the_function:
+        lce.linear_cross_entropy(x, torch.randn(C, IN, dtype=F64), target, **settings)
+    assert str(at_construction.value) == str(in_the_function.value)
