@@ -60,7 +60,7 @@ from .device import device_kind_of, has_mixed_precision_mm
 from .functional import check_arguments, check_features, check_settings, first_out_of_range, grads_needed
 from .options import LinearCrossEntropyOptions, dtype_name
 from .plan import make_plan
-from .reference import DEFAULT_IGNORE_INDEX
+from .unfused import DEFAULT_IGNORE_INDEX
 
 __all__ = ["vocab_parallel_linear_cross_entropy", "VocabParallelLinearCrossEntropyLoss", "ShardLayout",
            "shard_bounds", "even_shard_sizes"]

@@ -10,7 +10,7 @@ import torch
 from .autograd import PerRowLoss, ScalarReductionLoss
 from .options import LinearCrossEntropyOptions
 from .plan import Plan, make_plan
-from .reference import DEFAULT_IGNORE_INDEX, reference_linear_cross_entropy
+from .unfused import DEFAULT_IGNORE_INDEX, unfused_linear_cross_entropy
 
 __all__ = ["linear_cross_entropy", "plan", "check_arguments", "check_settings", "check_class_weight", "check_features",
            "first_out_of_range", "grads_needed"]
@@ -284,13 +284,13 @@ def linear_cross_entropy(
     keywords = dict(linear_bias=linear_bias, weight=weight, reduction=reduction, ignore_index=ignore_index,
                     label_smoothing=label_smoothing, **features)
     if options is None:
-        return reference_linear_cross_entropy(input, linear_weight, target, **keywords)
+        return unfused_linear_cross_entropy(input, linear_weight, target, **keywords)
     options = LinearCrossEntropyOptions.coerce(options)
     reason = _fallback_reason(linear_weight, is_probabilities)
     if reason is not None:
         warnings.warn(f"lce.linear_cross_entropy: options ignored, running the reference path because of {reason}",
                       UserWarning, stacklevel=2)
-        return reference_linear_cross_entropy(input, linear_weight, target, **keywords)
+        return unfused_linear_cross_entropy(input, linear_weight, target, **keywords)
     ignored = DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index
     return _chunked(input, linear_weight, target, linear_bias, weight, reduction, ignored,
                     float(label_smoothing), options, features)

@@ -33,7 +33,7 @@ import torch
 
 from analysis.core.implementations import ImplSpec, make_implementation
 from analysis.core.inputs import Inputs, Outputs, outputs_of
-from lce.reference import reference_linear_cross_entropy
+from lce.unfused import unfused_linear_cross_entropy
 
 __all__ = ["reference_outputs", "residual_blocks", "fp64_loss", "gradcheck", "REFERENCE_BLOCK_ELEMENTS"]
 
@@ -45,7 +45,7 @@ REFERENCE_BLOCK_ELEMENTS = 2**24
 
 def fp64_loss(inputs: Inputs) -> torch.Tensor:
     """``cross_entropy(linear(input, W, b), target, ...)`` on ``inputs`` as given (no dtype change, unfused)."""
-    return reference_linear_cross_entropy(inputs.input, inputs.weight, inputs.target, **inputs.loss_arguments())
+    return unfused_linear_cross_entropy(inputs.input, inputs.weight, inputs.target, **inputs.loss_arguments())
 
 
 def reference_outputs(inputs: Inputs, *, block_elements: int = REFERENCE_BLOCK_ELEMENTS) -> Outputs:

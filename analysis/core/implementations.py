@@ -41,8 +41,8 @@ import torch.nn.functional as F
 import lce
 from analysis.core.inputs import Inputs, Outputs, outputs_of
 from analysis.core.problem import DTYPES
-from lce.reference import DEFAULT_IGNORE_INDEX, reference_linear_cross_entropy
 from lce.testing import emulate_device_kind
+from lce.unfused import DEFAULT_IGNORE_INDEX, unfused_linear_cross_entropy
 
 __all__ = ["ImplSpec", "Implementation", "OPS", "DEVICES", "make_implementation", "unavailable_reason",
            "resolved_plan", "CUDA_DEVICES", "tensor_device"]
@@ -156,7 +156,7 @@ def float32_matmul_precision(precision: str) -> Iterator[None]:
 
 
 def _unfused(inputs: Inputs) -> torch.Tensor:
-    return reference_linear_cross_entropy(inputs.input, inputs.weight, inputs.target, **inputs.loss_arguments())
+    return unfused_linear_cross_entropy(inputs.input, inputs.weight, inputs.target, **inputs.loss_arguments())
 
 
 @dataclasses.dataclass

@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from analysis.core.problem import DTYPES, Shape
-from lce.reference import DEFAULT_IGNORE_INDEX
+from lce.unfused import DEFAULT_IGNORE_INDEX
 
 __all__ = ["Shape", "Inputs", "Outputs", "outputs_of", "make_inputs", "rounded_inputs", "OUTPUT_NAMES", "DTYPES"]
 

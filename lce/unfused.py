@@ -12,13 +12,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DEFAULT_IGNORE_INDEX", "reference_linear_cross_entropy"]
+__all__ = ["DEFAULT_IGNORE_INDEX", "unfused_linear_cross_entropy"]
 
 DEFAULT_IGNORE_INDEX = -100
 """What ``ignore_index=None`` stands for, as in ``torch.nn.functional.cross_entropy``."""
 
 
-def reference_linear_cross_entropy(
+def unfused_linear_cross_entropy(
     input: torch.Tensor,
     linear_weight: torch.Tensor,
     target: torch.Tensor,

@@ -1,0 +1,57 @@
+"""The layout the READMEs describe is the tree's: every package folder is named in both, and imports run one way
+(core <- sweep/studies/lm <- judge <- report <- cli, gpu beside report), so no module imports upward."""
+
+from __future__ import annotations
+
+import ast
+
+from analysis.paths import ROOT
+
+ANALYSIS = ROOT / "analysis"
+LEVEL = {"paths": 0, "core": 1, "lm": 2, "sweep": 2, "studies": 2, "judge": 3, "report": 4, "gpu": 4,
+         "reproduce": 5, "cli": 6, "__main__": 7}
+"""How high each top-level part of analysis/ stands: a module may import only parts at its level or below
+(``studies`` and ``sweep`` side by side; a study names grids, never a report)."""
+
+
+def _packages() -> list[str]:
+    return sorted(p.name for p in ANALYSIS.iterdir() if (p / "__init__.py").exists())
+
+
+def _part(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else "analysis"
+
+
+def test_every_analysis_folder_is_in_both_layout_sections():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = readme[readme.index("## How the code is laid out"):]
+    table = (ANALYSIS / "README.md").read_text(encoding="utf-8")
+    for package in _packages():
+        assert f"analysis/{package}/" in layout, f"README's layout section does not name analysis/{package}/"
+        assert f"`{package}/`" in table, f"analysis/README.md's layout table does not name {package}/"
+    folders = [p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))]
+    for folder in sorted(folders):
+        assert f"tests/{folder}/" in layout, f"README's layout section does not name tests/{folder}/"
+
+
+def test_analysis_imports_run_one_way():
+    every_part = set(_packages()) | {p.stem for p in ANALYSIS.glob("*.py")}
+    assert every_part <= set(LEVEL) | {"__init__"}, f"a new part of analysis/ needs a level: {every_part - set(LEVEL)}"
+    upward = []
+    for path in ANALYSIS.rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        mine = module.split(".")[1]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("analysis."):
+                theirs = node.module.split(".")[1]
+                if theirs in LEVEL and mine in LEVEL and LEVEL[theirs] > LEVEL[mine]:
+                    upward.append(f"{module} imports {node.module}")
+    assert not upward, "imports that run upward:\n" + "\n".join(upward)
+
+
+def test_lce_never_imports_the_analysis():
+    for path in (ROOT / "lce").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
+            assert not any(name.split(".")[0] in {"analysis", "pandas", "matplotlib"} for name in names), path
