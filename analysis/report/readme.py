@@ -147,7 +147,21 @@ def baseline_bench(results: Path) -> str:
             f"{max(ratios):.2f}x: on this shared machine differences within that band are noise.\n")
 
 
+def quick_plan(results: Path) -> str:
+    """The quick start's plan: lce's default options for its bf16 4096x512x32768 call with gradients (planned on
+    meta tensors: nothing is allocated)."""
+    import torch
+
+    import lce
+
+    shape = BENCH_SHAPE
+    x = torch.empty(shape.N, shape.D, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    weight = torch.empty(shape.C, shape.D, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    return "```text\n" + str(lce.plan(lce.LinearCrossEntropyOptions(), x, weight)) + "\n```\n"
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
+    "quick-plan": quick_plan,
     "reproduce-time": reproduce_time,
     "bench-table": bench_table,
     "cpu-chunking": cpu_chunking,
