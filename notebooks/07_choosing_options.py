@@ -19,17 +19,10 @@ from IPython.display import Markdown
 import lce
 from analysis.core.results_io import BUDGETS, CLASS_TILING, load_kind
 from analysis.paths import RESULTS_DIR
-from analysis.report import (
-    nb07_choosing_options,
-)
-from analysis.report import (
-    nb07_choosing_options as choice_conclusions,
-)
-from analysis.report import (
-    nb07_choosing_options as recommendations,
-)
+from analysis.report import nb07_choosing_options
 from analysis.report.tables import show
 from analysis.studies import error_model as error_model_fit
+from lce.recommend import DEFAULT_MAX_ERROR
 
 # %matplotlib inline
 validation = pd.read_csv(RESULTS_DIR / error_model_fit.VALIDATION_FILE)
@@ -50,19 +43,49 @@ print("data:", ", ".join(p.name for p in [*budget_paths, *tiling_paths]), "+", e
 # stagnation once they fall below half an ulp), and fp32 GEMM summation length. The `f_s`
 # depend on the plan (chunk count, N, D, C, dtypes) and on a few input statistics measured on
 # a sample (`lce.error_model.measure_input_stats`); the constants `c_s` are fitted on random
-# and trained inputs at N ≤ 1024. Calibrated inputs and larger shapes are held out.
+# and trained inputs at the smaller shapes. Calibrated inputs and larger shapes are held out.
 
 # %%
 figures["error_model_validation"].figure
 
 # %%
-Markdown(choice_conclusions.error_model(validation))
+shares, worst = nb07_choosing_options.validation_numbers(validation)
+show(shares.reset_index(), {"within": "{:.0%}", "rank": "{:.3f}"}, name="error-model-shares",
+     caption=f"Points within ±{error_model_fit.SHARE_BAND:.0%} of the measured floors; rank: Spearman correlation "
+             "of predicted and measured floors")
+
+# %%
+show(worst, {"predicted": "{:.2f}", "measured": "{:.2f}", "relative_miss": "{:+.0%}"}, name="error-model-worst",
+     caption="The worst held-out misses, once per problem (points: the problem's layouts and chunk counts)")
+
+# %%
+held, fitted, top = shares.loc["held out"], shares.loc["fit"], worst.iloc[0]
+held_rows, fit_rows = validation[validation["split"] != "fit"], validation[validation["split"] == "fit"]
+Markdown(f"""**Conclusion.** The error model is good enough to choose between options, not to certify one: it
+orders the {held.points:.0f} held-out points almost as well as the {fitted.points:.0f} it was fitted on (rank
+correlation {held["rank"]:.3f} against {fitted["rank"]:.3f}), but only {held.within:.0%} of the held-out
+predictions fall within ±{error_model_fit.SHARE_BAND:.0%} of the measured floors ({fitted.within:.0%} of the fitted
+ones). Where it misses most it errs on the safe side: each of the {len(worst)} worst held-out problems is an fp16
+input gradient with fp16 `acc_dtype`, and each is over-predicted, the worst {top.predicted:.2f} floors against
+{top.measured:.2f} measured ({top.N}×{top.D}×{top.C}, {top.family} inputs, {top.policy},
+{top.relative_miss:+.0%}).
+
+*Inputs:* the committed grids' seed medians ({", ".join(sorted(validation["source"].unique()))}) on the
+{", ".join(sorted(validation["device"].unique()))} layouts (cuda: a GPU; cuda-emulated: CUDA layouts on CPU
+tensors); fitted on {", ".join(sorted(fit_rows["family"].unique()))} inputs at N ≤ {fit_rows["N"].max()}; held out:
+{", ".join(sorted(held_rows.loc[held_rows["split"] == "held-out family", "family"].unique()))} inputs at every
+shape, and the larger shapes of every family (N up to {held_rows["N"].max()}, C up to {held_rows["C"].max()}).
+A miss is predicted / measured − 1; points of one problem that tie (its layouts and chunk counts) are listed once,
+so the list is the same on every machine.
+
+*Limits:* the input statistics the model uses are those of the committed families; an input far from them (e.g.
+much more confident rows) is outside what was validated.""")
 
 # %% [markdown]
 # ## Predictions at LLM heads
 # The three heads of notebook 06's memory table, bf16, CUDA layouts with fp32 `acc_dtype`, the
-# default (worst committed) input statistics. These are **extrapolations**: the largest measured
-# shape has N = 2048 and C = 65536.
+# default (worst committed) input statistics. These are **extrapolations**, far beyond the
+# measured shapes.
 
 # %%
 figures["error_model_llm"].figure
@@ -75,12 +98,27 @@ show(table.reset_index(), {c: "{:.2f}" for c in table.columns}, name="llm-predic
      caption="Predicted grad_weight floors (extrapolation)")
 
 # %%
-Markdown(choice_conclusions.llm_predictions(predictions))
+llm = nb07_choosing_options.prediction_numbers(predictions)
+compact, wide = llm[llm["policy"] == "compact"], llm[llm["policy"] != "compact"]
+Markdown(f"""**Conclusion.** Predicted, not measured: compact's weight-gradient error grows with every step in the
+chunk count at each head, from {compact["one_chunk"].max():.2f} floors with one chunk to
+{compact["at_most"].min():.0f}–{compact["at_most"].max():.0f} at {compact["most_chunks"].max()} chunks; with the
+CUDA "auto" chunking ({llm["chunks"].min()}–{llm["chunks"].max()} chunks at these heads) it is
+{compact["auto"].min():.1f}–{compact["auto"].max():.1f} floors. balanced and accurate, which sum the weight gradient
+across chunks in fp32, stay flat: at each head their prediction varies by a factor of at most
+{wide["spread"].max():.3f} over every chunking, and is at most {wide["auto"].max():.2f} floors with auto chunking.
+
+*Inputs:* lce's error model (`lce.error_model`), bfloat16, CUDA layouts with fp32 acc_dtype, the conservative
+default input statistics, heads {", ".join(llm["shape"].unique())} (N×D×C); chunkings
+{", ".join(predictions["chunking"].unique())}.
+
+*Limits:* an extrapolation: the largest validated shapes have N = {validation["N"].max()} and C =
+{validation["C"].max()}; the chunk-walk and stagnation terms that grow here were fitted where they are small.""")
 
 # %% [markdown]
 # ## `lce.recommend` at an LLM head
 # With no budget it allows what lce's "auto" options would use, and the largest error the
-# error/noise rule of notebook 06 tolerated (2 floors in bf16, 10 in fp16; measured at N = 1024);
+# error/noise rule of notebook 06 tolerated (`lce.recommend.DEFAULT_MAX_ERROR`, in floors);
 # it returns the fastest candidate that meets both, and explains what it weighed.
 
 # %%
@@ -88,24 +126,44 @@ choice = lce.recommend(16384, 4096, 128256, torch.bfloat16, "cuda")
 print(choice.explain())
 
 # %%
-picks = recommendations.llm_recommendations()
+picks = nb07_choosing_options.llm_recommendations()
 show(picks, {"budget_gib": "{:.2f}", "peak_gib": "{:.2f}",
                                              "grad_input_floors": "{:.2f}", "grad_weight_floors": "{:.2f}",
                                              "estimated_s": "{:.3g}"},
      name="llm-recommendations", wrap=["choice"], caption="lce.recommend at LLM heads (predictions)")
 
-# %% [markdown]
-# Below about 1.2× the gradients' own bytes the CUDA layouts still find options within the
-# default limit by tiling the vocabulary with large row chunks (few per-chunk roundings); the
-# CPU cannot: its accumulator-free layout (compact with `acc_dtype` equal to the input) also
-# rounds the logits to bf16, which costs the input gradient about 6 floors.
+# %%
+per_budget = nb07_choosing_options.recommend_numbers(picks)
+show(per_budget, {"peak_over_budget": "{:.3f}", "grad_input": "{:.2f}", "grad_weight": "{:.2f}"},
+     name="recommend-per-budget", caption="Per device and budget, over the heads: how many meet the default limit "
+                                          "and tile the vocabulary; the largest predicted peak / budget and errors")
 
 # %%
-Markdown(choice_conclusions.recommendations(picks))
+_, middle, tightest = nb07_choosing_options.LLM_BUDGET_MULTIPLES
+by_budget = per_budget.set_index(["device", "budget"])
+cuda_mid, cpu_mid = (by_budget.loc[(device, f"{middle:g}x gradients")] for device in ("cuda", "cpu"))
+anchor = nb07_choosing_options.cce_anchor()
+Markdown(f"""**Conclusion.** With no budget (lce auto's own peak) recommend meets the default error limit
+({DEFAULT_MAX_ERROR[torch.bfloat16]:g} floors in bf16) at all {len(picks["shape"].unique())} heads on both layout
+tables. With {middle:g}× the gradients' bytes the CUDA layouts still meet it at {cuda_mid["limit_met"]} of the
+{cuda_mid["heads"]} heads, by tiling the vocabulary with large row chunks (few per-chunk roundings); the CPU layouts
+meet it at no budget below auto's peak: their accumulator-free layout (compact with `acc_dtype` equal to the input)
+also rounds the logits to bf16, which costs the input gradient up to {cpu_mid["grad_input"]:.2f} floors. At the
+tightest budget, {tightest:g}× the gradients, every pick tiles the vocabulary, and every predicted peak is within its
+budget. At Cut Cross-Entropy's benchmark shape
+({nb07_choosing_options.CCE_SHAPE}) the smallest peak within the default limit is {anchor["within_limit_mib"]:,.1f}
+MiB, {anchor["within_limit_mib"] / anchor["gradients_mib"] - 1:.1%} above the {anchor["gradients_mib"]:,.0f} MiB the
+gradients alone take (CCE reports {nb07_choosing_options.CCE_REPORTED_MB} MB).
+
+*Inputs:* lce's memory model and error model at the heads above, bf16, "mean" reduction, no bias (`lce.recommend`,
+nothing measured).
+
+*Limits:* predictions only; the time estimate that breaks ties between feasible candidates is a roofline, not a
+measurement.""")
 
 # %% [markdown]
 # ## Measured: the recommended options under budgets, on this machine
-# Three shapes, budgets from auto's own peak down to 1.05× the gradients; for each, a fresh
+# Budgets from auto's own peak down to just above the gradients' own bytes; for each, a fresh
 # process builds the inputs and the fp64 reference and measures one forward + backward of the
 # recommended options.
 
@@ -120,7 +178,23 @@ show(budgets[["N", "D", "C", "budget", "policy", "batch_chunk_size", "class_chun
       "measured_peak_bytes": lambda v: f"{v / 2**20:.1f} MiB"}, name="budgets-measured")
 
 # %%
-Markdown(choice_conclusions.budgets(budgets))
+ratios = nb07_choosing_options.budget_ratios(budgets)
+miss = ratios[["grad_input_miss", "grad_weight_miss"]].abs()
+Markdown(f"""**Conclusion.** Every recommended option set stayed within {nb07_choosing_options.BUDGET_TOLERANCE:g}×
+its budget: the measured peak was {ratios["over_budget"].min():.3f}–{ratios["over_budget"].max():.3f}× the budget
+and {ratios["over_model"].min():.3f}–{ratios["over_model"].max():.3f}× the memory model's prediction, at budgets
+down to {ratios["multiple"].min():.2f}× the gradients' own bytes. The default error limit was met in
+{int(budgets["default_limit_met"].sum())} of {len(budgets)} budgets, exactly those where balanced fits; below them
+recommend returned compact, its least-error fit, and said the limit was unmet. The error model misses in both
+directions here: it under-predicts balanced's errors and over-predicts compact's input gradient; the input gradient
+is where it misses most (by up to {miss["grad_input_miss"].max():.0%}, median {miss["grad_input_miss"].median():.0%};
+the weight gradient up to {miss["grad_weight_miss"].max():.0%}).
+
+*Inputs:* {budgets["family"].iloc[0]} inputs, {budgets["dtype"].iloc[0]}, shapes
+{", ".join(sorted({f"{r.N}×{r.D}×{r.C}" for r in budgets.itertuples()}))} (N×D×C), one seed per budget, CPU
+{budgets["cpu_model"].iloc[0]} (`python -m analysis budgets`).
+
+*Limits:* CPU layouts only, one input family and one seed per budget.""")
 
 # %% [markdown]
 # ## What class tiling costs
@@ -131,7 +205,29 @@ Markdown(choice_conclusions.budgets(budgets))
 figures["class_tiling_cost"].figure
 
 # %%
-Markdown(choice_conclusions.class_tiling(tiling))
+tiled = nb07_choosing_options.tiling_numbers(tiling)
+show(tiled, {"row_only_mib": "{:.0f}", "tiled_mib": "{:.0f}", "saving": "{:.0%}", "time_low": "{:.2f}",
+             "time_high": "{:.2f}"}, name="class-tiling",
+     caption="Per policy: peak with the vocabulary whole and the smallest tiled peak (MiB); tiled time / row-only time")
+
+# %%
+policy = tiled.set_index("policy")
+setup = tiling.iloc[0]
+Markdown(f"""**Conclusion.** Tiling the vocabulary cut every policy's measured peak, by
+{tiled["saving"].min():.0%}–{tiled["saving"].max():.0%}; compact gains most ({policy.loc["compact", "row_only_mib"]:.0f}
+→ {policy.loc["compact", "tiled_mib"]:.0f} MiB) because accurate and balanced keep their whole fp32 (C, D)
+weight-gradient accumulator whatever the blocks. The time cost is uneven,
+{tiled["time_low"].min():.2f}–{tiled["time_high"].max():.2f}× row-only chunking over policies and block counts,
+and only balanced is slower at every block count: tiling computes each block's logits twice and makes small GEMMs,
+but one run per point cannot separate that from noise, so choose tiling only when the budget needs it (recommend
+does).
+
+*Inputs:* {setup.N}×{setup.D}×{setup.C}, {setup["dtype"]}, {setup.batch_chunk_size} rows per chunk, class blocks
+{", ".join(map(str, sorted(set(tiling["num_class_chunks"]) - {1})))} against the whole vocabulary, one run each,
+CPU {setup.cpu_model}.
+
+*Limits:* one run per point on a shared 2-core machine (a ratio below 1 is noise or cache effects, not a speed-up to
+rely on); GPU costs are unmeasured.""")
 
 # %% [markdown]
 # ## No (C, D) temporaries
@@ -141,28 +237,32 @@ Markdown(choice_conclusions.class_tiling(tiling))
 # its accumulator plus chunk-sized buffers.
 
 # %%
-x = torch.empty(256, 32, dtype=torch.bfloat16, device="meta", requires_grad=True)
-w = torch.empty(1000, 32, dtype=torch.bfloat16, device="meta", requires_grad=True)
-peaks = []
-for kind in ("cpu", "cuda"):
-    with lce.testing.emulate_device_kind(kind):
-        for policy in ("accurate", "balanced", "compact"):
-            options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32)
-            peaks.append(dict(layouts=kind, policy=policy, peak_kib=lce.plan(options, x, w).peak_extra_bytes / 1024))
-show(pd.DataFrame(peaks), {"peak_kib": "{:.1f}"}, name="no-cd-temporaries",
+peaks = nb07_choosing_options.planned_peaks()
+show(peaks, {"peak_kib": "{:.1f}"}, name="no-cd-temporaries",
      caption="Predicted peak extra memory at N=256, D=32, C=1000, bf16, fp32 acc_dtype, auto chunking")
 
 # %%
-Markdown(choice_conclusions.temporaries(pd.DataFrame(peaks)))
+cuda, cpu = (peaks[peaks["layouts"] == kind].set_index("policy")["peak_kib"] for kind in ("cuda", "cpu"))
+shape = nb07_choosing_options.TEMPORARIES_SHAPE
+Markdown(f"""**Conclusion.** On the CUDA layouts balanced now plans {cuda["balanced"]:.1f} KiB against accurate's
+{cuda["accurate"]:.1f} KiB ({cuda["balanced"] / cuda["accurate"] - 1:+.1%}) and compact's {cuda["compact"]:.1f} KiB:
+each layout's peak is its accumulator plus chunk-sized buffers, with no whole (C, D) product on top. On memory alone
+balanced still does not undercut accurate on CUDA, so whether it earns its "auto" entry there is a question of
+speed, which only a GPU can measure. On the CPU layouts the three policies plan the same {cpu.max():.1f} KiB.
+
+*Inputs:* lce's memory model (`lce.plan`) at N={shape.N}, D={shape.D}, C={shape.C}, bf16, fp32 acc_dtype, auto
+chunking; notebook 03 checks the model against the CPU allocator.
+
+*Limits:* the CUDA figures are the model's; no GPU allocator was measured in this notebook.""")
 
 # %% [markdown]
 # ### Limits of this notebook
-# - The error model is fitted on CPU-emulated and H200 measurements at N ≤ 2048, C ≤ 65536;
-#   at LLM heads it extrapolates. Held out, about a quarter of its predictions miss by more
-#   than 25% (worst: fp16 with fp16 acc_dtype, grad_input; compact on random inputs, whose error
-#   levels off sooner than the model says).
-# - The default error limits translate notebook 06's error/noise rule into floors at N = 1024;
-#   larger batches shrink the sampling noise, so at LLM batch sizes the limits are optimistic.
+# - The error model is fitted and validated at the shapes of the first section (CPU, CUDA
+#   layouts emulated on CPU tensors, and a GPU); at LLM heads it extrapolates. Held out, its
+#   single predictions miss the band often enough that it should rank options, not certify one.
+# - The default error limits translate notebook 06's error/noise rule into floors at that
+#   notebook's batch size; larger batches shrink the sampling noise, so at LLM batch sizes the
+#   limits are optimistic.
 # - The time model only ranks candidates (orders of magnitude per device and dtype); it is not
 #   validated here. `recommend(..., measure=True)` times the three fastest-estimated
 #   candidates on the actual device.

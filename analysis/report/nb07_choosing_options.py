@@ -1,4 +1,6 @@
-"""Notebook 07 (choosing options): its figures, tables, conclusions and README blocks.
+"""Notebook 07 (the error model, ``lce.recommend``, budgets): its figures, the recommend tables (predictions of
+lce's models), the key numbers its prose quotes (each claim asserted in tests/claims/test_nb07_choosing_options.py)
+and its README blocks.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import pandas as pd
 import torch
 
 import lce
-from analysis.core.problem import LLM_SHAPES, Shape
+from analysis.core.problem import DTYPES, LLM_SHAPES, Shape
 from analysis.core.results_io import load_kind
 from analysis.report.style import PALETTE, CaptionedFigure, apply_style, log_axes, new_figure
-from analysis.report.wording import _conclusion, _join, _missing, _range, _shapes
-from analysis.studies.error_model import SHARE_BAND, hit_share, point_name, summary
+from analysis.studies.error_model import SHARE_BAND, hit_share, point_name
+from lce.policies import auto_pick
 from lce.recommend import DEFAULT_MAX_ERROR, candidates
+from lce.testing import emulate_device_kind
 
 BUDGET_TOLERANCE = 1.15
 """Measured peak over budget that issue 11 accepts (allocator and kernel workspaces the model does not list)."""
@@ -222,228 +225,164 @@ def cce_anchor(dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
                 within_limit_error=accurate_enough.error, limit=limit)
 
 
-def recommend_markdown() -> str:
-    """The README passage: recommend's picks at LLM heads (bf16, predictions) and the CCE anchor."""
-    table = llm_recommendations()
+# --- key numbers: what the notebook's prose quotes and tests/claims/test_nb07_choosing_options.py asserts -------
+
+MISS_KEY = ["N", "D", "C", "family", "dtype", "acc_dtype", "policy", "output"]
+"""A validation problem apart from its layout kind and chunk count: the worst misses are listed once per problem,
+ties broken by this key, then kind and chunk count, so the list is the same on every machine (issue 21)."""
+
+
+def markdown_table(frame: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
+    """``frame`` as a Markdown table, each column through its ``str.format`` spec in ``formats``."""
+    cells = [[(formats or {}).get(column, "{}").format(value) for column, value in row.items()]
+             for _, row in frame.iterrows()]
+    return "\n".join("| " + " | ".join(map(str, row)) + " |"
+                     for row in [list(frame.columns), ["---"] * frame.shape[1], *cells]) + "\n"
+
+
+def validation_numbers(validation: pd.DataFrame, worst: int = 3) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """From ``error_model/validation.csv``: per split (and all held out) the points, the share within ±SHARE_BAND
+    and the rank (Spearman) correlation of predicted and measured floors; the ``worst`` held-out problems by their
+    largest miss (``relative_miss`` = predicted / measured - 1; ``points``: the problem's layouts and chunk counts)."""
+    held = validation[validation["split"] != "fit"]
+    shares = pd.DataFrame([dict(split=name, points=len(rows), within=hit_share(rows),
+                                rank=rows["predicted"].rank().corr(rows["measured"].rank()))
+                           for name, rows in [*validation.groupby("split"), ("held out", held)]]).set_index("split")
+    key = [*MISS_KEY, "kind", "num_chunks"]
+    ranked = held.assign(size=held["relative_miss"].abs()).sort_values(["size", *key],
+                                                                       ascending=[False] + [True] * len(key))
+    ranked = ranked.assign(points=ranked.groupby(MISS_KEY)["size"].transform("size")).drop_duplicates(MISS_KEY)
+    return shares, ranked[[*key, "predicted", "measured", "relative_miss", "points"]].head(worst).reset_index(drop=True)
+
+
+def prediction_numbers(predictions: pd.DataFrame, dtype: str = "bfloat16", kind: str = "cuda") -> pd.DataFrame:
+    """Per head and policy (:func:`~analysis.studies.error_model.llm_predictions`): predicted grad_weight floors with
+    one chunk, with "auto" chunking (``chunks``) and with the most chunks; the largest over the smallest prediction
+    over every chunking, and whether they rise with each step in the chunk count."""
+    auto, rows = auto_pick(kind, DTYPES[dtype]).chunking_method, []
+    chosen = predictions[(predictions["dtype"] == dtype) & (predictions["kind"] == kind)]
+    for (shape, policy), group in chosen.groupby(["shape", "policy"], sort=False):
+        at_auto, group = group[group["chunking"] == auto].iloc[0], group.sort_values("num_chunks")
+        weight = group.drop_duplicates("num_chunks")["grad_weight"]
+        rows.append(dict(shape=shape, policy=policy, one_chunk=weight.iloc[0], chunks=at_auto.num_chunks,
+                         auto=at_auto.grad_weight, most_chunks=group["num_chunks"].max(), at_most=weight.iloc[-1],
+                         spread=weight.max() / weight.min(), rises=bool((weight.diff().dropna() > 0).all())))
+    return pd.DataFrame(rows)
+
+
+def recommend_numbers(picks: pd.DataFrame) -> pd.DataFrame:
+    """Per device and budget (:func:`llm_recommendations`): heads, how many meet the default error limit and tile
+    the vocabulary, the policies picked, the largest predicted peak over the budget and the largest errors."""
+    picks = picks.assign(tiled=picks["choice"].str.contains("classes per block"),
+                         policy=picks["choice"].str.split(",").str[0], over=picks["peak_gib"] / picks["budget_gib"])
+    return picks.groupby(["device", "budget"], sort=False).agg(
+        heads=("shape", "size"), limit_met=("default_limit_met", "sum"), tiled=("tiled", "sum"),
+        policies=("policy", lambda p: ", ".join(sorted(set(p)))), peak_over_budget=("over", "max"),
+        grad_input=("grad_input_floors", "max"), grad_weight=("grad_weight_floors", "max")).reset_index()
+
+
+def budget_ratios(budgets: pd.DataFrame) -> pd.DataFrame:
+    """``budgets.csv`` with the measured peak over the budget and over the memory model, the budget in gradients'
+    bytes, and each gradient's miss (predicted / measured floors - 1)."""
+    return budgets.assign(over_budget=budgets["measured_peak_bytes"] / budgets["budget_bytes"],
+                          over_model=budgets["measured_peak_bytes"] / budgets["predicted_peak_bytes"],
+                          multiple=budgets["budget_bytes"] / budgets["gradients_bytes"],
+                          **{f"{out}_miss": budgets[f"predicted_{out}_floors"] / budgets[f"{out}_floors"] - 1
+                             for out in ("grad_input", "grad_weight")})
+
+
+def tiling_numbers(tiling: pd.DataFrame) -> pd.DataFrame:
+    """Per policy (``class_tiling.csv``): the row-only and the smallest tiled peak (MiB), the saving, and the tiled
+    runs' time over the row-only one (lowest, highest)."""
+    rows = []
+    for policy, group in tiling.groupby("policy", sort=False):
+        whole, tiled = group[group["num_class_chunks"] == 1].iloc[0], group[group["num_class_chunks"] > 1]
+        smallest = tiled["measured_peak_bytes"].min()
+        rows.append(dict(policy=policy, row_only_mib=whole.measured_peak_bytes / 2**20, tiled_mib=smallest / 2**20,
+                         saving=1 - smallest / whole.measured_peak_bytes, time_low=tiled["time_ratio"].min(),
+                         time_high=tiled["time_ratio"].max()))
+    return pd.DataFrame(rows)
+
+
+TEMPORARIES_SHAPE = Shape(256, 32, 1000)
+
+
+def planned_peaks(shape: Shape = TEMPORARIES_SHAPE) -> pd.DataFrame:
+    """lce's planned peak extra memory (KiB) per layout table and policy: bf16, fp32 acc_dtype, auto chunking."""
+    x = torch.empty(shape.N, shape.D, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    w = torch.empty(shape.C, shape.D, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    peaks = []
+    for kind in ("cpu", "cuda"):
+        with emulate_device_kind(kind):
+            for policy in ("accurate", "balanced", "compact"):
+                plan = lce.plan(lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32), x, w)
+                peaks.append(dict(layouts=kind, policy=policy, peak_kib=plan.peak_extra_bytes / 1024))
+    return pd.DataFrame(peaks)
+
+
+# --- README blocks ---------------------------------------------------------------------------------------------
+
+def readme_error_model(results: Path) -> str:
+    """The validation's shares and worst held-out misses; predicted floors at LLM heads (extrapolations)."""
+    from analysis.studies.error_model import VALIDATION_FILE, llm_predictions
+
+    if not (results / VALIDATION_FILE).exists():
+        return "(no error-model validation yet: run `python -m analysis error-model`)\n"
+    shares, worst = validation_numbers(pd.read_csv(results / VALIDATION_FILE))
+    table = llm_predictions(dtypes=("bfloat16",))
+    table = table[table["kind"] == "cuda"]
+    chunkings = list(dict.fromkeys(table["chunking"]))
+    lines = ["| N x D x C | policy | " + " | ".join(chunkings) + " | grad_input, every chunking |",
+             "|---|---|" + "---:|" * (len(chunkings) + 1)]
+    for (shape, policy), group in table.groupby(["shape", "policy"], sort=False):
+        cells = [f"{row.grad_weight:.1f} (k={row.num_chunks})" for row in group.itertuples()]
+        cells.append(f"{group['grad_input'].min():.2f}-{group['grad_input'].max():.2f}")
+        lines.append(f"| {shape} | {policy} | " + " | ".join(cells) + " |")
+    return (markdown_table(shares.reset_index(), {"within": "{:.0%}", "rank": "{:.3f}"}) + "\n"
+            + markdown_table(worst, {"predicted": "{:.2f}", "measured": "{:.2f}", "relative_miss": "{:+.0%}"})
+            + "\n" + "\n".join(lines) + "\n")
+
+
+def readme_recommend(results: Path) -> str:
+    """lce.recommend's picks at LLM heads and the Cut Cross-Entropy anchor (predictions of lce's models)."""
     lines = ["| head (N x D x C) | device | budget | recommended | predicted peak | predicted floors (input, weight) |",
              "|---|---|---|---|---|---|"]
-    for row in table.itertuples():
+    for row in llm_recommendations().itertuples():
         limit = "" if row.default_limit_met else " (default limit unmet: least error shown)"
         lines.append(f"| {row.shape} | {row.device} | {row.budget} ({row.budget_gib:.2f} GiB) | {row.choice} | "
                      f"{row.peak_gib:.2f} GiB | {row.grad_input_floors:.2f}, {row.grad_weight_floors:.2f}{limit} |")
     anchor = cce_anchor()
-    lines += ["", f"All of the table is predicted by lce's memory and error models (nothing at these shapes ran "
-              f"here). At Cut Cross-Entropy's benchmark shape ({CCE_SHAPE}, bf16) the gradients alone take "
-              f"{anchor['gradients_mib']:,.0f} MiB (CCE reports {CCE_REPORTED_MB} MB); lce's smallest predicted "
-              f"peak is {anchor['smallest_mib']:,.1f} MiB ({anchor['smallest_label']}, impractically slow), and "
-              f"the smallest within the default error limit ({anchor['limit']:g} floors) is "
-              f"{anchor['within_limit_mib']:,.1f} MiB ({anchor['within_limit_label']}, "
-              f"{anchor['within_limit_error']:.2f} floors predicted)."]
-    return "\n".join(lines) + "\n"
-
-
-def budgets_markdown(budgets: pd.DataFrame, tiling: pd.DataFrame) -> str:
-    """The README passage: measured peak over budget and errors of the budgets study, and class tiling's cost."""
-    if budgets.empty:
-        return "(no budgets study yet: run `python -m analysis budgets`)\n"
-    ratio = budgets["measured_peak_bytes"] / budgets["budget_bytes"]
-    model = budgets["measured_peak_bytes"] / budgets["predicted_peak_bytes"]
-    worst = budgets.loc[ratio.idxmax()]
-    cpu = budgets["cpu_model"].iloc[0]
-    text = [f"Measured (CPU: {cpu}; bf16, {budgets['family'].iloc[0]} inputs, {len(budgets)} budgets over "
-            f"{budgets[['N', 'D', 'C']].drop_duplicates().shape[0]} shapes, a fresh process each): the recommended "
-            f"options' peak was {ratio.min():.2f}-{ratio.max():.2f}x the budget (limit {BUDGET_TOLERANCE:g}x; "
-            f"largest at {worst.N}x{worst.D}x{worst.C}, budget {worst.budget}) and "
-            f"{model.min():.3f}-{model.max():.3f}x the memory model's prediction, down to budgets of "
-            f"{(budgets['budget_bytes'] / budgets['gradients_bytes']).min():.2f}x the gradients' own bytes."]
-    for output in ("grad_input", "grad_weight"):
-        miss = budgets[f"predicted_{output}_floors"] / budgets[f"{output}_floors"] - 1
-        text.append(f"{output}: measured {budgets[f'{output}_floors'].min():.2f}-"
-                    f"{budgets[f'{output}_floors'].max():.2f} floors, predicted within {miss.abs().max():.0%}.")
-    if not tiling.empty:
-        parts = []
-        for policy, group in tiling.groupby("policy", sort=False):
-            most = group.loc[group["num_class_chunks"].idxmax()]
-            parts.append(f"{policy} {most.time_ratio:.2f}x at {most.num_class_chunks} blocks "
-                         f"({group['measured_peak_bytes'].max() / 2**20:.0f} -> {most.measured_peak_bytes / 2**20:.0f}"
-                         " MiB)")
-        row = tiling.iloc[0]
-        text.append(f"Class tiling's time cost at {row.N}x{row.D}x{row.C} ({row.batch_chunk_size} rows per chunk, one "
-                    f"run, {tiling['cpu_model'].iloc[0]}): " + "; ".join(parts) + ".")
-    return " ".join(text) + "\n"
-
-POLICIES = ("accurate", "balanced", "compact")
-
-
-def error_model(validation: pd.DataFrame) -> str:
-    """07: how well the error model predicts measured floors it was fitted on, and those it never saw."""
-    report = summary(validation, worst=3)
-    (fit_share, fit_count), (held_share, held_count) = report["fit"], report["held_out"]
-    splits = [f"{split}: {share:.0%} of {count}" for split, (share, count) in report["per_split"].items()]
-    finding = (f"Within ±{SHARE_BAND:.0%} of the measured floors: {held_share:.0%} of the {held_count} held-out "
-               f"points and {fit_share:.0%} of the {fit_count} fitted ones. The model ranks options well enough to "
-               f"choose between them; a single prediction can be off by more than a quarter, most often in the "
-               f"direction of the worst misses below.")
-    held = validation[validation["split"] != "fit"]
-    return _conclusion(finding, splits + [f"worst held-out miss: {miss}" for miss in report["worst"]],
-                       inputs=f"the committed grids' seed medians ({_join(sorted(validation['source'].unique()))}); "
-                              f"fitted on {_join(sorted(validation[validation['split'] == 'fit']['family'].unique()))}"
-                              f" inputs at N ≤ {validation[validation['split'] == 'fit']['N'].max()}, held out: "
-                              f"{_join(sorted(held['family'].unique()))} and {_shapes(held)}.",
-                       limits="the input statistics the model uses are those of the committed families; an input "
-                              "far from them (e.g. much more confident rows) is outside what was validated.")
-
-
-def llm_predictions(predictions: pd.DataFrame, dtype: str = "bfloat16", kind: str = "cuda") -> str:
-    """07: the predicted weight-gradient floors per policy at the LLM heads (extrapolation)."""
-    rows = predictions[(predictions["dtype"] == dtype) & (predictions["kind"] == kind)]
-    default = rows[rows["chunking"] == "aspect_ratio:2"]
-    most = int(rows["num_chunks"].max())
-    per_policy = {policy: default[default["policy"] == policy]["grad_weight"] for policy in POLICIES}
-    compact_most = rows[(rows["policy"] == "compact") & (rows["num_chunks"] == most)]["grad_weight"]
-    finding = (f"Predicted, not measured: with `aspect_ratio:2` ({_range(default['num_chunks'], '.0f')} chunks at "
-               f"these heads) compact's weight gradient is {_range(per_policy['compact'], '.1f')} floors, "
-               f"balanced's {_range(per_policy['balanced'])} and accurate's {_range(per_policy['accurate'])}; "
-               f"compact grows with the chunk count to {_range(compact_most, '.0f')} floors at {most} chunks, while "
-               f"the fp32 accumulators keep balanced and accurate flat.")
-    bullets = [f"{shape}: compact {group[group['policy'] == 'compact']['grad_weight'].iloc[0]:.1f}, balanced "
-               f"{group[group['policy'] == 'balanced']['grad_weight'].iloc[0]:.2f}, accurate "
-               f"{group[group['policy'] == 'accurate']['grad_weight'].iloc[0]:.2f} floors (aspect_ratio:2)"
-               for shape, group in default.groupby("shape", sort=False)]
-    return _conclusion(finding, bullets,
-                       inputs=f"lce's error model (`lce.error_model`), {dtype}, {kind.upper()} layouts with fp32 "
-                              f"acc_dtype, the worst committed input statistics, heads "
-                              f"{_join(list(default['shape'].unique()))} (N×D×C).",
-                       limits="an extrapolation from shapes up to N=2048, C=65536; the chunk-walk and stagnation "
-                              "terms are the ones that grow here and were fitted where they are small.")
-
-
-def recommendations(table: pd.DataFrame) -> str:
-    """07: what recommend picks at the LLM heads, per device and budget, and the Cut Cross-Entropy anchor."""
-    default = table[table["budget"] == "auto's peak"]
-    unmet = table[~table["default_limit_met"]]
-    anchor = cce_anchor()
-    finding = (f"With no budget, recommend keeps within lce auto's peak and the default error limit and picks "
-               f"{_join(sorted(set(default['choice'].str.split(',').str[0])))}; predicted peaks "
-               f"{_range(default['peak_gib'])} GiB. {len(table) - len(unmet)} of the {len(table)} (head, device, "
-               f"budget) cases meet the default limit; the others"
-               f"{' (' + _join(sorted(set(unmet['device'] + ' at ' + unmet['budget']))) + ')' if len(unmet) else ''} "
-               f"get the least predicted error that fits. At Cut Cross-Entropy's shape ({CCE_SHAPE}) the smallest "
-               f"peak within the default limit is {anchor['within_limit_mib']:,.1f} MiB against the gradients' "
-               f"{anchor['gradients_mib']:,.0f} MiB (CCE reports {CCE_REPORTED_MB} MB).")
-    return _conclusion(finding, [f"{row.shape} {row.device}, {row.budget}: {row.choice} — {row.peak_gib:.2f} GiB, "
-                                 f"{row.grad_weight_floors:.2f} weight floors" for row in default.itertuples()],
-                       inputs="lce's memory model and error model at the heads above, bf16, \"mean\" reduction, no "
-                              "bias (`lce.recommend`, nothing measured).",
-                       limits="predictions only; the time estimate that breaks ties between feasible candidates is "
-                              "a roofline, not a measurement.")
-
-
-def budgets(table: pd.DataFrame) -> str:
-    """07: the recommended options under budgets, measured in a fresh process each."""
-    if table.empty:
-        return _missing("No budgets study yet (`python -m analysis budgets`).")
-    over = table["measured_peak_bytes"] / table["budget_bytes"]
-    model = table["measured_peak_bytes"] / table["predicted_peak_bytes"]
-    within = (over <= BUDGET_TOLERANCE).all()
-    finding = (f"{'Every' if within else 'Not every'} recommended option set stayed within {BUDGET_TOLERANCE:g}× "
-               f"its budget: measured peak {_range(over, '.3f')}× the budget and {_range(model, '.3f')}× the memory "
-               f"model, down to {(table['budget_bytes'] / table['gradients_bytes']).min():.2f}× the gradients' own "
-               f"bytes. The default error limit was met in {int(table['default_limit_met'].sum())} of {len(table)} "
-               f"budgets; below that, recommend returned its least-error fit and said so.")
-    bullets = []
-    for output in ("grad_input", "grad_weight"):
-        miss = table[f"predicted_{output}_floors"] / table[f"{output}_floors"] - 1
-        bullets.append(f"{output}: measured {_range(table[f'{output}_floors'])} floors, predicted within "
-                       f"{miss.abs().max():.0%} (median miss {miss.abs().median():.0%})")
-    return _conclusion(finding, bullets,
-                       inputs=f"{table['family'].iloc[0]} inputs, {table['dtype'].iloc[0]}, {_shapes(table)}, one "
-                              f"seed per budget, CPU {table['cpu_model'].iloc[0]} (`python -m analysis budgets`).",
-                       limits="CPU layouts only; the input gradient's error is where the model misses most (it "
-                              "under-predicts CPU balanced on calibrated inputs).")
-
-
-def class_tiling(table: pd.DataFrame) -> str:
-    """07: the time and memory class tiling costs against row-only chunking, per policy."""
-    if table.empty:
-        return _missing("No class-tiling measurement yet (`python -m analysis budgets`).")
-    bullets, savings = [], []
-    for policy, group in table.groupby("policy", sort=False):
-        rows_only = group[group["num_class_chunks"] == 1].iloc[0]
-        tiled = group[group["num_class_chunks"] > 1]
-        bullets.append(f"{policy}: " + ", ".join(f"{row.num_class_chunks} blocks {row.time_ratio:.2f}× the time, "
-                                                  f"{row.measured_peak_bytes / 2**20:.0f} MiB"
-                                                  for row in tiled.itertuples())
-                       + f" (row-only {rows_only.measured_peak_bytes / 2**20:.0f} MiB)")
-        savings.append(1 - tiled["measured_peak_bytes"].min() / rows_only["measured_peak_bytes"])
-    row = table.iloc[0]
-    tiled = table[table["num_class_chunks"] > 1]
-    finding = (f"Tiling the vocabulary cut the measured peak by {_range(savings, '.0%')} per policy at a time cost "
-               f"of {_range(tiled['time_ratio'])}× row-only chunking: each block's logits are computed twice, and "
-               f"small blocks make small GEMMs, so choose tiling only when the budget needs it (recommend does).")
-    return _conclusion(finding, bullets,
-                       inputs=f"{row.N}×{row.D}×{row.C}, {row['dtype']}, {row.batch_chunk_size} rows per chunk, one "
-                              f"run each, CPU {row.cpu_model}.",
-                       limits="one run per point on a shared 2-core machine (a ratio below 1 is noise or cache "
-                              "effects, not a speed-up to rely on); GPU costs are unmeasured.")
-
-
-def temporaries(peaks: pd.DataFrame) -> str:
-    """07: the predicted peaks per layout and policy once no (C, D) product is formed whole."""
-    cuda = peaks[peaks["layouts"] == "cuda"].set_index("policy")["peak_kib"]
-    gap = cuda["balanced"] / cuda["accurate"] - 1
-    finding = (f"On the CUDA layouts balanced now needs {cuda['balanced']:.1f} KiB against accurate's "
-               f"{cuda['accurate']:.1f} KiB ({gap:+.1%}) and compact's {cuda['compact']:.1f} KiB: each layout's "
-               f"peak is its accumulator plus chunk-sized buffers, with no whole (C, D) product on top. On memory "
-               f"alone balanced still does not undercut accurate on CUDA, so whether it earns its \"auto\" entry "
-               f"there is a question of speed, which only a GPU can measure.")
-    bullets = [f"{row.layouts} {row.policy}: {row.peak_kib:.1f} KiB" for row in peaks.itertuples()]
-    return _conclusion(finding, bullets,
-                       inputs="lce's memory model (`lce.plan`) at N=256, D=32, C=1000, bf16, fp32 acc_dtype; the "
-                              "model matches the CPU allocator within 0.5% on the re-measured grids (notebook 03).",
-                       limits="the CUDA figures are the model's; no GPU allocator was measured in this notebook.")
-
-
-def readme_error_model(results: Path) -> str:
-    """The error model's validation summary and its predicted weight-gradient floors at LLM heads (CUDA layouts,
-    acc fp32, default statistics), marked as extrapolations."""
-    import pandas as pd
-
-    from analysis.studies.error_model import SHARE_BAND, VALIDATION_FILE, llm_predictions, summary
-
-    path = results / VALIDATION_FILE
-    if not path.exists():
-        return "(no error-model validation yet: run `python -m analysis error-model`)\n"
-    report = summary(pd.read_csv(path), worst=3)
-    (fit_share, fit_count), (held_share, held_count) = report["fit"], report["held_out"]
-    lines = [f"`lce.error_model` predicts each gradient's error in rounding floors from the plan and a few input "
-             f"statistics. Within ±{SHARE_BAND:.0%} of the measurement: {held_share:.0%} of {held_count} held-out "
-             f"points (calibrated inputs, larger shapes), {fit_share:.0%} of the {fit_count} it was fitted on. "
-             "Worst held-out misses: " + "; ".join(report["worst"]) + ".", ""]
-    table = llm_predictions(dtypes=("bfloat16",))
-    table = table[table["kind"] == "cuda"]
-    grad_input = ", ".join(f"{policy} {group['grad_input'].min():.2f}-{group['grad_input'].max():.2f}"
-                           for policy, group in table.groupby("policy"))
-    lines += ["**Predictions (extrapolated, not measured)**: grad_weight floors in bf16 on the CUDA layouts, fp32 "
-              f"acc_dtype, worst committed input statistics (grad_input over all cells: {grad_input}).", ""]
-    chunkings = list(dict.fromkeys(table["chunking"]))
-    lines += ["| N x D x C | policy | " + " | ".join(chunkings) + " |", "|---|---|" + "---:|" * len(chunkings)]
-    for (shape, policy), group in table.groupby(["shape", "policy"], sort=False):
-        cells = [f"{row.grad_weight:.1f} (k={row.num_chunks})" for row in group.itertuples()]
-        lines.append(f"| {shape} | {policy} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def readme_recommend(results: Path) -> str:
-    """lce.recommend's picks at LLM heads (predictions of lce's models) and the Cut Cross-Entropy anchor."""
-    from analysis.report.nb07_choosing_options import recommend_markdown
-
-    return recommend_markdown()
+    limits = ", ".join(f"{str(dtype).removeprefix('torch.')} {limit:g}" for dtype, limit in DEFAULT_MAX_ERROR.items())
+    return "\n".join([*lines, "", f"- default error limit (`lce.recommend.DEFAULT_MAX_ERROR`, floors): {limits}",
+                      f"- Cut Cross-Entropy's shape {CCE_SHAPE} (bf16), the gradients: {anchor['gradients_mib']:,.0f} "
+                      f"MiB (CCE reports {CCE_REPORTED_MB} MB)",
+                      f"- there, the smallest predicted peak: {anchor['smallest_mib']:,.1f} MiB "
+                      f"({anchor['smallest_label']})",
+                      f"- there, the smallest within the default limit: {anchor['within_limit_mib']:,.1f} MiB "
+                      f"({anchor['within_limit_label']}; {anchor['within_limit_error']:.2f} floors predicted)"]) + "\n"
 
 
 def readme_budgets(results: Path) -> str:
-    """The budgets study: measured peak over budget, errors against their prediction, class tiling's cost."""
+    """The budgets study and class tiling's cost, as a list of numbers and a table."""
     from analysis.core.results_io import BUDGETS, CLASS_TILING
-    from analysis.report.nb07_choosing_options import budgets_markdown
 
-    return budgets_markdown(*(load_kind(results, kind.name)[1] for kind in (BUDGETS, CLASS_TILING)))
+    (_, budgets), (_, tiling) = (load_kind(results, kind.name) for kind in (BUDGETS, CLASS_TILING))
+    if budgets.empty:
+        return "(no budgets study yet: run `python -m analysis budgets`)\n"
+    b, row = budget_ratios(budgets), budgets.iloc[0]
+    lines = [f"- {len(b)} budgets, {b['multiple'].min():.2f}x the gradients' bytes and up, at "
+             f"{b[['N', 'D', 'C']].drop_duplicates().shape[0]} shapes ({row['dtype']}, {row.family} inputs, CPU "
+             f"{row.cpu_model}, a fresh process each); default error limit met in {int(b['default_limit_met'].sum())}",
+             f"- measured peak / budget: {b['over_budget'].min():.3f}-{b['over_budget'].max():.3f} (tolerance "
+             f"{BUDGET_TOLERANCE:g}); / memory model: {b['over_model'].min():.3f}-{b['over_model'].max():.3f}"]
+    lines += [f"- {out}: measured {b[f'{out}_floors'].min():.2f}-{b[f'{out}_floors'].max():.2f} floors; predicted "
+              f"/ measured - 1: {b[f'{out}_miss'].min():+.0%} to {b[f'{out}_miss'].max():+.0%}"
+              for out in ("grad_input", "grad_weight")]
+    if not tiling.empty:
+        row = tiling.iloc[0]
+        lines += ["", f"- class tiling: {row.N}x{row.D}x{row.C}, {row.batch_chunk_size} rows per chunk, class blocks "
+                  f"{', '.join(map(str, sorted(set(tiling['num_class_chunks']) - {1})))}, one run each", "",
+                  markdown_table(tiling_numbers(tiling), {"row_only_mib": "{:.0f}", "tiled_mib": "{:.0f}",
+                                                          "saving": "{:.0%}", "time_low": "{:.2f}",
+                                                          "time_high": "{:.2f}"}).rstrip("\n")]
+    return "\n".join(lines) + "\n"

@@ -1,16 +1,16 @@
-"""Notebook 08 (beyond torch's op: softcap, z-loss, lse, vocab-parallel): its figures, conclusions and README blocks.
+"""Notebook 08 (beyond torch's op: softcap, z-loss, lse, vocab-parallel): its figures, the key numbers its prose
+quotes (each claim asserted in tests/claims/test_nb08_beyond_torch.py) and its README blocks.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pandas as pd
 
 from analysis.core.results_io import load_kind
+from analysis.report.nb07_choosing_options import markdown_table
 from analysis.report.style import PALETTE, CaptionedFigure, apply_style, log_axes, new_figure
-from analysis.report.wording import _conclusion, _finding, _join, _missing, _range, _shapes
 
 SHOWN_CONTENDERS: tuple[str, ...] = ("lce accurate cuda acc=fp32", "lce balanced cuda acc=fp32",
                                      "lce compact cuda acc=fp32", "lce auto cpu acc=default", "unfused")
@@ -155,158 +155,113 @@ def draw_vocab_parallel_figures(table: pd.DataFrame) -> list[CaptionedFigure]:
     figure = plot_vocab_parallel(table)
     return [] if figure is None else [figure]
 
+# --- key numbers: what the notebook's prose quotes and tests/claims/test_nb08_beyond_torch.py asserts ----------
+
 PLAIN = "plain"
 """The feature set without any feature: what every other set is compared with."""
-NO_DATA = "No features study yet (`python -m analysis features`)."
 
 
-def _seed_medians(table: pd.DataFrame, column: str) -> pd.Series:
+def seed_medians(table: pd.DataFrame, column: str) -> pd.Series:
+    """Per (contender, dtype, family, feature set): the median of ``column`` over the seeds."""
     return table.groupby(["impl", "dtype", "family", "features"])[column].median()
 
 
-def error_ratios(table: pd.DataFrame, output: str) -> pd.Series:
-    """Per (lce contender, dtype, family, feature set): the seed-median floors of ``output`` over the plain op's
-    on the same inputs."""
-    lce_rows = table[table["op"] == "lce"]
-    medians = _seed_medians(lce_rows, f"{output}_floors")
-    plain = medians.xs(PLAIN, level="features")
-    others = medians[medians.index.get_level_values("features") != PLAIN]
-    return others / plain.reindex(others.index.droplevel("features")).to_numpy()
+def error_ratios(table: pd.DataFrame) -> pd.Series:
+    """Per (output, lce contender, dtype, family, feature set), in sorted order: the seed-median floors over the
+    plain op's on the same inputs."""
+    ratios = {}
+    for output in ("grad_input", "grad_weight"):
+        medians = seed_medians(table[table["op"] == "lce"], f"{output}_floors")
+        others = medians[medians.index.get_level_values("features") != PLAIN]
+        plain = medians.xs(PLAIN, level="features").reindex(others.index.droplevel("features"))
+        ratios[output] = others / plain.to_numpy()
+    return pd.concat(ratios, names=["output"])
 
 
-def errors(table: pd.DataFrame) -> str:
-    """08: each feature's error in floors next to the plain op's, per dtype, and the returned log-sum-exp's."""
-    if table.empty:
-        return _missing(NO_DATA)
-    worst = {output: error_ratios(table, output) for output in ("grad_input", "grad_weight")}
-    output, ratios = max(worst.items(), key=lambda item: item[1].max())
-    impl, dtype, family, name = ratios.idxmax()
-    lce_rows = table[table["op"] == "lce"]
-    lse = lce_rows["lse_max_error"]
-    finding = (f"Soft-capping and z-loss keep lce's errors at the plain op's level: every lce contender's gradient "
-               f"error with a feature is {_range(pd.concat(worst.values()))}× the same contender's with the plain op "
-               f"on the same inputs (seed medians; the largest, {ratios.max():.2f}×, is {output} of {impl} with "
-               f"{name!r} on {family} in {dtype}, where the cap reshapes the softmax itself, see below). The "
-               f"log-sum-exp lce returns is within {lse.max():.2g} nats of fp64 for every contender and input.")
-    bullets = []
-    for name_, rows in lce_rows.groupby("features", sort=False):
-        parts = []
-        for dtype_, group in rows.groupby("dtype", sort=False):
-            medians = {out: _seed_medians(group, f"{out}_floors") for out in ("grad_input", "grad_weight")}
-            parts.append(f"{dtype_}: grad_input {_range(medians['grad_input'])}, grad_weight "
-                         f"{_range(medians['grad_weight'])} floors")
-        unfused = table[(table["impl"] == "unfused") & (table["features"] == name_)]
-        unfused_weight = _seed_medians(unfused, "grad_weight_floors")
-        bullets.append(f"{name_}: " + "; ".join(parts) + f" (lce, every policy and layout; the unfused formula in the "
-                       f"input dtype: grad_weight {_range(unfused_weight)})")
-    return _conclusion(finding, bullets,
-                       inputs=f"families {_join(sorted(table['family'].unique()))} at {_shapes(table)}, bf16 and "
-                              f"fp16, {table['seed'].nunique()} seeds; lce per policy on the CPU and the CUDA layouts "
-                              "(emulated on CPU tensors) with fp32 acc_dtype, and \"auto\"; errors against the fp64 "
-                              "result of the same formula (`python -m analysis features`).",
-                       limits="the CUDA layouts are emulated (real cuBLAS sums in another order); a z-loss of 1e-4 "
-                              "moves the gradient little, so its row says that the term is computed without new "
-                              "rounding, not that a large z-loss would be as benign.")
+def _span(values: pd.Series, spec: str = "{:.2f}") -> str:
+    values = values.dropna()
+    return f"{spec.format(values.min())}-{spec.format(values.max())}" if len(values) else "-"
 
 
-def softmax_statistics(table: pd.DataFrame) -> str:
-    """08: what a cap does to the softmax, from the fp64 statistics of the inputs."""
-    if table.empty:
-        return _missing(NO_DATA)
+def feature_error_numbers(table: pd.DataFrame) -> pd.DataFrame:
+    """Per feature set and dtype, ranges of seed medians over families (and lce's contenders): lce's floors, the
+    unfused formula's (input dtype) grad_weight floors, lce over the plain op (both gradients), the returned lse's
+    largest error (nats)."""
+    ratios, rows = error_ratios(table), []
+    for (name, dtype), group in table[table["op"] == "lce"].groupby(["features", "dtype"], sort=False):
+        unfused = table[(table["impl"] == "unfused") & (table["features"] == name) & (table["dtype"] == dtype)]
+        mine = ratios[(ratios.index.get_level_values("features") == name)
+                      & (ratios.index.get_level_values("dtype") == dtype)]
+        rows.append({"feature set": name, "dtype": dtype,
+                     "lce grad_input": _span(seed_medians(group, "grad_input_floors")),
+                     "lce grad_weight": _span(seed_medians(group, "grad_weight_floors")),
+                     "unfused grad_weight": _span(seed_medians(unfused, "grad_weight_floors")),
+                     "lce / plain op": _span(mine), "lse error (nats)": f"{group['lse_max_error'].max():.1e}"})
+    return pd.DataFrame(rows)
+
+
+def softmax_numbers(table: pd.DataFrame) -> pd.DataFrame:
+    """Per feature set without z-loss (which leaves the logits alone) and family, seed medians of the fp64 mean
+    largest logit and median target probability, and how far the largest logit falls from the plain op's."""
     problems = table.drop_duplicates(["family", "dtype", "seed", "features"])
-    problems = problems[problems["z_loss"].fillna(0) == 0]
-    stats = problems.groupby(["features", "family"])[["stat_mean_max_logit", "stat_median_target_prob",
-                                                      "stat_mean_lse"]].median()
-    plain = stats.xs(PLAIN, level="features")
-    bullets = []
-    for name in dict.fromkeys(problems["features"]):
-        if name == PLAIN:
-            continue
-        capped = stats.xs(name, level="features")
-        drop = 1 - capped["stat_mean_max_logit"] / plain["stat_mean_max_logit"]
-        bullets.append(f"{name}: the mean largest logit falls by {_range(drop, '.0%')} and the median target "
-                       f"probability goes from {_range(plain['stat_median_target_prob'], '.2g')} to "
-                       f"{_range(capped['stat_median_target_prob'], '.2g')} (per family)")
-    finding = (f"A cap compresses the logits long before they reach it (tanh(1/3) is already "
-               f"{1 - 3 * math.tanh(1 / 3):.1%} below 1/3), so even a cap of 30 lowers every family's largest logits "
-               "and raises the entropy a little; a cap of 5 "
-               "flattens the softmax. The statistics lce's error depends on (how peaked each row is, how far the "
-               "target leads) therefore change with the cap, and the errors above are measured against the fp64 "
-               "result of the capped formula itself.")
-    return _conclusion(finding, bullets,
-                       inputs=f"fp64 logits of the rounded inputs, families "
-                              f"{_join(sorted(problems['family'].unique()))}, {problems['seed'].nunique()} seeds "
-                              "(medians).",
-                       limits="the statistics of three families; a model trained with a cap learns logits shaped by "
-                              "it, which a cap applied to these inputs after the fact does not reproduce.")
+    stats = problems[problems["z_loss"].fillna(0) == 0].groupby(["features", "family"], sort=False)[
+        ["stat_mean_max_logit", "stat_median_target_prob"]].median()
+    plain = stats.xs(PLAIN, level="features")["stat_mean_max_logit"]
+    drop = 1 - stats["stat_mean_max_logit"] / plain.reindex(stats.index.get_level_values("family")).to_numpy()
+    return stats.assign(max_logit_drop=drop.where(stats.index.get_level_values("features") != PLAIN)).reset_index()
 
 
-def cost(table: pd.DataFrame) -> str:
-    """08: the time and memory each feature set costs lce's default options at the bench shape."""
-    if table.empty:
-        return _missing("No feature cost measurement yet (`python -m analysis features --cost-only`).")
-    row = table.iloc[0]
-    others = table[table["features"] != PLAIN]
-    model = table["measured_peak_bytes"] / table["predicted_peak_bytes"]
-    plain = table[table["features"] == PLAIN].iloc[0]
-    extra = (others["measured_peak_bytes"] - plain["measured_peak_bytes"]) / 2**20
-    finding = (f"At {row.N}×{row.D}×{row.C} in {row['dtype']} (lce's default options: {row.policy}, "
-               f"{row.num_chunks} chunks) the features took {_range(others['time_ratio'])}× the plain op's time in "
-               f"the same run, and {_range(extra, '.1f')} MiB more peak memory (plain: "
-               f"{plain.measured_peak_bytes / 2**20:.0f} MiB); the measured peaks are {_range(model, '.3f')}× "
-               f"lce's model.")
-    bullets = [f"{r.features}: {r.time_median_s:.2f} s ({r.time_ratio:.2f}×, spread {r.time_spread_s:.2f} s over "
-               f"{r.repeats} rounds), peak {r.measured_peak_bytes / 2**20:.1f} MiB measured, "
-               f"{r.predicted_peak_bytes / 2**20:.1f} MiB modeled" for r in table.itertuples()]
-    return _conclusion(finding, bullets,
-                       inputs=f"random inputs, no bias, forward + backward, {row.repeats} alternating rounds after a "
-                              f"warm-up in one process, CPU {row.cpu_model}, {int(row.num_threads)} threads "
-                              "(`python -m analysis features --cost-only`).",
-                       limits="one CPU and one shape on a shared machine; the tanh and the extra passes over the "
-                              "logits are element-wise work whose share is larger where the GEMMs are faster (GPU).")
+def cost_numbers(cost: pd.DataFrame) -> pd.DataFrame:
+    """``feature_cost.csv`` with the extra measured peak over the plain op's (MiB) and the peak over lce's model."""
+    plain = cost.loc[cost["features"] == PLAIN, "measured_peak_bytes"].iloc[0]
+    return cost.assign(extra_mib=(cost["measured_peak_bytes"] - plain) / 2**20,
+                       over_model=cost["measured_peak_bytes"] / cost["predicted_peak_bytes"])
 
+
+def vocab_parallel_numbers(table: pd.DataFrame) -> tuple[pd.Series, pd.DataFrame]:
+    """The largest fp64 difference to one process per output over 2+ ranks and every policy (relative to the
+    largest entry), and seed and family medians per (ranks, dtype, policy): floors and the largest rank's peak."""
+    exact = table[(table["ranks"] > 1) & (table["dtype"] == "float64")]
+    worst = exact[[f"{out}_diff_to_single" for out in ("loss", "grad_input", "grad_weight")]].max()
+    medians = table[table["dtype"] != "float64"].groupby(["ranks", "dtype", "policy"], sort=False)[
+        ["grad_input_floors", "grad_weight_floors", "peak_bytes_max"]].median().reset_index()
+    medians["peak_bytes_max"] /= 2**20
+    return worst.rename(lambda name: name.removesuffix("_diff_to_single")), medians.rename(
+        columns={"peak_bytes_max": "peak_mib"})
+
+
+# --- README blocks ---------------------------------------------------------------------------------------------
 
 def readme_features(results: Path) -> str:
-    """Notebook 08's findings, one bullet each: the features' errors next to the plain op, the cap's effect on
-    the softmax, their time and memory at the bench shape."""
+    """Errors per feature set and dtype; per feature set, the cap's effect on the softmax and the time and peak."""
     from analysis.core.results_io import FEATURE_COST, FEATURES
-    from analysis.report import nb08_beyond_torch as beyond
 
     table, cost = (load_kind(results, kind.name)[1] for kind in (FEATURES, FEATURE_COST))
-    findings = [("Errors", beyond.errors(table)), ("The cap and the softmax", beyond.softmax_statistics(table)),
-                ("Time and memory", beyond.cost(cost))]
-    lines = [f"- **{name}.** {_finding(text)}" for name, text in findings]
-    if not table.empty:
-        lines += ["", "Per feature set (seed medians over families, policies and layouts):", ""]
-        lines += [line for line in findings[0][1].splitlines() if line.startswith("- ")]
-    return "\n".join(lines) + "\n"
+    if table.empty or cost.empty:
+        return "(no features study yet: run `python -m analysis features`)\n"
+    stats, row = softmax_numbers(table).groupby("features", sort=False), cost.iloc[0]
+    costs = cost_numbers(cost).set_index("features")
+    summary = costs[["time_ratio", "over_model"]].assign(peak_mib=costs["measured_peak_bytes"] / 2**20).join(
+        pd.DataFrame({"largest logit falls": stats["max_logit_drop"].agg(_span, "{:.0%}"),
+                      "median target p": stats["stat_median_target_prob"].agg(_span, "{:.2g}")}))
+    return "\n".join([markdown_table(feature_error_numbers(table)),
+                      f"- per family, fp64; time and peak: {row.N}x{row.D}x{row.C}, {row['dtype']}, {row.policy}, "
+                      f"{row.num_chunks} chunks, {row.repeats} rounds, CPU {row.cpu_model}", "",
+                      markdown_table(summary.fillna("-").reset_index(), {"time_ratio": "{:.2f}", "over_model": "{:.3f}",
+                                                                         "peak_mib": "{:.1f}"})])
 
 
 def readme_vocab_parallel(results: Path) -> str:
-    """The vocab-parallel study: difference to one process, errors per rank count, peak memory per rank."""
+    """The vocab-parallel study: fp64 difference to one process, errors and peak per rank count."""
     from analysis.core.results_io import VOCAB_PARALLEL
 
     table = load_kind(results, VOCAB_PARALLEL.name)[1]
     if table.empty:
         return "(no vocab-parallel study yet: run `python -m analysis vocab-parallel`)\n"
-    sharded = table[table["ranks"] > 1]
-    row = table.iloc[0]
-    exact = sharded[sharded["dtype"] == "float64"]
-    low = table[table["dtype"] != "float64"]
-    lines = [f"Measured ({row.N}x{row.D}x{row.C}, {', '.join(sorted(table['family'].unique()))} inputs, "
-             f"{table['seed'].nunique()} seeds, CPU {row.cpu_model}, gloo; `python -m analysis vocab-parallel`):", ""]
-    if not exact.empty:
-        worst = exact[["loss_diff_to_single", "grad_input_diff_to_single", "grad_weight_diff_to_single"]].max()
-        lines.append(f"- fp64: the largest difference to one process over 2-{int(sharded['ranks'].max())} ranks and "
-                     f"every policy is {worst.max():.2g} (relative to the largest entry; loss {worst.iloc[0]:.2g}, "
-                     f"grad_input {worst.iloc[1]:.2g}, grad_weight {worst.iloc[2]:.2g}).")
-    lines += ["", "| ranks | dtype | policy | grad_input floors | grad_weight floors | peak per rank (largest) |",
-              "|---:|---|---|---:|---:|---:|"]
-    medians = low.groupby(["ranks", "dtype", "policy"], sort=False)[
-        ["grad_input_floors", "grad_weight_floors", "peak_bytes_max"]].median()
-    for (ranks, dtype, policy), values in medians.iterrows():
-        lines.append(f"| {ranks} | {dtype} | {policy} | {values.grad_input_floors:.2f} | "
-                     f"{values.grad_weight_floors:.2f} | {values.peak_bytes_max / 2**20:.1f} MiB |")
-    lines += ["", "Floors are seed and family medians against fp64; 1 rank is `lce.linear_cross_entropy` in one "
-              "process. Figure `vocab_parallel`."]
-    return "\n".join(lines) + "\n"
+    (worst, medians), row = vocab_parallel_numbers(table), table.iloc[0]
+    return "\n".join([f"- measured: {row.N}x{row.D}x{row.C}, {', '.join(sorted(table['family'].unique()))} inputs, "
+                      f"{table['seed'].nunique()} seeds, CPU {row.cpu_model}, gloo",
+                      f"- fp64, 2-{table['ranks'].max()} ranks, every policy, largest difference to one process: "
+                      + ", ".join(f"{output} {value:.2g}" for output, value in worst.items()), "",
+                      markdown_table(medians, {"grad_input_floors": "{:.2f}", "grad_weight_floors": "{:.2f}",
+                                               "peak_mib": "{:.1f}"})])

@@ -61,3 +61,16 @@ def test_bf16_errors_per_family_with_seed_intervals(tmp_path):
     assert f"torch's default is {loss.median():.2f}x [{low:.2f}–{high:.2f}] on the loss" in text
     assert text.startswith("In bf16 on the CPU") and "on `random` inputs lce's default is" in text
     assert "2 seeds: medians over seeds; in brackets the 5th–95th percentile over seeds" in text
+
+
+def test_error_model_block_is_the_same_whatever_the_row_order(tmp_path):
+    """The worst held-out misses tie (issue 21): the block breaks ties by a stable key, not by the sort's order."""
+    import pandas as pd
+
+    from analysis.report.nb07_choosing_options import readme_error_model
+    from analysis.studies.error_model import VALIDATION_FILE
+
+    validation = pd.read_csv(ROOT / "analysis" / "results" / VALIDATION_FILE)
+    (tmp_path / VALIDATION_FILE).parent.mkdir(parents=True)
+    validation.sample(frac=1, random_state=0).to_csv(tmp_path / VALIDATION_FILE, index=False)
+    assert readme_error_model(tmp_path) == readme_error_model(ROOT / "analysis" / "results")
