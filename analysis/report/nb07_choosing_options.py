@@ -13,16 +13,15 @@ import pandas as pd
 import torch
 
 import lce
-from analysis.core.problem import DTYPES, LLM_SHAPES, Shape
+from analysis.core.problem import CCE_SHAPE, DTYPES, LLM_SHAPES, Shape
 from analysis.core.results_io import load_kind
 from analysis.report.style import PALETTE, CaptionedFigure, apply_style, log_axes, new_figure
+from analysis.report.tables import markdown_table
+from analysis.studies.budgets import BUDGET_TOLERANCE
 from analysis.studies.error_model import SHARE_BAND, hit_share, point_name
 from lce.policies import auto_pick
 from lce.recommend import DEFAULT_MAX_ERROR, candidates
 from lce.testing import emulate_device_kind
-
-BUDGET_TOLERANCE = 1.15
-"""Measured peak over budget that issue 11 accepts (allocator and kernel workspaces the model does not list)."""
 
 
 def _shape_label(row) -> str:
@@ -177,7 +176,6 @@ def draw_error_model_figures(validation: pd.DataFrame, predictions: pd.DataFrame
     drawn = [plot_error_model_validation(validation), plot_error_model_llm(predictions)]
     return [figure for figure in drawn if figure is not None]
 
-CCE_SHAPE = Shape(8192, 2304, 256000)
 CCE_REPORTED_MB = 1164
 """Cut Cross-Entropy's reported memory at CCE_SHAPE (bf16), against a lower bound of 1161 MB: the gradients."""
 LLM_BUDGET_MULTIPLES: tuple[float | None, ...] = (None, 1.2, 1.05)
@@ -230,14 +228,6 @@ def cce_anchor(dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
 MISS_KEY = ["N", "D", "C", "family", "dtype", "acc_dtype", "policy", "output"]
 """A validation problem apart from its layout kind and chunk count: the worst misses are listed once per problem,
 ties broken by this key, then kind and chunk count, so the list is the same on every machine (issue 21)."""
-
-
-def markdown_table(frame: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
-    """``frame`` as a Markdown table, each column through its ``str.format`` spec in ``formats``."""
-    cells = [[(formats or {}).get(column, "{}").format(value) for column, value in row.items()]
-             for _, row in frame.iterrows()]
-    return "\n".join("| " + " | ".join(map(str, row)) + " |"
-                     for row in [list(frame.columns), ["---"] * frame.shape[1], *cells]) + "\n"
 
 
 def validation_numbers(validation: pd.DataFrame, worst: int = 3) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.core.results_io import load_kind
-from analysis.report.nb07_choosing_options import markdown_table
 from analysis.report.style import PALETTE, CaptionedFigure, apply_style, log_axes, new_figure
+from analysis.report.tables import markdown_table
 
 SHOWN_CONTENDERS: tuple[str, ...] = ("lce accurate cuda acc=fp32", "lce balanced cuda acc=fp32",
                                      "lce compact cuda acc=fp32", "lce auto cpu acc=default", "unfused")

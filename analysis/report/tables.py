@@ -164,3 +164,12 @@ def _compose(cell: Callable[[object], str], layout: Callable[[str], str] | None,
 def details(summary: str, table: Table) -> HTML:
     """``table`` folded under a one-line ``summary`` the reader clicks to open (HTML ``<details>``)."""
     return HTML(f"<details><summary>{html.escape(summary)}</summary>{table.to_html()}</details>")
+
+
+def markdown_table(frame: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
+    """``frame`` as a Markdown table (the README's generated blocks), each column through its ``str.format`` spec
+    in ``formats``."""
+    cells = [[(formats or {}).get(column, "{}").format(value) for column, value in row.items()]
+             for _, row in frame.iterrows()]
+    return "\n".join("| " + " | ".join(map(str, row)) + " |"
+                     for row in [list(frame.columns), ["---"] * frame.shape[1], *cells]) + "\n"

@@ -12,8 +12,9 @@ from analysis.core.inputs import make_inputs
 from analysis.core.problem import Shape
 from analysis.core.results_io import BUDGETS, CLASS_TILING, load_kind
 from analysis.paths import RESULTS_DIR
-from analysis.report.nb07_choosing_options import BUDGET_TOLERANCE, cce_anchor, draw_budget_figures, llm_recommendations
+from analysis.report.nb07_choosing_options import cce_anchor, draw_budget_figures, llm_recommendations
 from analysis.studies import budgets
+from analysis.studies.budgets import BUDGET_TOLERANCE
 from analysis.sweep.remeasure import stale_rows
 
 
