@@ -14,18 +14,25 @@
 import os
 
 import pandas as pd
+import torch
 from IPython.display import Markdown, display
 
+from analysis.core.families import RANDOM_LOGIT_SCALE
 from analysis.core.problem import Shape
 from analysis.core.provenance import cpu_model
 from analysis.judge import pareto
 from analysis.report import nb02_accuracy
+from analysis.report.nb02_accuracy import AT_FLOOR, GROWTH_EXPONENT, cpus, shapes, span
+from analysis.report.style import families_text, seeds_text
 from analysis.report.tables import show
 from analysis.studies import defects, growth
 
 # %matplotlib inline
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"
 CPU = cpu_model()  # the studies below measure on this machine; the grid's rows carry their own provenance
+TORCH = torch.__version__.split("+")[0]
+RANDOM = (f"`random` inputs (x ~ N(0, 1), W ~ N(0, {RANDOM_LOGIT_SCALE**2:g}/D), b ~ N(0, 1), uniform targets; "
+          "notebook 05 describes every family)")
 paths, table = pareto.load_table()
 print("data:", ", ".join(p.name for p in paths), f"({len(table)} runs)")
 
@@ -45,7 +52,37 @@ medians.columns = [f"{op}: {'loss' if column == 'loss_fro_in_floors' else 'worst
 show(medians.reset_index(), {column: "{:.2f}" for column in medians.columns}, name="errors-per-policy")
 
 # %%
-Markdown(nb02_accuracy.policy_errors(table))
+errors = nb02_accuracy.policy_errors(table)
+low = errors[errors.dtype != "float32"]  # bf16 and fp16
+worst, loss = nb02_accuracy.error_ranges(low), nb02_accuracy.error_ranges(low, "loss_fro_in_floors")
+bf16, fp16 = (nb02_accuracy.error_ranges(errors[errors.dtype == dtype]) for dtype in ("bfloat16", "float16"))
+explicit = worst.loc[["lce accurate", "lce balanced", "lce compact"]]
+fp32 = nb02_accuracy.error_ranges(errors[errors.dtype == "float32"], pareto.VS_UNFUSED)
+fp32_floors = nb02_accuracy.error_ranges(errors[errors.dtype == "float32"])
+Markdown(f"""**Conclusion.** In bf16 and fp16 lce's default options return the exact answer rounded once: on every
+input family and shape the seed median of their worst gradient error is at most {worst.high['lce default']:.2f}
+floors and of their loss {loss.high['lce default']:.2f} (every 95th percentile over seeds below {AT_FLOOR:g}).
+torch {TORCH}'s defaults have a larger worst gradient error than lce's on every family, dtype and shape,
+{worst.low['torch default']:.2f}–{worst.high['torch default']:.2f} floors, and their loss reaches
+{loss.high['torch default']:.2f} floors (95th percentile {loss.p95['torch default']:.2f}). An explicit lce policy
+without `acc_dtype` computes in the input dtype and costs {explicit.low.min():.2f}–{explicit.high.max():.2f}
+floors, more than the default everywhere. With `acc_dtype=float32`, `accurate` is at the floor again
+({worst.high['lce accurate, acc fp32']:.2f}), while `balanced` and `compact`, which run the same layout on the CPU
+and return the same numbers, reach {bf16.low['lce balanced, acc fp32']:.2f}–{bf16.high['lce balanced, acc fp32']:.2f}
+floors in bf16 and {fp16.high['lce balanced, acc fp32']:.2f} in fp16. In fp32 the floor is out of reach for every
+setting (lowest seed median {fp32_floors.low.min():.2f} floors); measured against the unfused fp32 computation on
+the same inputs, whose GEMMs sum in fp32 too, lce's default is at {fp32.low['lce default']:.2f}–
+{fp32.high['lce default']:.2f}x its error, never above it, and torch's default at up to
+{fp32.high['torch default']:.2f}x.
+
+*Inputs:* the committed sweep grids, CPU runs only ({cpus(runs)}), default ("auto") chunking; families
+{families_text(runs)} ({seeds_text(runs)}); shapes {shapes(runs)} (N×D×C; not every family has every shape);
+bf16, fp16 and fp32; error = Frobenius error in rounding floors of the same-dtype exact answer; numbers are
+ranges over families and shapes of seed medians.
+
+*Limits:* a few small shapes per family, so a range hides which shape is worst (the table and the figure below
+show every one); one CPU; the `trained` family at N=2048 takes every row of the LM dump, so its seeds are the
+same inputs and its intervals have zero width; CPU layouts only (the CUDA layouts are in notebook 04).""")
 
 # %% [markdown]
 # ## Growth with the number of chunks, and a fitted law
@@ -56,8 +93,7 @@ Markdown(nb02_accuracy.policy_errors(table))
 # mixed-precision GEMM). The fit is `error ≈ prefactor × chunks^exponent`.
 
 # %%
-shape = Shape(512, 64, 2048) if QUICK else Shape(2048, 256, 8192)
-counts = (1, 2, 4, 8, 16, 32, 64) if QUICK else (1, 2, 4, 8, 16, 32, 64, 128, 256)
+shape, counts = nb02_accuracy.QUICK_GROWTH if QUICK else (Shape(2048, 256, 8192), (1, 2, 4, 8, 16, 32, 64, 128, 256))
 growth_runs = pd.concat([growth.chunk_growth(shape, "bfloat16", chunk_counts=counts, device=device)
                          for device in ("cpu", "cuda-emulated")], ignore_index=True)
 layouts = {"cpu": "CPU", "cuda-emulated": "emulated CUDA"}
@@ -72,7 +108,29 @@ figure = nb02_accuracy.plot_error_vs_chunks(table, "cpu")  # the function `pytho
 display(figure.figure, Markdown(figure.markdown))
 
 # %%
-Markdown(nb02_accuracy.chunk_growth(growth_runs, fits, cpu=CPU))
+growing = fits[nb02_accuracy.grows(fits)]
+flat = fits[~nb02_accuracy.grows(fits) & (fits.impl == "lce")]
+compact = growing[growing.impl == "lce"].iloc[0]
+torch_growth = growing[growing.impl == "torch"]
+accurate = fits[(fits.impl == "lce") & (fits.policy == "accurate")]
+Markdown(f"""**Conclusion.** Rounding the weight gradient once per chunk makes its error grow with the chunk count;
+summing in fp32 and rounding once does not. On the emulated CUDA layouts lce's `{compact.policy}`, which has no
+(C, D) fp32 accumulator there and rounds into the bf16 weight gradient once per chunk, grows as
+chunks^{compact.exponent:.2f}, to {compact.at_max_chunks:.2f} floors at {counts[-1]} chunks. torch {TORCH}'s op
+grows the same way under every policy on the CPU, although it was asked for `acc_dtype=float32` (exponent
+{span(torch_growth.exponent)}, {span(torch_growth.at_max_chunks)} floors at {counts[-1]} chunks). Every other lce
+series is flat (|exponent| at most {flat.exponent.abs().max():.2f}; above {GROWTH_EXPONENT} counts as growth):
+`accurate` stays at {accurate.at_max_chunks.max():.2f} floors on both layout tables, `balanced` at most
+{flat[flat.policy == "balanced"].at_max_chunks.max():.2f}.
+
+*Inputs:* {RANDOM}, seed 0; shape {shape.N}×{shape.D}×{shape.C} (N×D×C); bf16 with `acc_dtype=float32`;
+chunk counts {", ".join(map(str, counts))} (explicit rows per chunk); measured on {CPU} when the notebook
+executed: the CPU layouts, and lce's CUDA layouts run on CPU tensors with an exact upcast standing in for the
+mixed-precision GEMM.
+
+*Limits:* one seed and one shape: the exponents are least-squares fits to {len(counts)} points, a description of
+this run, not a law; the CUDA series are emulated (only the fp32 summation order differs from cuBLAS), and
+torch's op has no emulated CUDA path, so it is measured on the CPU only.""")
 
 # %% [markdown]
 # ## Defect 1 — the loss drifts with the chunk count (bf16, default options)
@@ -80,16 +138,31 @@ Markdown(nb02_accuracy.chunk_growth(growth_runs, fits, cpu=CPU))
 # over three seeds; lce sums the loss in fp64 across chunks and rounds once.
 
 # %%
-drift_shape = Shape(1024, 128, 4096) if QUICK else Shape(2048, 256, 8192)
-drift_counts = (1, 4, 16, 64) if QUICK else (1, 4, 16, 64, 256)
-drift = pd.concat([defects.loss_drift(drift_shape, "bfloat16", drift_counts, seed=seed) for seed in range(3)],
+drift_shape, drift_counts, seeds = (nb02_accuracy.QUICK_DRIFT if QUICK else
+                                    (Shape(2048, 256, 8192), (1, 4, 16, 64, 256), (0, 1, 2)))
+drift = pd.concat([defects.loss_drift(drift_shape, "bfloat16", drift_counts, seed=seed) for seed in seeds],
                   ignore_index=True)
-worst_drift = drift.pivot_table(index="chunks", columns="impl", values="ulps_from_exact", aggfunc="max")
+worst_drift = nb02_accuracy.worst_drift(drift)
 show(worst_drift.reset_index().rename(columns={"lce": "lce (ulps)", "torch": "torch (ulps)"}),
      {"lce (ulps)": "{:.2f}", "torch (ulps)": "{:.2f}"}, name="loss-drift")
 
 # %%
-Markdown(nb02_accuracy.loss_drift(drift, cpu=CPU))
+exact = drift.exact_loss.median()
+beyond = worst_drift.index[worst_drift.torch > 1]
+Markdown(f"""**Conclusion.** lce's bf16 loss is correctly rounded at every chunk count: at most
+{worst_drift.lce.max():.2f} ulps from the exact loss (0.5 or less is the nearest bf16 number), because it sums
+across chunks in fp64 and rounds once. torch {TORCH}'s loss is {worst_drift.torch.iloc[0]:.2f} ulps off with
+{worst_drift.index[0]} chunk and {worst_drift.torch.iloc[-1]:.2f} with {worst_drift.index[-1]}, more than one
+ulp at {" and ".join(map(str, beyond))} chunks (worst over {drift.seed.nunique()} seeds; every count in the table).
+
+*Inputs:* {RANDOM}, seeds {", ".join(map(str, sorted(drift.seed.unique())))}; shape
+{drift_shape.N}×{drift_shape.D}×{drift_shape.C} (N×D×C); bf16; default options with explicit chunk counts
+{", ".join(map(str, drift_counts))}; measured on {CPU} when the notebook executed; ulps of bf16 at the exact
+(fp64) loss.
+
+*Limits:* one shape and {drift.seed.nunique()} seeds; the CPU path of torch's op (its CUDA path may sum
+differently). One bf16 ulp at this loss ({exact:.2f} nats) is {defects.ulp(exact, torch.bfloat16):.4f} nats: small
+for training, large for a reference.""")
 
 # %% [markdown]
 # ## Defect 2 — an all-ignored batch
@@ -106,4 +179,14 @@ show(shown[["impl", "loss", "grad_input_nan_entries", "grad_weight_nan_entries",
      {"largest finite |grad|": "{:.3g}"}, name="all-ignored")
 
 # %%
-Markdown(nb02_accuracy.all_ignored(ignored, cpu=CPU))
+nans = nb02_accuracy.nan_gradients(ignored).set_index("impl")
+Markdown(f"""**Conclusion.** With every target ignored, the mean loss is 0/0, NaN, for all three ops, as it must
+be. lce returns gradients that are all zero, like the reference; torch {TORCH}'s op returns NaN in
+{nans.nan['torch']:,} of its {nans.entries['torch']:,} gradient entries, every one of them, which would poison an
+optimizer step.
+
+*Inputs:* {RANDOM} with every target set to `ignore_index`; shape {shapes(ignored)} (N×D×C); float32;
+`reduction="mean"`; lce and torch with default options and {int(ignored.chunk_rows.max())}-row chunks; measured on
+{CPU} when the notebook executed.
+
+*Limits:* one shape, one dtype and one reduction; the CPU path of torch's op.""")

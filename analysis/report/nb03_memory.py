@@ -1,4 +1,7 @@
-"""Notebook 03 (memory profiling): its figures and conclusions.
+"""Notebook 03 (memory profiling): its figures and key numbers.
+
+The notebook's prose quotes these numbers; ``tests/claims/test_nb03_memory.py`` asserts each claim the prose makes
+about them.
 """
 
 from __future__ import annotations
@@ -11,20 +14,6 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from analysis.report.style import CaptionedFigure, apply_style, log_axes, new_figure
-from analysis.report.wording import (
-    _conclusion,
-    _cpus,
-    _dtypes,
-    _families,
-    _join,
-    _one_cpu,
-    _one_seed,
-    _range,
-    _seeds,
-    _shapes,
-    _values,
-    random_family,
-)
 
 
 def plot_memory_model(table: pd.DataFrame) -> CaptionedFigure | None:
@@ -182,96 +171,26 @@ MODEL_BAND = 0.15
 """A memory prediction within this fraction of the measured peak counts as matching it."""
 
 
-# --- 03 · memory -----------------------------------------------------------------------------------------------
-
-
-def memory_model(table: pd.DataFrame) -> str:
-    """03: how close lce's predicted peak is to the measured one over the lce CPU runs of a prepared sweep table."""
+def model_runs(table: pd.DataFrame) -> pd.DataFrame:
+    """The lce CPU runs of a prepared sweep table with a measured and a modeled peak, with their ``ratio``
+    (measured over modeled) and whether it is ``within`` :data:`MODEL_BAND` of 1."""
     data = table[(table["op"] == "lce") & (table["device"] == "cpu")].dropna(
         subset=["peak_bytes_measured", "peak_bytes_modeled"])
-    if data.empty:
-        return _conclusion("The results hold no measured lce CPU runs.", inputs="the committed sweep results.",
-                           limits="nothing to conclude from.")
     ratio = data["peak_bytes_measured"].astype(float) / data["peak_bytes_modeled"].astype(float)
-    within = int(((ratio - 1).abs() <= MODEL_BAND).sum())
-    finding = (f"lce's memory model predicts the measured peak within ±{MODEL_BAND:.0%} on {within} of {len(ratio)} "
-               f"runs (measured/modeled {ratio.min():.2f}–{ratio.max():.2f}, median {ratio.median():.2f}).")
-    off = data.assign(ratio=ratio)[(ratio - 1).abs() > MODEL_BAND]
-    bullets = []
-    if len(off):
-        worst = off.groupby(["dtype", "policy", "acc_dtype"])["ratio"].agg(["min", "max", "size"])
-        worst = worst.reindex(worst["max"].sub(1).abs().sort_values(ascending=False).index).head(4)
-        bullets = [f"{dtype} {policy} acc={acc}: {int(row['size'])} runs outside, measured/modeled "
-                   f"{_range([row['min'], row['max']])}" for (dtype, policy, acc), row in worst.iterrows()]
-        above = int((off["ratio"] > 1).sum())
-        share = f"all {above}" if above == len(off) else f"{above} of the {len(off)}"
-        finding += f" Outside it, {share} measure more than predicted" + (":" if bullets else ".")
-    methods = _join(_values(data, "memory_method"))
-    return _conclusion(
-        finding, bullets,
-        inputs=(f"every lce run of the committed sweep on the CPU: {_families(data)}; {_shapes(data)}; "
-                f"{_dtypes(data)}; {_cpus(data)}; {_seeds(data)}; measured: peak live tensor bytes of one "
-                f"forward+backward ({methods}); modeled: lce.plan's peak_extra_bytes."),
-        limits=(f"{_one_seed(data)}small shapes, where fixed overheads weigh more than at LLM sizes; the CPU "
-                f"allocator only (no GPU data committed); {_one_cpu(data)}."))
+    return data.assign(ratio=ratio, within=(ratio - 1).abs() <= MODEL_BAND)
 
 
-def _mib(nbytes: float) -> str:
-    return f"{nbytes / 2**20:.1f} MiB"
+def plan_sizes(breakdown: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration of a ``memory_breakdown`` table, in its order: the plan's predicted ``peak`` and the
+    ``total`` of its buffers in MiB, and how many ``buffers`` it plans."""
+    sizes = breakdown.groupby("config", sort=False).agg(peak=("predicted_peak_bytes", "first"),
+                                                        total=("nbytes", "sum"), buffers=("buffer", "size"))
+    return sizes.assign(peak=sizes["peak"] / 2**20, total=sizes["total"] / 2**20)
 
 
-def buffer_breakdown(breakdown: pd.DataFrame) -> str:
-    """03: what lce's plan allocates per configuration and what separates the largest from the smallest peak
-    (a ``memory_breakdown`` results table)."""
-    peaks = breakdown.groupby("config", sort=False)["predicted_peak_bytes"].first()
-    largest, smallest = peaks.idxmax(), peaks.idxmin()
-    bullets = []
-    for config, peak in peaks.items():
-        buffers = breakdown[breakdown["config"] == config].sort_values("nbytes", ascending=False)
-        top = buffers.head(2)
-        bullets.append(f"{config}: predicted peak {_mib(peak)}, {len(buffers)} buffers; largest "
-                       + _join([f"{b.buffer} ({b.buffer_dtype}, {b.span}, {_mib(b.nbytes)})"
-                                for b in top.itertuples()]))
-    finding = (f"lce's plans predict peaks from {_mib(peaks.min())} ({smallest}) to {_mib(peaks.max())} "
-               f"({largest}), {peaks.max() / peaks.min():.1f}x apart.")
-    missing = set(breakdown[breakdown["config"] == largest]["buffer"]) - set(
-        breakdown[breakdown["config"] == smallest]["buffer"])
-    if missing:
-        rows = breakdown[(breakdown["config"] == largest) & breakdown["buffer"].isin(missing)]
-        finding += (f" {smallest} has no " + _join([f"{b.buffer} ({b.buffer_dtype}, {_mib(b.nbytes)})"
-                                                   for b in rows.itertuples()]) + ".")
-    return _conclusion(
-        finding, bullets,
-        inputs=(f"lce.plan for {_shapes(breakdown)}, {_dtypes(breakdown)} input, no bias; configurations "
-                f"{_join(list(peaks.index))}; recorded by `python -m analysis memory-study` (revision "
-                f"{_join(_values(breakdown, 'git_revision'))})."),
-        limits=("a plan, not a measurement (the next section measures); one shape and one input dtype; the sum of "
-                "the buffers exceeds the peak because chunk buffers and the final rounding never coexist."))
-
-
-def memory_trace(peaks: pd.DataFrame, trace: pd.DataFrame) -> str:
-    """03: measured peaks of one forward+backward against lce's predictions and the unfused reference
-    (``memory_study.peaks`` of a ``memory_trace`` table, and that table for its provenance)."""
-    bullets = []
-    for row in peaks.itertuples():
-        text = f"{row.config}: {row.measured_mib:.1f} MiB"
-        if np.isfinite(row.predicted_mib):
-            text += f" (predicted {row.predicted_mib:.1f}, measured/predicted {row.measured_over_predicted:.2f})"
-        if np.isfinite(row.over_reference) and row.config != "reference":
-            text += f", {row.over_reference:.2f}x the reference"
-        bullets.append(text)
-    lce = peaks[peaks["config"].str.startswith("lce")]
-    others = peaks[~peaks["config"].str.startswith("lce")]
-    finding = (f"Measured over one forward+backward, lce's configurations peak at "
-               f"{_range(lce['measured_mib'], '.1f')} MiB, within {_range(lce['measured_over_predicted'])}x of "
-               f"their predicted peaks")
-    if len(others):
-        finding += "; " + _join([f"{r.config} peaks at {r.measured_mib:.1f} MiB" for r in others.itertuples()])
-    finding += "."
-    return _conclusion(
-        finding, bullets,
-        inputs=(f"{random_family(bias=False)}; {_shapes(trace)}; {_dtypes(trace)}; CPU ({_cpus(trace)}); one call "
-                "per configuration after a warm-up call, live tensor bytes after each allocator event "
-                "(memory does not depend on the input values)."),
-        limits=("the CPU allocator only (CUDA needs a GPU); one shape and one dtype; live tensor bytes, not the "
-                "process's resident memory."))
+def lacks(breakdown: pd.DataFrame, config: str, other: str) -> pd.DataFrame:
+    """The buffers ``other`` plans and ``config`` does not (``buffer``, ``buffer_dtype``, ``MiB``), largest first."""
+    theirs = breakdown[(breakdown["config"] == other) & ~breakdown["buffer"].isin(
+        breakdown.loc[breakdown["config"] == config, "buffer"])]
+    return theirs.assign(MiB=theirs["nbytes"] / 2**20).sort_values("MiB", ascending=False)[
+        ["buffer", "buffer_dtype", "MiB"]]

@@ -1,9 +1,10 @@
-"""Notebook 04 (Pareto fronts and the auto table): its figures and conclusions, and the speed figures of the README.
+"""Notebook 04 (Pareto fronts and the auto table): its figures and key numbers, and the speed figures of the README.
+
+The notebook's prose quotes these numbers; ``tests/claims/test_nb04_pareto.py`` asserts each claim the prose makes
+about them.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -13,16 +14,12 @@ from matplotlib import ticker
 from analysis.core.results_io import latest
 from analysis.judge.pareto import (
     ERROR,
-    INTERVAL,
     MEMORY,
-    TIE_RULE,
     TIME,
-    VERDICT_TOLERANCE,
     front_mask,
     recommend_choices,
     same_numbers,
     seed_interval,
-    unfused_words,
     verdicts,
 )
 from analysis.report.style import (
@@ -40,23 +37,6 @@ from analysis.report.style import (
     new_figure,
     panel_grid,
     seed_caption,
-)
-from analysis.report.wording import (
-    RATIO,
-    _conclusion,
-    _devices,
-    _dtypes,
-    _emulation_limit,
-    _families,
-    _join,
-    _number,
-    _one_cpu,
-    _one_seed,
-    _range,
-    _seeds,
-    _shapes,
-    _unfused,
-    _with_seeds,
 )
 
 
@@ -277,244 +257,68 @@ def draw_gpu_figures(table: pd.DataFrame) -> list[CaptionedFigure]:
     return [figure for figure in (plot_emulated_vs_real(table),) if figure is not None]
 
 
-# --- 04 · Pareto and the auto table ----------------------------------------------------------------------------
+def entry_verdicts(verdicts_table: pd.DataFrame) -> pd.DataFrame:
+    """Per entry of a ``pareto.verdicts`` table (device, dtype, pick): how many problems (family × shape) it is
+    judged on, on how many its pick is on the memory and the time front in every seed (time: NaN where not
+    timed), the range of the pick's seed-median error, its highest 95th percentile, and the rivals that knock it
+    off each front."""
+    def rivals(names: pd.Series) -> str:
+        return ", ".join(sorted(set(names) - {""}))
+
+    summary = verdicts_table.groupby(["device", "dtype", "pick"], sort=True).agg(
+        problems=("shape", "size"), memory_front=("on_memory_front", "sum"), time_front=("on_time_front", "sum"),
+        error_low=("error", "min"), error_high=("error", "max"), error_p95=("error_high", "max"),
+        memory_rivals=("memory_dominator", rivals), time_rivals=("time_dominator", rivals)).reset_index()
+    return summary.assign(time_front=summary["time_front"].where(summary["device"] != "cuda-emulated"))
 
 
-def auto_table(entries: pd.DataFrame, verdicts_table: pd.DataFrame, drawn: Iterable[str]) -> str:
-    """04: what the "auto" table claims and what can test it.
-
-    ``entries`` has one row per entry (``device``, ``dtype``, ``evidence``: a tuple of figure stems; the
-    fallback's ``device`` is ``"other"``); ``drawn`` holds the stems of the figures the committed results draw.
-    """
-    drawn = set(drawn)
-    listed = entries[entries["device"] != "other"]
-    stems = sorted({stem for evidence in entries["evidence"] for stem in evidence})
-    missing = [stem for stem in stems if stem not in drawn]
-    finding = (f"lce's \"auto\" table has {len(listed)} entries and a fallback; each names the figures that carry "
-               f"its evidence, {len(stems)} in all, ")
-    finding += ("every one drawn from the committed results." if not missing else
-                f"of which {len(stems) - len(missing)} {'is' if len(stems) - len(missing) == 1 else 'are'} drawn "
-                "from the committed results; "
-                f"{_join([f'`{stem}`' for stem in missing])} {'has' if len(missing) == 1 else 'have'} no data yet.")
-    bullets = []
-    if len(verdicts_table):
-        shapes = verdicts_table.groupby(["device", "dtype"]).size()
-        per_device = [f"{device}: {_join(list(rows.index.get_level_values('dtype')))}"
-                      for device, rows in shapes.groupby(level="device")]
-        entries_word = "entry" if len(shapes) == 1 else "entries"
-        seeds = verdicts_table["seeds"] if "seeds" in verdicts_table else pd.Series([1])
-        seeds_text = f"{_range(seeds, '.0f')} seed{'' if seeds.max() == 1 else 's'}"
-        bullets.append(f"the verdicts below judge {len(shapes)} {entries_word} on {_range(shapes, '.0f')} problems "
-                       f"(input family × shape) each, {seeds_text} a problem (" + "; ".join(per_device) + ")")
-    if "cuda" not in set(verdicts_table.get("device", [])):
-        bullets.append("no real-GPU results are committed: the cuda entries are judged on the emulated CUDA layouts")
-    return _conclusion(
-        finding, bullets,
-        inputs="the table in `lce/policies.py` at this revision; the results files in `analysis/results/`.",
-        limits="a reason is a claim; only the verdicts and figures test it, on the shapes and machines they cover.")
+def fronts(table: pd.DataFrame, verdicts_table: pd.DataFrame, device: str) -> pd.DataFrame:
+    """Per family, dtype and shape on ``device`` (seed medians over a prepared sweep table): the ``lowest`` error of
+    any run, the auto pick's error (``pick``, with ``pick_low``/``pick_high``) and memory (``pick_mib``), torch's
+    best run (``torch``, NaN where torch did not run), and the run needing the least memory (``cheapest_mib``,
+    its error ``cheapest_error``; ties: the first configuration in sweep order)."""
+    configs = seed_interval(table[table["device"] == device], [ERROR, MEMORY])
+    picks = verdicts_table[verdicts_table["device"] == device].set_index(["family", "dtype", "shape"])
+    rows = []
+    for (family, dtype, n, d, c), group in configs.groupby(["family", "dtype", "N", "D", "C"], sort=True):
+        pick = picks.loc[(family, dtype, f"{n}x{d}x{c}")]
+        cheapest = group.loc[group[MEMORY].idxmin()]
+        rows.append({"family": family, "dtype": dtype, "shape": f"{n}×{d}×{c}", "lowest": group[ERROR].min(),
+                     "pick": pick["error"], "pick_low": pick["error_low"], "pick_high": pick["error_high"],
+                     "pick_mib": pick["peak_mib"], "torch": group.loc[group["op"] == "torch", ERROR].min(),
+                     "cheapest_mib": cheapest[MEMORY], "cheapest_error": cheapest[ERROR]})
+    return pd.DataFrame(rows)
 
 
-def _off_front(off: pd.DataFrame, everything: pd.DataFrame, axis: str) -> list[str]:
-    """One line per (family, device, dtype) with picks off the ``axis`` ("memory" or "time") front: on which
-    shapes, in how many seeds, the rivals, their error next to the pick's, and what they save (seed medians)."""
-    lines = []
-    for (family, device, dtype), rows in off.groupby(["family", "device", "dtype"], sort=True):
-        total = len(everything[(everything["family"] == family) & (everything["device"] == device)
-                               & (everything["dtype"] == dtype)])
-        names = list(dict.fromkeys(rows[f"{axis}_dominator"]))
-        rivals = _join([f"`{name}`" for name in names]) + (" reaches" if len(names) == 1 else " reach")
-        if axis == "memory":
-            saving = rows["peak_mib"] / rows["memory_dominator_peak_mib"]
-            gain = f"with {_range(saving, '.1f')}x less memory"
-        else:
-            saving = rows["time_ms"] / rows["time_dominator_ms"]
-            gain = f"in {_range(1 / saving, '.2f')}x the time"
-        seeds = f"off in {_range(rows[f'{axis}_off_seeds'], '.0f')} of {_range(rows['seeds'], '.0f')} seeds"
-        text = (f"{family} {device} {dtype}, {len(rows)} of {total} shapes ({', '.join(rows['shape'])}), {seeds}: "
-                f"{rivals} {_range(rows[f'{axis}_dominator_error'])} floors (the pick: {_range(rows['error'])}) "
-                f"{gain}")
-        if axis == "memory" and device != "cuda-emulated" and rows["on_time_front"].all():
-            text += "; the pick is on the time front there"
-        lines.append(text)
-    return lines
-
-
-def _sweep_inputs(data: pd.DataFrame) -> str:
-    repeats = sorted(int(r) for r in data["time_repeats"].dropna().unique()) if "time_repeats" in data else []
-    time = ("not timed" if not repeats else
-            f"time: median of {_join([str(r) for r in repeats])} repeats (measured on the first seed: memory and "
-            "time do not depend on the values)")
-    return (f"{_families(data)}; {_shapes(data)}; {_dtypes(data)}; {_devices(data)}; {_seeds(data)}, errors are "
-            f"medians over seeds with the {INTERVAL} in brackets; {time}; the committed sweep results.")
-
-
-def _shape_count(data: pd.DataFrame) -> str:
-    """``one small shape per family`` / ``3 small shapes per family`` (the most any family has)."""
-    counts = _with_seeds(data).groupby("family")[["N", "D", "C"]].apply(lambda rows: len(rows.drop_duplicates()))
-    most = int(counts.max()) if len(counts) else 0
-    return f"{'one small shape' if most == 1 else f'{most} small shapes'} per family"
-
-
-def _pick_errors(verdicts_table: pd.DataFrame) -> list[str]:
-    """Per (family, dtype): the auto picks' seed-median worst-gradient error with its interval (fp32: against the
-    unfused computation too)."""
-    lines = []
-    for (family, dtype), rows in verdicts_table.groupby(["family", "dtype"], sort=True):
-        text = (f"{family} {dtype}: the auto picks' worst gradient at {_range(rows['error'])} floors "
-                f"[{_number(rows['error_low'].min(), '.2f')}–{_number(rows['error_high'].max(), '.2f')}] over "
-                f"{_range(rows['seeds'], '.0f')} seed{'' if rows['seeds'].max() == 1 else 's'}")
-        if dtype == "float32" and np.isfinite(rows["vs_unfused"]).any():
-            text += f", {_range(rows['vs_unfused'], RATIO)}x {unfused_words(dtype)}"
-        lines.append(text)
-    return lines
-
-
-def verdicts_conclusion(verdicts_table: pd.DataFrame, table: pd.DataFrame) -> str:
-    """04: how many auto picks are on each front in every seed, and who beats the others
-    (``pareto.verdicts`` of ``table``)."""
-    if verdicts_table.empty:
-        return _conclusion("The results hold no run of an \"auto\" pick to judge.",
-                           inputs="the committed sweep results.", limits="nothing to conclude from.")
-    timed = verdicts_table[verdicts_table["device"] != "cuda-emulated"]
-    memory_on = int(verdicts_table["on_memory_front"].sum())
-    time_on = int(timed["on_time_front"].sum())
-    finding = (f"{memory_on} of {len(verdicts_table)} auto picks (entries × input families × shapes) are on the "
-               "error–memory front in every seed")
-    finding += (f", and {time_on} of the {len(timed)} measured on the CPU on the error–time front "
-                "(emulated CUDA picks are not timed)." if len(timed) else ".")
-    off_memory = verdicts_table[~verdicts_table["on_memory_front"].astype(bool)]
-    off_time = timed[~timed["on_time_front"].astype(bool)]
-    bullets = [f"off the memory front — {line}" for line in _off_front(off_memory, verdicts_table, "memory")]
-    bullets += [f"off the time front — {line}" for line in _off_front(off_time, verdicts_table, "time")]
-    bullets += _pick_errors(verdicts_table)
-    judged = _with_seeds(table)
-    judged = judged[judged["device"].isin(set(verdicts_table["device"]))
-                    & judged["dtype"].isin(set(verdicts_table["dtype"]))
-                    & judged["family"].isin(set(verdicts_table["family"]))]
-    return _conclusion(
-        finding, bullets,
-        inputs=_sweep_inputs(judged) + " A rival must be no worse on both axes and more than "
-                                       f"{VERDICT_TOLERANCE:.0%} better on one, in one seed, to knock a pick off.",
-        limits=(f"{_one_seed(judged)}{_shape_count(judged)}; {_emulation_limit(judged)}"
-                f"{_one_cpu(judged)}; times of one thread on a shared machine."))
-
-
-def fronts(table: pd.DataFrame, device: str) -> str:
-    """04: per input family and dtype on ``device``, where the auto pick, the best lce run and torch's best run
-    sit (prepared table; seed medians)."""
-    from analysis.judge.pareto import verdicts as judge
-
-    data = _with_seeds(table[table["device"] == device])
-    if data.empty:
-        return _conclusion(f"The results hold no {device} runs.", inputs="the committed sweep results.",
-                           limits="nothing to conclude from.")
-    picks = judge(_with_seeds(table))
-    picks = picks[picks["device"] == device]
-    configs = seed_interval(data, [ERROR, MEMORY])
-    bullets = []
-    for (family, dtype), rows in configs.groupby(["family", "dtype"], sort=True):
-        shapes = ["N", "D", "C"]
-        text = f"**{family}, {dtype}**: lowest error of any run {_range(rows.groupby(shapes)[ERROR].min())} floors"
-        mine = picks[(picks["family"] == family) & (picks["dtype"] == dtype)]
-        if len(mine):
-            unfused = ""
-            if dtype == "float32" and np.isfinite(mine["vs_unfused"]).any():
-                unfused = f", {_range(mine['vs_unfused'], RATIO)}x {unfused_words(dtype)}"
-            text += (f"; the auto pick {_range(mine['error'])} floors [{_number(mine['error_low'].min(), '.2f')}–"
-                     f"{_number(mine['error_high'].max(), '.2f')}]{unfused} at {_range(mine['peak_mib'])} MiB")
-        torch = rows[rows["op"] == "torch"]
-        if len(torch):
-            text += f"; torch's best run {_range(torch.groupby(shapes)[ERROR].min())} floors"
-        cheapest = rows.loc[rows.groupby(shapes)[MEMORY].idxmin()]
-        text += (f"; the least memory any run needs {_range(cheapest[MEMORY])} MiB, at "
-                 f"{_range(cheapest[ERROR])} floors")
-        bullets.append(text + ".")
-    memory_kind = "lce's modeled memory" if device == "cuda-emulated" else "measured peak memory"
-    finding = (f"On {device}, per input family and dtype ({memory_kind}; seed medians, ranges over shapes, the "
-               f"pick's {INTERVAL} in brackets; 1 floor = the exact answer rounded once):")
-    return _conclusion(
-        finding, bullets,
-        inputs=_sweep_inputs(data),
-        limits=f"{_one_seed(data)}{_shape_count(data)}; {_emulation_limit(data)}{_one_cpu(data)}.")
-
-
-def _members(members: Sequence[str]) -> str:
-    return _join([f"`{m}`" for m in members])
-
-
-def fp32_choice(table: pd.DataFrame) -> str:
-    """04: what fp32 should use, per input family, device and cost, with ties named as ties
-    (:data:`analysis.judge.pareto.TIE_RULE`); errors are compared across every seed."""
-    table = _with_seeds(table)
-    fp32 = table[(table["dtype"] == "float32") & (table["op"] == "lce")]
-    devices = [d for d in ("cpu", "cuda", "cuda-emulated") if len(fp32[fp32["device"] == d])]
-    if not devices:
-        return _conclusion("The results hold no fp32 lce runs.", inputs="the committed sweep results.",
-                           limits="nothing to conclude from.")
-    families = sorted(set(fp32["family"]))
-    bullets, answers, policy_free, judged = [], [], [], []
-    for family in families:
-        for device in devices:
-            rows = fp32[(fp32["device"] == device) & (fp32["family"] == family)]
-            if rows.empty:
-                continue
-            judged.append((family, device))
-            where = device if len(families) == 1 else f"{family}, {device}"
-            costs = [(MEMORY, "memory", "MiB", ".2f")]
-            if device != "cuda-emulated":  # its times are the CPU stand-in's, as in the verdicts
-                costs.append((TIME, "time", "ms", ".1f"))
-            chunking_of = dict(zip(rows["label"], rows["chunking"], strict=False))
-            for cost, word, unit, spec in costs:
+def fp32_rankings(table: pd.DataFrame) -> pd.DataFrame:
+    """Per family, device and cost (memory; time where timed) of the fp32 lce runs: the first of
+    ``pareto.recommend_choices`` (``choice``, its ``chunking``, ``score``, how many spellings compute its numbers),
+    and the rank of the current default ``lce auto auto`` among the ``choices``."""
+    rows = []
+    for family in sorted(set(table["family"])):
+        for device in sorted(set(table.loc[table["dtype"] == "float32", "device"])):
+            for cost, word in ((MEMORY, "memory"), (TIME, "time"))[: 1 if device == "cuda-emulated" else 2]:
                 choices = recommend_choices(table, device, "float32", cost=cost, family=family)
                 if choices.empty:
                     continue
-                top = choices.iloc[0]
-                mine = rows[rows["label"] == top["choice"]]
-                interval = (f" [{top[f'{ERROR}_low']:.2f}–{top[f'{ERROR}_high']:.2f}]"
-                            if mine["seed"].nunique() > 1 else "")
-                unfused = _unfused(mine, "float32", brackets=False)
-                text = (f"**{where}, {word} × error**: `{top['choice']}` (score {top['score']:.2f}, "
-                        f"{top[ERROR]:.2f} floors{interval}{unfused}, {format(top[cost], spec)} {unit})")
-                if len(top["members"]) > 1:
-                    spread = "" if cost == MEMORY else (f"; their scores differ only by timing noise, "
-                                                        f"{top['score_low']:.2f}–{top['score_high']:.2f}")
-                    text += (f" — a tie of {len(top['members'])} spellings that compute the same numbers: "
-                             f"{_members(top['members'])}{spread}")
-                if len(choices) > 1:
-                    runner = choices.iloc[1]
-                    text += f"; next: `{runner['choice']}` ({runner['score']:.2f})"
-                pick = choices[choices["members"].map(lambda members: "lce auto auto" in members)]
-                if len(pick):
-                    rank = int(pick.index[0]) + 1
-                    text += (". The current default (`lce auto auto`) is " + ("this choice" if rank == 1 else
-                             f"choice {rank} of {len(choices)} (score {pick['score'].iloc[0]:.2f})"))
-                bullets.append(text + ".")
-                chunking = chunking_of.get(top["choice"], "")
-                answers.append((family, device, word, "the default chunking" if chunking == "auto" else
-                                f"`{chunking}`"))
-            names = same_numbers(table, device, "float32", family=family)
-            per_chunking = rows.assign(choice=rows["label"].map(names)).groupby("chunking")["choice"].nunique()
-            if rows["policy"].nunique() > 1 and len(per_chunking) and (per_chunking == 1).all():
-                policy_free.append((family, device))
-    per_device = []
-    for family, device in judged:
-        mine = [f"{chunking} for {word} × error" for f, where, word, chunking in answers
-                if (f, where) == (family, device)]
-        if mine:
-            place = f"on {device}" if len(families) == 1 else f"for {family} inputs on {device}"
-            per_device.append(f"{place}, {_join(mine)}")
-    if set(policy_free) == set(judged):
-        finding = ("What should fp32 use? The policy does not matter: for a given chunking every policy gives "
-                   "bit-identical errors on every shape and seed. The chunking does: " + "; ".join(per_device) + ".")
-    else:
-        finding = "What should fp32 use? By the data: " + "; ".join(per_device) + "."
-        bullets += [f"on {device}{'' if len(families) == 1 else f' ({family} inputs)'} the policy makes no "
-                    "difference: for each chunking every policy gives bit-identical errors on every shape and seed"
-                    for family, device in policy_free]
-    data = fp32[fp32["device"].isin(devices)]
-    return _conclusion(
-        finding, bullets,
-        inputs=(_sweep_inputs(data) + " Score: mean over shapes and seeds of log(cost / best cost) + log(error / "
-                f"best error), lower is better; ties: {TIE_RULE}."),
-        limits=(f"{_one_seed(data)}{_shape_count(data)}, and the score weighs a factor in cost like the same factor "
-                f"in error; {_emulation_limit(data)}{_one_cpu(data)}."))
+                first = choices.iloc[0]
+                runs = table[(table["label"] == first["choice"]) & (table["family"] == family)]
+                default = choices.index[choices["members"].map(lambda members: "lce auto auto" in members)]
+                rows.append({"family": family, "device": device, "ranked by": f"{word} × error",
+                             "choice": first["choice"], "chunking": runs["chunking"].iloc[0], "score": first["score"],
+                             "spellings": len(first["members"]), "choices": len(choices),
+                             "default's rank": default[0] + 1 if len(default) else np.nan})
+    return pd.DataFrame(rows)
+
+
+def fp32_computations(table: pd.DataFrame) -> pd.DataFrame:
+    """Per family, device and chunking of the fp32 lce runs: how many policies were run and how many distinct
+    computations they make (``pareto.same_numbers`` classes: 1 when the policy changes no number)."""
+    rows = []
+    fp32 = table[(table["dtype"] == "float32") & (table["op"] == "lce")]
+    for (family, device), runs in fp32.groupby(["family", "device"], sort=True):
+        names = same_numbers(table, device, "float32", family=family)
+        for chunking, rows_ in runs.groupby("chunking", sort=True):
+            rows.append({"family": family, "device": device, "chunking": chunking,
+                         "policies": rows_["policy"].nunique(), "computations": rows_["label"].map(names).nunique()})
+    return pd.DataFrame(rows)

@@ -44,8 +44,9 @@ def test_cpu_chunking_table_reads_every_cpu_in_the_chunk_sweep():
     assert rows and all(line.count("|") == 8 for line in rows)
 
 
-def test_bf16_errors_per_family_with_seed_intervals(tmp_path):
-    """From the tiny fixture (2 seeds), its compact acc=fp32 rows renamed balanced: medians and percentiles."""
+def test_bf16_errors_table_per_family_with_seed_intervals(tmp_path):
+    """From the tiny fixture (2 seeds), its compact acc=fp32 rows renamed balanced: one table per family, a row per
+    shape and setting, each cell the seed median with its percentile interval."""
     import numpy as np
     import pandas as pd
 
@@ -58,9 +59,12 @@ def test_bf16_errors_per_family_with_seed_intervals(tmp_path):
                    & (fixture["policy"] == "auto") & (fixture["chunking"] == "auto")]
     loss = rows["loss_fro_in_floors"]
     low, high = np.percentile(loss, [5, 95])
-    assert f"torch's default is {loss.median():.2f}x [{low:.2f}–{high:.2f}] on the loss" in text
-    assert text.startswith("In bf16 on the CPU") and "on `random` inputs lce's default is" in text
-    assert "2 seeds: medians over seeds; in brackets the 5th–95th percentile over seeds" in text
+    assert text.startswith("`random` inputs, 2 seeds:\n\n| N×D×C | setting | loss | grad_input | grad_weight |")
+    torch_row = next(line for line in text.splitlines() if "| torch default |" in line)
+    assert torch_row.startswith(f"| 16×8×64 | torch default | {loss.median():.2f} [{low:.2f}–{high:.2f}] |")
+    assert [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| 16×8×64")] == [
+        "lce default", "torch default", "lce balanced, acc fp32"]
+    assert "seed medians [5th–95th percentile over seeds]" in text
 
 
 def test_error_model_block_is_the_same_whatever_the_row_order(tmp_path):
