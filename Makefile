@@ -36,11 +36,11 @@ demo: $(STAMP) ## Run the small end-to-end demo (python -m analysis demo)
 lint: $(STAMP) ## Lint with ruff (rules and line length in pyproject.toml); CI runs it before the tests
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) ## Run the whole test suite, as CI does (extra pytest flags: PYTEST_ARGS=...)
-	$(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+test: $(STAMP) ## Run the whole test suite on every core, as CI does (extra pytest flags: PYTEST_ARGS=...)
+	$(VENV)/bin/python -m pytest -q -n auto $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## The edit-test loop (< 2 min): lce and analysis unit tests and the claims; no subprocess, notebook, training or distributed run
-	$(VENV)/bin/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -q -n auto -m "not slow" $(PYTEST_ARGS)
 
 explore: $(STAMP) ## Property tests with fresh random examples (Hypothesis "explore" profile, 5000 per test)
 	HYPOTHESIS_PROFILE=explore $(VENV)/bin/python -m pytest -q tests/lce/test_parity_hypothesis.py

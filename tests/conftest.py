@@ -19,6 +19,16 @@ settings.register_profile("explore", max_examples=5000, derandomize=False, deadl
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``make test`` runs ``-n auto``) the workers share the cores: one intra-op thread each
+    keeps them from oversubscribing the machine. Results do not depend on the thread count."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     """Every test starts from the same global RNG state (helpers also use explicit generators)."""

@@ -58,7 +58,7 @@ def token_streams(corpus: Corpus, tokenizer, tokenizer_path: Path, cache: Path) 
         return saved["train"], saved["heldout"]
     streams = {"train": encode_files(tokenizer, [f.text for f in corpus.train_files]),
                "heldout": encode_files(tokenizer, [f.text for f in corpus.heldout_files])}
-    partial = path.with_name(path.name + ".tmp")
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # processes building it at once do not collide
     torch.save(streams, partial)
     os.replace(partial, path)
     return streams["train"], streams["heldout"]

@@ -66,7 +66,7 @@ def load_or_train_tokenizer(texts: Sequence[str], vocab_size: int, cache_dir: Pa
         return Tokenizer.from_file(str(path)), path
     tokenizer = train_tokenizer(texts, vocab_size)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".json.tmp")
+    partial = path.with_suffix(f".json.{os.getpid()}.tmp")  # processes training it at once do not collide
     tokenizer.save(str(partial))
     os.replace(partial, path)
     return tokenizer, path

@@ -53,6 +53,7 @@ def test_grids_and_demo_run(capsys):
     assert sum(line.startswith(("lce   ", "torch   ")) for line in text.splitlines()) == 8  # 4 settings x 2 ops
 
 
+@pytest.mark.slow
 def test_memory_study_writes_its_results_files(tmp_path, capsys):
     assert main(["memory-study", "--shape", "64x16x512", "--results", str(tmp_path)]) == 0
     breakdown, trace = tmp_path / "memory_breakdown.csv", tmp_path / "memory_trace.csv"
@@ -68,6 +69,7 @@ def test_memory_study_writes_its_results_files(tmp_path, capsys):
     assert "memory_trace.csv" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_margins_writes_its_results_file(tmp_path, capsys):
     assert main(["margins", "--shape", "8x16x128", "--seeds", "1", "--margins", "0,40", "--dtypes", "bfloat16",
                  "--results", str(tmp_path)]) == 0

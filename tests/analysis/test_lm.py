@@ -125,6 +125,7 @@ def test_training_is_deterministic_and_resumes_bitwise(corpus_root, tmp_path):
     assert not torch.equal(load_head_dump("final", other_seed.dumps["final"][0].parent).weight, reference.weight)
 
 
+@pytest.mark.slow
 def test_resuming_with_another_configuration_or_head_loss_is_refused(tmp_path):
     tokens = torch.randint(0, VOCAB, (200,))
     config = TrainConfig(steps=2, batch_size=2, eval_windows=2)
@@ -139,6 +140,7 @@ def _lce_head_loss(hidden, weight, targets):
     return lce.linear_cross_entropy(hidden, weight, targets, options=lce.LinearCrossEntropyOptions())
 
 
+@pytest.mark.slow
 def test_the_head_loss_is_pluggable(tmp_path):
     tokens = torch.randint(0, VOCAB, (400,))
     config = TrainConfig(steps=3, batch_size=2, eval_windows=2, snapshot_steps=(1,))
