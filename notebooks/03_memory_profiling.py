@@ -11,8 +11,6 @@
 # no GPU data is committed yet, so everything here is CPU.
 
 # %%
-import os
-
 from IPython.display import Markdown, display
 
 from analysis.core.results_io import MEMORY_BREAKDOWN, MEMORY_TRACE, load_kind
@@ -26,7 +24,6 @@ from analysis.report.tables import show
 from analysis.studies import memory_study
 
 # %matplotlib inline
-QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # reads committed results only; nothing to shorten
 paths, table = pareto.load_table()
 breakdown_paths, breakdown = load_kind(RESULTS_DIR, MEMORY_BREAKDOWN.name)
 trace_paths, traces = load_kind(RESULTS_DIR, MEMORY_TRACE.name)

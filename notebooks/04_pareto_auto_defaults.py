@@ -14,7 +14,6 @@
 
 # %%
 import html
-import os
 
 import pandas as pd
 from IPython.display import Markdown, display
@@ -30,7 +29,6 @@ from lce.options import dtype_name
 from lce.policies import AUTO_FALLBACK, AUTO_TABLE
 
 # %matplotlib inline
-QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # reads committed data only; nothing to shorten
 paths, table = pareto.load_table()
 studies = {kind.name: load_kind(RESULTS_DIR, kind.name)[1] for kind in (MEMORY_BREAKDOWN, MEMORY_TRACE, BENCH,
                                                                          CHUNK_SWEEP)}

@@ -161,17 +161,6 @@ def front_mask(costs: np.ndarray | pd.Series, errors: np.ndarray | pd.Series) ->
     return mask
 
 
-def with_fronts(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` plus ``on_memory_front`` and ``on_time_front``, computed per :data:`GROUP`."""
-    table = table.copy()
-    table["on_memory_front"] = False
-    table["on_time_front"] = False
-    for _, group in table.groupby(GROUP, sort=False):
-        table.loc[group.index, "on_memory_front"] = front_mask(group[MEMORY], group[ERROR])
-        table.loc[group.index, "on_time_front"] = front_mask(group[TIME], group[ERROR])
-    return table
-
-
 def auto_entries() -> list[tuple[str, str]]:
     """(device kind, dtype name) of every "auto" table entry, plus the fp32 ones the table lacks."""
     keys = [(kind, dtype_name(dtype)) for kind, dtype in AUTO_TABLE]

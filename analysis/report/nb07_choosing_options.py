@@ -19,6 +19,7 @@ from analysis.report.style import PALETTE, CaptionedFigure, apply_style, log_axe
 from analysis.report.tables import markdown_table
 from analysis.studies.budgets import BUDGET_TOLERANCE
 from analysis.studies.error_model import SHARE_BAND, hit_share, point_name
+from lce.options import EXPLICIT_POLICIES
 from lce.policies import auto_pick
 from lce.recommend import DEFAULT_MAX_ERROR, candidates
 from lce.testing import emulate_device_kind
@@ -304,7 +305,7 @@ def planned_peaks(shape: Shape = TEMPORARIES_SHAPE) -> pd.DataFrame:
     peaks = []
     for kind in ("cpu", "cuda"):
         with emulate_device_kind(kind):
-            for policy in ("accurate", "balanced", "compact"):
+            for policy in EXPLICIT_POLICIES:
                 plan = lce.plan(lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32), x, w)
                 peaks.append(dict(layouts=kind, policy=policy, peak_kib=plan.peak_extra_bytes / 1024))
     return pd.DataFrame(peaks)

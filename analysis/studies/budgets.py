@@ -38,7 +38,7 @@ from analysis.core.memory import measure_peak
 from analysis.core.metrics import compare
 from analysis.core.problem import BENCH_SHAPE, DTYPES, Shape
 from analysis.core.timing import time_call
-from lce.options import dtype_name
+from lce.options import EXPLICIT_POLICIES, dtype_name
 
 __all__ = ["BUDGET_TOLERANCE", "BUDGET_SHAPES", "GRADIENT_MULTIPLES", "FAMILY", "TILING_SHAPE", "TILING_BLOCKS",
            "budgets_for",
@@ -134,7 +134,7 @@ def measure_tiling(shape: Shape = TILING_SHAPE, dtype: str = STUDY_DTYPE, rows_p
     inputs = make_inputs(shape, torch_dtype, family=FAMILY, bias=False)
     reference = reference_outputs(inputs)
     rows = []
-    work = [(policy, blocks) for policy in ("accurate", "balanced", "compact") for blocks in (1, *TILING_BLOCKS)]
+    work = [(policy, blocks) for policy in EXPLICIT_POLICIES for blocks in (1, *TILING_BLOCKS)]
     for policy, blocks in tqdm(work, desc="class tiling", disable=not progress, unit="run"):
         acc = torch_dtype if policy == "compact" else torch.float32  # CPU compact: the accumulator-free layout
         options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc, chunking_method=None,

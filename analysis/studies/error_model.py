@@ -38,7 +38,7 @@ from analysis.core.provenance import git_revision
 from analysis.paths import RESULTS_DIR, ROOT
 from lce import error_model
 from lce.error_model import OUTPUTS, TERMS, InputStats, measure_input_stats
-from lce.options import LinearCrossEntropyOptions
+from lce.options import EXPLICIT_POLICIES, LinearCrossEntropyOptions
 from lce.plan import make_plan
 from lce.testing import emulate_device_kind
 
@@ -62,7 +62,7 @@ FIT_MAX_FEATURES, FIT_MAX_CLASSES = 128, 16384
 
 LLM_CHUNKINGS: tuple[str, ...] = ("aspect_ratio", "aspect_ratio:2", "chunks:1", "chunks:16", "chunks:256",
                                   "chunks:1024")
-LLM_POLICIES: tuple[str, ...] = ("accurate", "balanced", "compact")
+LLM_POLICIES: tuple[str, ...] = EXPLICIT_POLICIES
 MEASURED_COLUMNS = ["source", "device", "kind", "dtype", "acc_dtype", "policy", "N", "D", "C", "chunk_size",
                     "num_chunks", "family", "output", "measured", "seeds"]
 
@@ -95,7 +95,7 @@ def _grid_rows(path: Path) -> pd.DataFrame:
 def _noise_rows(path: Path) -> pd.DataFrame:
     table = pd.read_csv(path)
     table = table[(table["op"] == "lce") & (table["layout"] == "cuda")
-                  & table["policy"].isin(["accurate", "balanced", "compact"])]
+                  & table["policy"].isin(EXPLICIT_POLICIES)]
     table = table.assign(chunk_size=table["N"] // table["num_chunks"], acc_dtype="float32")
     keys = ["device", "dtype", "acc_dtype", "policy", "N", "D", "C", "chunk_size", "num_chunks", "family"]
     frames = []

@@ -39,6 +39,7 @@ from analysis.core.problem import DTYPES
 from analysis.lm.model import ModelConfig
 from analysis.lm.train import HeadLoss, TrainConfig, fp32_head_loss, train
 from analysis.paths import LM_CACHE_DIR
+from lce.options import EXPLICIT_POLICIES
 from lce.testing import emulate_device_kind
 
 __all__ = ["Arm", "ARMS", "Setting", "SETTINGS", "head_loss_of", "run_arm", "collect", "run_study",
@@ -71,8 +72,8 @@ class Arm:
 ARMS: tuple[Arm, ...] = (
     Arm("fp32", "float32", "unfused"),
     Arm("bf16 unfused", "bfloat16", "unfused"),
-    *(Arm(f"bf16 {policy}", "bfloat16", "lce", policy) for policy in ("accurate", "balanced", "compact")),
-    *(Arm(f"fp16 {policy}", "float16", "lce", policy) for policy in ("accurate", "balanced", "compact")),
+    *(Arm(f"bf16 {policy}", "bfloat16", "lce", policy) for policy in EXPLICIT_POLICIES),
+    *(Arm(f"fp16 {policy}", "float16", "lce", policy) for policy in EXPLICIT_POLICIES),
 )
 ARM_NAMES: dict[str, Arm] = {arm.name: arm for arm in ARMS}
 
