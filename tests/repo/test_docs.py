@@ -61,3 +61,14 @@ def test_bf16_errors_per_family_with_seed_intervals(tmp_path):
     assert f"torch's default is {loss.median():.2f}x [{low:.2f}–{high:.2f}] on the loss" in text
     assert text.startswith("In bf16 on the CPU") and "on `random` inputs lce's default is" in text
     assert "2 seeds: medians over seeds; in brackets the 5th–95th percentile over seeds" in text
+
+
+@pytest.mark.parametrize("name, tables", [("realistic-inputs", 4), ("does-it-matter", 3)])
+def test_notebook_05_and_06_blocks_are_labelled_tables_of_numbers(name, tables):
+    """Each table is one label line (ending in a colon) and rows of equal width; no sentences besides."""
+    parts = readme.BLOCKS[name](ROOT / "analysis" / "results").strip().split("\n\n")
+    assert len(parts) == 2 * tables
+    for label, table in zip(parts[::2], parts[1::2], strict=True):
+        lines = table.splitlines()
+        assert label.endswith(":") and "\n" not in label and re.fullmatch(r"(\|---)+\|", lines[1])
+        assert len(lines) > 2 and {line.count("|") for line in lines} == {lines[1].count("|")}
