@@ -15,14 +15,18 @@
 # %%
 import os
 
+import torch
 from IPython.display import Markdown, display
 
+from analysis.core.head_dumps import load_head_dump
 from analysis.core.results_io import FAMILY_STATS, MARGINS, RARE_ROWS, load_kind
 from analysis.judge import pareto
 from analysis.paths import RESULTS_DIR
 from analysis.report import figures
-from analysis.report import nb05_realistic_inputs as family_conclusions
+from analysis.report import nb05_realistic_inputs as nb05
+from analysis.report.nb05_realistic_inputs import span
 from analysis.report.tables import show
+from lce.policies import auto_pick
 
 # %matplotlib inline
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # reads committed data only; nothing to shorten
@@ -49,7 +53,34 @@ figure = figures["families"]
 display(figure.figure, Markdown(figure.markdown))
 
 # %%
-Markdown(family_conclusions.family_portraits(stats))
+traits = nb05.family_traits(stats)
+uniform, others = traits.loc["random"], traits.drop(index="random")
+calibrated = traits[traits.index.str.startswith("calibrated")]
+trained = traits[traits.index.str.startswith("trained")]
+meta = load_head_dump("final").meta
+model, lm_training = meta["model_config"], meta["train_config"]
+Markdown(f"""**Conclusion.** The families differ where rounding is fragile. `random` is confidently wrong on almost
+every row: 95% of its rows give the target less than {uniform["p_target_q0.95"]:.1g} probability (mean loss
+{uniform["mean_loss"]:.1f} nats), and its targets are uniform (rank-frequency slope {uniform["zipf_slope"]:.2f}). Every
+other family has Zipfian targets (slopes {span(others["zipf_slope"], sep=" to ")}). Only the calibrated families have
+near-certain rows ({span(calibrated["share_p_target_above_0.999"], ".1%")} of rows with p_target > 0.999, margins up
+to {calibrated["max_margin"].max():.0f} nats) and outlier features (the largest
+{span(calibrated["feature_rms_max_over_median"], ".0f")}x the median feature's RMS). The trained head has neither:
+{trained["share_p_target_above_0.999"].max():.1%} near-certain rows, margins up to
+{trained["max_margin"].max():.1f} nats, its largest feature {span(trained["feature_rms_max_over_median"], ".1f")}x the
+median's.
+
+*Inputs:* {", ".join(f"`{f}`" for f in traits.index)} at {stats.N.iloc[0]}×{stats.D.iloc[0]}×{stats.C.iloc[0]}
+(N×D×C), seed {stats.seed.iloc[0]}, statistics in fp64 on each family's fp32 draw (`python -m analysis
+family-stats`); "confidently wrong": 95% of rows below p_target {nb05.WRONG_P:g}; "Zipfian": slope below
+{nb05.ZIPF_SLOPE:g}; "near-certain rows": more than {nb05.CONFIDENT_SHARE:.0%} of rows above 0.999; "outliers":
+above {nb05.OUTLIER_RATIO:g}x.
+
+*Limits:* one draw per family ({stats.N.iloc[0]} rows: a mean loss is a few tenths of a nat from sampling). The
+trained model is small ({model["n_layers"]} layers, D={model["d_model"]}, {meta["step"]} steps of
+{lm_training["batch_size"]}×{model["context"]} tokens, held-out loss {meta["heldout_loss"]:.2f} nats): its loss is
+above a production LM's and it has not learned the near-certain predictions larger models make, which is what the
+`calibrated` family supplies synthetically.""")
 
 # %% [markdown]
 # ## Confident rows: the target terms without cancellation
@@ -63,7 +94,33 @@ figure = figures["margins"]
 display(figure.figure, Markdown(figure.markdown))
 
 # %%
-Markdown(family_conclusions.margins(studies[MARGINS.name]))
+margins = studies[MARGINS.name]
+worst = nb05.margin_worst(margins)
+show(worst[worst.impl.isin(nb05.MARGIN_SHOWN)].sort_values(["dtype", "worst"]),
+     {"worst": "{:.2f}", "at_margin": "{:g}", "worst_to_10": "{:.2f}", "loss_ulps": "{:.2f}"}, name="margins-worst")
+
+# %%
+ours = worst[worst.impl.isin(["lce accurate cpu acc=fp32", "lce accurate cuda acc=fp32"])]
+peers = worst[worst.impl.isin(nb05.MARGIN_PEERS) & (worst.dtype == "bfloat16")]
+cuda_auto = worst[worst.impl == "lce auto cuda acc=default"]
+Markdown(f"""**Conclusion.** lce's cancellation-free target terms hold at every margin: `accurate` with fp32
+accumulation, on the CPU and on the CUDA layouts, stays within {ours.worst.max():.2f} floors on both gradients from
+{margins.margin.min():g} to {margins.margin.max():g} nats in bf16 and fp16, its loss within
+{ours.loss_ulps.max():.2f} ulp of fp64. The implementations that form `p_y − 1` by subtraction (torch's op with fp32
+accumulation, the unfused fp32 formula) do as well up to 10 nats (within {peers.worst_to_10.max():.2f} floors in
+bf16) and then break down: {span(peers.worst, ".0f")} floors in bf16 at
+{span(peers.at_margin, "g")} nats, {span(peers.loss_ulps, ".0f")} ulps on the loss. lce's CUDA "auto" entry
+(balanced) stays within {cuda_auto.worst.max():.2f} floors at every margin, its loss within
+{cuda_auto.loss_ulps.max():.2f} ulp. The table gives every implementation's worst margin.
+
+*Inputs:* rows whose target leads every other class by the margin (`families.confident_rows`),
+{margins.N.iloc[0]}×{margins.D.iloc[0]}×{margins.C.iloc[0]}, {margins.seed.nunique()} seeds (the worst seed median
+over the margins), bf16 and fp16, errors against the cancellation-free fp64 reference (`python -m analysis
+margins`); "cuda" rows are lce's CUDA layouts emulated on CPU, CPU {margins.cpu_model.iloc[0]}.
+
+*Limits:* in fp16, past 15 nats the exact gradients fall below fp16's subnormals and every implementation reads
+1 floor there: fp16 cannot judge large margins. An explicit policy without acc_dtype accumulates in the input dtype
+(torch's options contract), so those rows (in the figure) measure bf16/fp16 accumulation, not the target terms.""")
 
 # %% [markdown]
 # ## Rare classes' weight-gradient rows in fp16 and bf16
@@ -76,7 +133,32 @@ figure = figures["rare_rows"]
 display(figure.figure, Markdown(figure.markdown))
 
 # %%
-Markdown(family_conclusions.rare_rows(studies[RARE_ROWS.name]))
+rare = nb05.rare_summary(studies[RARE_ROWS.name])
+shown = rare[rare.impl.isin(nb05.RARE_SHOWN)].assign(impl=lambda r: r.impl.map(nb05.RARE_SHOWN))
+show(shown.drop(columns=["N", "D", "C"]), {"frobenius": "{:.2f}", "p99": "{:.1f}", "max": "{:.0f}"},
+     name="rare-rows-summary")
+
+# %%
+compact = rare[rare.impl == "lce compact cuda acc=fp32 aspect_ratio:2"].set_index("dtype")
+balanced = rare[rare.impl == "lce balanced cuda acc=fp32 aspect_ratio:2"].set_index("dtype")
+cpu_auto = rare[rare.impl == "lce auto cpu acc=default auto"]
+torch_default = rare[rare.impl == "torch default"]
+cuda_picks = ", ".join(f"{dtype} → {auto_pick('cuda', getattr(torch, dtype)).acc_policy}" for dtype in compact.index)
+Markdown(f"""**Conclusion.** On the CUDA layouts, compact's once-per-chunk rounding of the weight gradient is
+{span(compact.frobenius / balanced.frobenius, ".0f")}x balanced's error on the whole grad_weight
+({span(compact.frobenius)} against {span(balanced.frobenius)} floors) and
+{span(compact["max"] / balanced["max"], ".0f")}x on the worst class row (up to {compact["max"].max():.0f} floors,
+on classes the batch never targets), with the same chunks: balanced only sums in fp32. lce's CUDA
+"auto" entries resolve to balanced ({cuda_picks}) and measure exactly as it does here. On the CPU, "auto" is within
+{cpu_auto["max"].max():.2f} floors on every class row; torch's default reaches {torch_default["max"].max():.0f}.
+
+*Inputs:* `{studies[RARE_ROWS.name].family.iloc[0]}` inputs (Zipfian targets),
+{rare.N.iloc[0]}×{rare.D.iloc[0]}×{rare.C.iloc[0]}, {studies[RARE_ROWS.name].seed.nunique()} seeds (Frobenius and
+p99: seed medians; the worst row: over all seeds), fp16 and bf16, each class row of grad_weight against its own
+rounding floor (`python -m analysis rare-rows`); "cuda" is lce's CUDA layouts emulated on CPU.
+
+*Limits:* one shape (emulating the CUDA layouts on CPU costs C² with aspect_ratio:2). `rare_rows_c32768.csv` holds a
+2-seed spot check at C=32768, taken while CUDA "auto" still resolved to compact; it is drawn on nowhere here.""")
 
 # %% [markdown]
 # ## Do the verdicts change with the inputs?
@@ -86,11 +168,29 @@ Markdown(family_conclusions.rare_rows(studies[RARE_ROWS.name]))
 
 # %%
 verdicts = pareto.verdicts(table)
-show(family_conclusions.verdict_matrix(verdicts), wrap=[c for c in ("random", "calibrated", "trained")],
+show(nb05.verdict_matrix(verdicts), wrap=[c for c in ("random", "calibrated", "trained")],
      wrap_width="40ch", name="verdicts-per-family")
 
 # %%
-Markdown(family_conclusions.verdict_changes(verdicts))
+changes = nb05.verdict_changes(verdicts)
+low_precision = changes[changes.dtype != "float32"]
+on_memory = changes[changes["memory front"]]
+fp32 = changes[changes.dtype == "float32"]
+Markdown(f"""**Conclusion.** No "auto" entry's verdict changes between the input families: each of the
+{len(changes)} entries is on the memory front in every family or in none, and likewise on the time front (CPU
+entries). On the memory front in every family: {", ".join(f"{r.device} {r.dtype}" for r in on_memory.itertuples())};
+off it in every family: the other {len(changes) - len(on_memory)}. The errors move with the family without moving a
+verdict: every bf16 and fp16 pick's median stays within {low_precision["error high"].max():.2f} floors in every
+family, and an fp32 pick's median changes by up to {(fp32["error high"] / fp32["error low"]).max():.1f}x between
+families ({fp32["error low"].min():.0f} to {fp32["error high"].max():.0f} floors).
+
+*Inputs:* the committed quick and medium grids: {", ".join(sorted(verdicts.family.unique()))} inputs, shapes
+{", ".join(sorted(verdicts["shape"].unique()))}, up to {verdicts.seeds.max()} seeds per configuration (a pick is on a
+front in a family when it is there in every seed and shape); CPU {table[table.device == "cpu"].cpu_model.iloc[0]}.
+
+*Limits:* the CUDA entries are judged on lce's CUDA layouts run on CPU tensors (exact products, fp32 sums in the
+CPU's order; memory from lce's model, no time). CPU times are one thread on a shared 2-core machine, so time verdicts
+within 10–20% are noise.""")
 
 # %% [markdown]
 # ## Rows and bias: what the Frobenius error does not say
@@ -104,4 +204,30 @@ for stem in ("row_errors_cuda-emulated", "gradient_bias"):
         display(figures[stem].figure, Markdown(figures[stem].markdown))
 
 # %%
-Markdown(family_conclusions.rows_and_bias(table))
+rows = nb05.rows_and_bias(table)
+show(rows[["device", "family", "dtype", "op", *nb05.ROW_COLUMNS, "grad_weight_row_max_high"]],
+     {c: "{:+.2f}" if "bias" in c else "{:.2f}" for c in [*nb05.ROW_COLUMNS, "grad_weight_row_max_high"]},
+     name="rows-and-bias")
+
+# %%
+torch_rows, lce_rows = rows[rows.op == "torch"], rows[rows.op == "lce"]
+lce_cuda = lce_rows[lce_rows.device == "cuda-emulated"]
+torch_bias = torch_rows.set_index("family").grad_weight_bias_in_floors
+Markdown(f"""**Conclusion.** The whole-tensor error understates the worst rows: for torch's defaults the worst class
+row is {span(torch_rows.grad_weight_row_max / torch_rows.grad_weight_fro_in_floors, ".0f")}x the Frobenius error
+(up to {torch_rows.grad_weight_row_max.max():.0f} floors), for lce's defaults on the emulated CUDA layouts
+{span(lce_cuda.grad_weight_row_max / lce_cuda.grad_weight_fro_in_floors, ".0f")}x (up to
+{lce_cuda.grad_weight_row_max.max():.1f}). lce's defaults on the CPU are at the floor on every row (worst
+{lce_rows[lce_rows.device == "cpu"].grad_weight_row_max.max():.2f}). The bias separates the two ops: torch's
+defaults lengthen grad_weight along the exact gradient by {span(torch_bias.drop("random"), "+.1f", " to ")} floors
+on the calibrated and trained families (a bias: it does not average out over steps), while on `random` it is
+{span(torch_bias["random"], "+.2f", " to ")}; lce's defaults stay within
+{lce_rows.grad_weight_bias_in_floors.abs().max():.2f} floors of no bias everywhere, what unbiased rounding leaves.
+
+*Inputs:* default options of lce and torch (policy and chunking "auto"), bf16 and fp16, the largest shape of each
+family in the committed grids ({", ".join(sorted({f"{r.N}×{r.D}×{r.C}" for r in rows.itertuples()}))}); seed
+medians ({pareto.INTERVAL} for the worst row's upper end); CPU {table[table.device == "cpu"].cpu_model.iloc[0]}.
+
+*Limits:* each row is measured against its own rounding floor, so a row whose entries are all tiny reads large even
+when its absolute error is below the tensor's; the CUDA rows are lce's CUDA layouts on CPU tensors, and torch's op was
+not run on them.""")

@@ -1,4 +1,7 @@
-"""Notebook 05 (realistic inputs): its figures, conclusions and README block.
+"""Notebook 05 (do the verdicts hold on realistic inputs?): its figures, its key numbers and its README block.
+
+The notebook's prose quotes the key numbers; ``tests/claims/test_nb05_realistic_inputs.py`` asserts each claim the
+prose (and the README around the block) makes about them, on the committed results.
 """
 
 from __future__ import annotations
@@ -9,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import seaborn as sns
-import torch
 from matplotlib import ticker
 
 from analysis.core.results_io import latest, load_kind
-from analysis.judge.pareto import INTERVAL, seed_interval, verdicts
+from analysis.judge.pareto import seed_interval, verdicts
 from analysis.report.style import (
     ERROR_SPAN,
     PALETTE,
@@ -29,7 +31,7 @@ from analysis.report.style import (
     panel_grid,
     seed_caption,
 )
-from analysis.report.wording import _conclusion, _finding, _format, _join, _range, _shapes
+from analysis.report.tables import check
 
 ROW_METRICS = {"grad_weight_fro_in_floors": ("Frobenius (whole tensor)", "o"),
                "grad_weight_row_p99": ("99th percentile class row", "^"),
@@ -312,64 +314,69 @@ def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
                            "at other shapes are in the data only. Data: the rare_rows results (python -m analysis "
                            "rare-rows).")
 
-CONFIDENT_SHARE = 0.01
-"""A family "has confident rows" when more than this share of its rows has p_target > 0.999."""
+# --- key numbers: the notebook's prose quotes them, tests/claims/test_nb05_realistic_inputs.py asserts its claims
 
+CONFIDENT_SHARE = 0.01
+"""A family "has near-certain rows" when more than this share of its rows has p_target > 0.999."""
 OUTLIER_RATIO = 10.0
 """A family "has feature outliers" when its largest feature's RMS exceeds the median feature's by this factor."""
+ZIPF_SLOPE = -0.5
+"""A family "has Zipfian targets" when its rank-frequency slope (log-log) is below this."""
+WRONG_P = 1e-3
+"""A family is "confidently wrong on almost every row" when 95% of its rows give the target less than this."""
+TRAITS = {"mean_loss": "mean loss (nats)", "p_target_q0.5": "median p_target", "p_target_q0.95": "95th pct p_target",
+          "share_p_target_above_0.999": "rows with p_target > 0.999", "max_margin": "largest margin (nats)",
+          "feature_rms_max_over_median": "largest / median feature RMS", "zipf_slope": "rank-frequency slope"}
 
 
-def _statistic(values: pd.DataFrame, family: str, name: str) -> float:
-    return float(values.loc[family, name]) if family in values.index and name in values.columns else float("nan")
+def family_traits(stats: pd.DataFrame) -> pd.DataFrame:
+    """One row per family (the study's order), one column per statistic of :data:`TRAITS`."""
+    values = stats[stats["statistic"].isin(TRAITS)].pivot_table(index="family", columns="statistic", values="value")
+    return values.reindex(index=list(dict.fromkeys(stats["family"])), columns=list(TRAITS))
 
 
-def family_portraits(stats: pd.DataFrame) -> str:
-    """What separates the families: loss, confident rows, margins, feature outliers, Zipfian targets."""
-    values = stats[stats["statistic"] != "target_count"].pivot_table(index="family", columns="statistic",
-                                                                     values="value")
-    families = list(dict.fromkeys(stats["family"]))
-    bullets = []
-    for family in families:
-        loss = _statistic(values, family, "mean_loss")
-        confident = _statistic(values, family, "share_p_target_above_0.999")
-        median_p = _statistic(values, family, "p_target_q0.5")
-        top_margin = _statistic(values, family, "max_margin")
-        outliers = _statistic(values, family, "feature_rms_max_over_median")
-        slope = _statistic(values, family, "zipf_slope")
-        bullets.append(f"`{family}`: mean loss {loss:.2f} nats, median p_target {median_p:.2g}, "
-                       f"{confident:.1%} of rows with p_target > 0.999 (largest margin {top_margin:.1f} nats), "
-                       f"largest feature {outliers:.1f}x the median feature's RMS, rank-frequency slope "
-                       f"{slope:.2f}")
-    def named(names: list[str]) -> str:
-        return _join([f"`{f}`" for f in names]) or "none"
-
-    confident = [f for f in families if _statistic(values, f, "share_p_target_above_0.999") > CONFIDENT_SHARE]
-    outliers = [f for f in families if _statistic(values, f, "feature_rms_max_over_median") > OUTLIER_RATIO]
-    zipfian = [f for f in families if _statistic(values, f, "zipf_slope") < -0.5]
-    wrong = [f for f in families if _statistic(values, f, "p_target_q0.95") < 1e-3]
-    finding = (f"Confidently wrong on almost every row (95% of rows below p_target 0.001): {named(wrong)}. "
-               f"Zipfian targets (rank-frequency slope below −0.5): {named(zipfian)}. More than "
-               f"{CONFIDENT_SHARE:.0%} of rows predicted with near certainty (p_target > 0.999): {named(confident)}. "
-               f"Feature outliers above {OUTLIER_RATIO:g}x the median feature's RMS: {named(outliers)}.")
-    seed = int(stats["seed"].iloc[0]) if "seed" in stats else 0
-    return _conclusion(
-        finding, bullets,
-        inputs=f"{_join([f'`{f}`' for f in families])} at {_shapes(stats)}, seed {seed}, statistics in fp64 on "
-               "each family's fp32 draw (`python -m analysis family-stats`).",
-        limits=f"one draw per family ({int(stats['N'].iloc[0])} rows each: a mean loss is a few tenths of a nat from "
-               f"sampling); the trained model is small ({_trained_model()}): its loss is above a production LM's 2–3 "
-               "nats and it has not learned the near-certain predictions larger models make, which the "
-               "`calibrated` family supplies synthetically.")
+MARGIN_PEERS = ("torch accurate acc=fp32", "torch compact acc=fp32", "unfused fp32")
+"""The margins study's implementations that form ``p_y - 1`` and ``lse - z_y`` by subtraction."""
+MARGIN_SHOWN = ("lce accurate cpu acc=fp32", "lce accurate cuda acc=fp32", "lce auto cpu acc=default",
+                "lce auto cuda acc=default", *MARGIN_PEERS)
 
 
-def _trained_model() -> str:
-    """The trained family's model in words, from its final dump's metadata."""
-    from analysis.core.head_dumps import load_head_dump
+def margin_worst(margins: pd.DataFrame) -> pd.DataFrame:
+    """Per dtype and implementation: the largest seed-median worst-gradient floors over the margins
+    (``worst``) and the margin where it is (``at_margin``), the same over margins <= 10 nats
+    (``worst_to_10``), and the largest loss distance in ulps (``loss_ulps``)."""
+    data = margins.assign(worst=margins[["grad_input_floors", "grad_weight_floors"]].max(axis=1))
+    medians = data.groupby(["dtype", "impl", "margin"], sort=True)["worst"].median().reset_index()
+    rows = []
+    for (dtype, impl), group in medians.groupby(["dtype", "impl"], sort=True):
+        top = group.loc[group["worst"].idxmax()]
+        rows.append({"dtype": dtype, "impl": impl, "worst": top["worst"], "at_margin": top["margin"],
+                     "worst_to_10": group[group["margin"] <= 10]["worst"].max(),
+                     "loss_ulps": data[(data["dtype"] == dtype) & (data["impl"] == impl)]["loss_ulps"].max()})
+    return pd.DataFrame(rows)
 
-    meta = load_head_dump("final").meta
-    model, training = meta["model_config"], meta["train_config"]
-    return (f"{model['n_layers']} layers, D={model['d_model']}, {meta['step']} steps of {training['batch_size']}x"
-            f"{model['context']} tokens, held-out loss {meta['heldout_loss']:.2f} nats")
+
+RARE_SHOWN = {"lce auto cpu acc=default auto": "lce CPU auto", "lce auto cuda acc=default auto": "lce CUDA auto",
+              "lce compact cuda acc=fp32 aspect_ratio:2": "compact, CUDA layouts, fp32 acc, aspect_ratio:2",
+              "lce balanced cuda acc=fp32 aspect_ratio:2": "balanced, CUDA layouts, fp32 acc, aspect_ratio:2",
+              "torch default": "torch's default", "unfused": "unfused in the input dtype"}
+
+
+def rare_summary(rare: pd.DataFrame) -> pd.DataFrame:
+    """At the study's shape (the one with the most rows; spot checks elsewhere stay out), per dtype and
+    implementation: the Frobenius floors (seed median), the worst bin's p99 row (seed median) and the worst
+    row over seeds, each with the bin of classes it is in."""
+    n, d, c = rare.groupby(["N", "D", "C"]).size().idxmax()
+    rare = rare[(rare["N"] == n) & (rare["D"] == d) & (rare["C"] == c)]
+    rows = []
+    for (dtype, impl), group in rare.groupby(["dtype", "impl"], sort=True):
+        bins = group[group["bin"] != "all"]
+        p99 = bins.groupby("bin")["row_p99"].median()
+        top = bins.loc[bins["row_max"].idxmax()]
+        rows.append({"dtype": dtype, "impl": impl, "N": n, "D": d, "C": c,
+                     "frobenius": group.groupby("seed")["grad_weight_floors"].first().median(),
+                     "p99": p99.max(), "p99_bin": p99.idxmax(), "max": top["row_max"], "max_bin": top["bin"]})
+    return pd.DataFrame(rows)
 
 
 def _cell(rows: pd.DataFrame) -> str:
@@ -403,199 +410,97 @@ def verdict_matrix(verdicts_table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["device", "dtype", "auto pick", *families])
 
 
-def verdict_changes(verdicts_table: pd.DataFrame) -> str:
-    """Per auto entry: do its memory/time verdicts and its error change between input families?"""
-    if verdicts_table.empty:
-        return _conclusion("The results hold no run of an \"auto\" pick to judge.",
-                           inputs="the committed sweep results.", limits="nothing to conclude from.")
-    bullets, changed = [], []
-    for (device, dtype, pick), group in verdicts_table.groupby(["device", "dtype", "pick"], sort=True):
-        per_family = group.groupby("family", sort=False).agg(
-            memory=("on_memory_front", "all"), time=("on_time_front", "all"), error=("error", "median"),
-            high=("error_high", "max"))
-        words = []
-        for family, row in per_family.iterrows():
-            time = "" if device == "cuda-emulated" else f", time front {'✓' if row.time else '✗'}"
-            words.append(f"{family}: memory front {'✓' if row.memory else '✗'}{time}, {row.error:.2f} floors "
-                         f"[up to {row.high:.2f}]")
-        varies = per_family["memory"].nunique() > 1 or (device != "cuda-emulated" and per_family["time"].nunique() > 1)
-        if varies:
-            changed.append(f"{device} {dtype}")
-        bullets.append(f"**{device} {dtype} → {pick}**{' (changes with the inputs)' if varies else ''}: "
-                       + "; ".join(words))
-    finding = (f"The verdict changes between input families for {_join(changed)}." if changed else
-               "No auto entry's verdict changes between the input families measured.")
-    seeds = int(verdicts_table["seeds"].max())
-    return _conclusion(
-        finding, bullets,
-        inputs=f"the committed quick and medium grids: {_join(sorted(set(verdicts_table['family'])))} inputs, "
-               f"shapes {_join(sorted(set(verdicts_table['shape'])))}, up to {seeds} seeds per configuration "
-               "(✓: on the front in every seed and shape; errors are seed medians, in brackets the largest 95th "
-               "percentile over seeds).",
-        limits="CUDA entries are judged on lce's CUDA layouts run on CPU tensors (exact products, fp32 sums in "
-               "the CPU's order; memory is lce's model, no time); CPU times are one thread on a shared 2-core "
-               "machine, so time verdicts within 10–20% are noise.")
+def verdict_changes(verdicts_table: pd.DataFrame) -> pd.DataFrame:
+    """Per auto entry (device, dtype, pick): is it on the memory / time front in every family (on a front in a
+    family: in every seed and shape there), does either mark change between families (time is not judged on
+    emulated layouts), and the lowest and highest family's median worst-gradient error (floors)."""
+    per_family = verdicts_table.groupby(["device", "dtype", "pick", "family"]).agg(
+        memory=("on_memory_front", "all"), time=("on_time_front", "all"), error=("error", "median"))
+    emulated = per_family.index.get_level_values("device") == "cuda-emulated"
+    per_family["time"] = per_family["time"].astype(object).where(~emulated)
+    grouped = per_family.groupby(level=["device", "dtype", "pick"])
+    changes = (grouped["memory"].nunique() > 1) | (grouped["time"].nunique() > 1)
+    return pd.DataFrame({"families": grouped.size(), "memory front": grouped["memory"].all(),
+                         "time front": grouped["time"].agg(lambda t: t.all() if t.notna().all() else np.nan),
+                         "changes": changes, "error low": grouped["error"].min(),
+                         "error high": grouped["error"].max()}).reset_index()
 
 
 ROW_COLUMNS = ("grad_weight_fro_in_floors", "grad_weight_row_p99", "grad_weight_row_max", "grad_weight_bias_in_floors")
 
 
-def rows_and_bias(table: pd.DataFrame) -> str:
-    """05: per device, family and dtype, lce's default options next to torch's: grad_weight's whole-tensor error,
-    its p99 and worst class row, and its signed bias (seed medians; the largest shape of each family)."""
-    from analysis.judge.pareto import seed_interval
-
+def rows_and_bias(table: pd.DataFrame) -> pd.DataFrame:
+    """Per device, family, dtype and op (lce, torch), default options in bf16 and fp16 at each family's largest
+    shape: grad_weight's Frobenius floors, p99 and worst class row, and signed bias (seed medians, with the
+    interval of :func:`analysis.judge.pareto.seed_interval`)."""
     data = table[(table["op"].isin(["lce", "torch"])) & (table["policy"] == "auto") & (table["chunking"] == "auto")
                  & (table["acc_dtype"] == "default") & (table["dtype"] != "float32")]
-    if data.empty or not set(ROW_COLUMNS) <= set(data.columns):
-        return _conclusion("The results hold no per-row errors of the default options.",
-                           inputs="the committed sweep results.", limits="nothing to conclude from.")
     largest = data.groupby("family")["N"].transform("max") == data["N"]
     medians = seed_interval(data[largest], list(ROW_COLUMNS))
-    bullets = []
-    worst_gap = None
-    for row in medians.sort_values(["device", "family", "dtype", "op"]).itertuples():
-        values = row._asdict()
-        gap = values["grad_weight_row_max"] / values["grad_weight_fro_in_floors"]
-        if worst_gap is None or gap > worst_gap[0]:
-            worst_gap = (gap, f"{row.op} on {row.device}, {row.family} {row.dtype}")
-        bullets.append(f"{row.device} {row.family} {row.dtype} {row.N}×{row.D}×{row.C}, {row.op} defaults: "
-                       f"{values['grad_weight_fro_in_floors']:.2f} floors on the whole grad_weight, "
-                       f"{values['grad_weight_row_p99']:.2f} at the 99th-percentile class row, "
-                       f"{values['grad_weight_row_max']:.2f} at the worst (up to "
-                       f"{values['grad_weight_row_max_high']:.2f}), bias "
-                       f"{_format(values['grad_weight_bias_in_floors'], '+.2f')} floors")
-    finding = (f"The worst class row is up to {worst_gap[0]:.0f}x the whole tensor's error ({worst_gap[1]}); "
-               "a bias of a fraction of a floor is what unbiased rounding leaves, a bias of whole floors "
-               "shrinks or grows every step's update the same way.")
-    return _conclusion(
-        finding, bullets,
-        inputs=f"default options of lce and torch (policy and chunking \"auto\"), bf16 and fp16, the largest "
-               f"shape of each family in the committed grids; seed medians (intervals: {INTERVAL}).",
-        limits="row errors are each row against its own rounding floor, so a row whose entries are all tiny "
-               "reads large even when its absolute error is below the tensor's; CUDA rows are lce's CUDA "
-               "layouts on CPU tensors.")
+    return medians.sort_values(["device", "family", "dtype", "op"]).reset_index(drop=True)
 
 
-def _worst_over_margins(margins: pd.DataFrame) -> pd.DataFrame:
-    """Per dtype and implementation: the largest seed-median worst-gradient floors over the margins, the margin
-    where it occurs, the same restricted to margins <= 10 nats, and the largest loss distance in ulps."""
-    data = margins.assign(worst=margins[["grad_input_floors", "grad_weight_floors"]].max(axis=1))
-    medians = data.groupby(["dtype", "impl", "margin"], sort=True)["worst"].median().reset_index()
-    rows = []
-    for (dtype, impl), group in medians.groupby(["dtype", "impl"], sort=True):
-        top = group.loc[group["worst"].idxmax()]
-        rows.append({"dtype": dtype, "impl": impl, "worst": top["worst"], "at_margin": top["margin"],
-                     "worst_to_10": group[group["margin"] <= 10]["worst"].max(),
-                     "loss_ulps": data[(data["dtype"] == dtype) & (data["impl"] == impl)]["loss_ulps"].max()})
-    return pd.DataFrame(rows)
+# --- README block and its formatting
+
+def span(values, spec: str = ".2f", sep: str = "–") -> str:
+    """``"1.00"`` when every finite value formats the same, else ``"1.00–1.48"`` (lowest, ``sep``, highest)."""
+    values = [v for v in values if pd.notna(v) and np.isfinite(v)]
+    low, high = format(min(values), spec), format(max(values), spec)
+    return low if low == high else f"{low}{sep}{high}"
 
 
-MARGIN_BULLETS = ("lce auto cpu acc=default", "lce auto cuda acc=default", "lce accurate cpu acc=fp32",
-                  "lce accurate cuda acc=fp32", "torch accurate acc=fp32", "torch compact acc=fp32", "unfused fp32")
-"""The implementations the margins conclusion lists one by one (the figure shows every one)."""
+def markdown_table(frame: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
+    """``frame`` as a Markdown table: numbers through their column's ``formats`` spec, booleans ✓/✗, NaN "—"."""
+    formats = formats or {}
+
+    def cell(column, value) -> str:
+        if isinstance(value, (bool, np.bool_)) or pd.isna(value):
+            return check(value)
+        return value if isinstance(value, str) else format(value, formats.get(column, ""))
+
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|---" * len(frame.columns) + "|"]
+    lines += ["| " + " | ".join(cell(c, v) for c, v in zip(frame.columns, row, strict=True)) + " |"
+              for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
 
 
-def margins(margins: pd.DataFrame) -> str:
-    """05: lce's cancellation-free target terms against the unfused fp32 formula and torch's op, 0-40 nats."""
-    if margins.empty:
-        return _conclusion("No margins results yet (`python -m analysis margins`).",
-                           inputs="the committed results.", limits="nothing to conclude from.")
-    worst = _worst_over_margins(margins)
-    ours = worst[worst["impl"].str.startswith("lce accurate") & worst["impl"].str.endswith("acc=fp32")]
-    peers = worst[~worst["impl"].str.startswith("lce")]
-    bf16_peers = peers[peers["dtype"] == "bfloat16"]
-    finding = (f"lce's `accurate` with fp32 accumulation (CPU and CUDA layouts) stays within "
-               f"{ours['worst'].max():.2f} floors on both gradients at every margin from "
-               f"{margins['margin'].min():g} to {margins['margin'].max():g} nats in bf16 and fp16, its loss within "
-               f"{ours['loss_ulps'].max():.2f} ulp of fp64. The peers that form `p_y − 1` reach "
-               f"{_range(bf16_peers['worst'], '.0f')} floors in bf16 (at {_range(bf16_peers['at_margin'], 'g')} "
-               f"nats) and {_range(bf16_peers['loss_ulps'], '.0f')} ulps on the loss, while being within "
-               f"{bf16_peers['worst_to_10'].max():.2f} floors up to 10 nats.")
-    bullets = []
-    shown = worst[worst["impl"].isin(MARGIN_BULLETS)]
-    for row in shown.sort_values(["dtype", "worst"]).itertuples():
-        bullets.append(f"{row.dtype}, {row.impl}: worst {row.worst:.2f} floors (at {row.at_margin:g} nats; "
-                       f"{row.worst_to_10:.2f} up to 10 nats), loss within {row.loss_ulps:.2f} ulps")
-    first = margins.iloc[0]
-    return _conclusion(
-        finding, bullets,
-        inputs=f"rows whose target leads by 0–40 nats (`families.confident_rows`), {first.N}×{first.D}×{first.C}, "
-               f"{margins['seed'].nunique()} seeds (seed medians), bf16 and fp16, errors against the "
-               "cancellation-free fp64 reference (`python -m analysis margins`).",
-        limits="in fp16 past about 15 nats the exact gradients are below fp16's subnormals, so every "
-               "implementation reads 1 floor there: fp16 cannot judge large margins. An explicit policy without "
-               "acc_dtype accumulates in the input dtype (torch's options contract): those rows measure bf16/fp16 "
-               "accumulation, not the target terms.")
+def by_dtype(frame: pd.DataFrame, names: dict[str, str], order) -> pd.DataFrame:
+    """One row per ``impl`` of ``order`` (renamed by it when a dict), one column "bf16 NAME" / "fp16 NAME" per
+    column of ``names`` (a dict of column to NAME)."""
+    wide = frame[frame["impl"].isin(order)].set_index(["impl", "dtype"])[list(names)].unstack("dtype")
+    wide.columns = [f"{dtype.replace('bfloat', 'bf').replace('float', 'fp')} {names[n]}" for n, dtype in wide.columns]
+    wide = wide.reindex([impl for impl in order if impl in wide.index])
+    return wide.rename(index=order if isinstance(order, dict) else {}).rename_axis("implementation").reset_index()
 
 
-def _rare_summary(rare: pd.DataFrame) -> pd.DataFrame:
-    """Per dtype and implementation: Frobenius floors (seed median), the worst bin's p99 row (seed median) and the
-    worst row over seeds, with the bin they occur in."""
-    rows = []
-    for (dtype, impl), group in rare.groupby(["dtype", "impl"], sort=True):
-        bins = group[group["bin"] != "all"]
-        p99 = bins.groupby("bin")["row_p99"].median()
-        top = bins.loc[bins["row_max"].idxmax()]
-        rows.append({"dtype": dtype, "impl": impl,
-                     "frobenius": group.groupby("seed")["grad_weight_floors"].first().median(),
-                     "p99": p99.max(), "p99_bin": p99.idxmax(), "max": top["row_max"], "max_bin": top["bin"]})
-    return pd.DataFrame(rows)
-
-
-def rare_rows(rare: pd.DataFrame) -> str:
-    """05: the weight-gradient rows of rarely targeted classes, per policy and layout, fp16 and bf16."""
-    if rare.empty:
-        return _conclusion("No rare-rows results yet (`python -m analysis rare-rows`).",
-                           inputs="the committed results.", limits="nothing to conclude from.")
-    summary = _rare_summary(rare)
-
-    def line(impl_prefix: str) -> list[str]:
-        picked = summary[summary["impl"] == impl_prefix]
-        return [f"{r.dtype}: {r.frobenius:.2f} floors Frobenius, p99 row {r.p99:.1f} (classes targeted "
-                f"{r.p99_bin}), worst row {r.max:.0f} ({r.max_bin})" for r in picked.itertuples()]
-
-    compact = summary[summary["impl"] == "lce compact cuda acc=fp32 aspect_ratio:2"]
-    balanced = summary[summary["impl"] == "lce balanced cuda acc=fp32 aspect_ratio:2"]
-    from lce.policies import auto_pick
-
-    picks = _join(sorted({f"{dtype} → {auto_pick('cuda', getattr(torch, dtype)).acc_policy}"
-                          for dtype in summary["dtype"]}))
-    finding = (f"On the CUDA layouts, compact's once-per-chunk rounding of the weight gradient costs "
-               f"{_range(compact['frobenius'])} floors on the whole grad_weight and up to "
-               f"{compact['max'].max():.0f} floors on single class rows; balanced, with the same chunks and an fp32 "
-               f"sum, is {_range(balanced['frobenius'])} floors with no row above {balanced['max'].max():.1f}. "
-               f"lce's CUDA \"auto\" entries: {picks}.")
-    bullets = []
-    for name, impl in (("CPU auto", "lce auto cpu acc=default auto"), ("CUDA auto", "lce auto cuda acc=default auto"),
-                       ("compact, CUDA layout, fp32, aspect_ratio:2", "lce compact cuda acc=fp32 aspect_ratio:2"),
-                       ("balanced, CUDA layout, fp32, aspect_ratio:2", "lce balanced cuda acc=fp32 aspect_ratio:2"),
-                       ("torch's default", "torch default"), ("unfused in the input dtype", "unfused")):
-        bullets += [f"{name}, {text}" for text in line(impl)]
-    first = rare.iloc[0]
-    return _conclusion(
-        finding, bullets,
-        inputs=f"`{first.family}` inputs (Zipfian targets), {first.N}×{first.D}×{first.C}, "
-               f"{rare['seed'].nunique()} seeds (medians; the worst row over seeds), fp16 and bf16, each class row "
-               "of grad_weight against its own rounding floor (`python -m analysis rare-rows`).",
-        limits="one shape (the cost of emulating the CUDA layouts on CPU grows as C² with aspect_ratio:2); "
-               "`rare_rows_c32768.csv` holds a 2-seed spot check at C=32768 (`rare-rows --shape 2048x256x32768`); "
-               "CUDA numbers are lce's CUDA layouts on CPU tensors.")
+def _shape(frame: pd.DataFrame) -> str:
+    return f"{frame['N'].iloc[0]}×{frame['D'].iloc[0]}×{frame['C'].iloc[0]}"
 
 
 def readme_realistic_inputs(results: Path) -> str:
-    """Notebook 05's findings, one bullet each: the families, confident rows, rare rows, the verdicts per family."""
+    """Notebook 05's key numbers as four small tables: the families, confident rows, rare rows, verdicts."""
     from analysis.core.results_io import FAMILY_STATS, MARGINS, RARE_ROWS
     from analysis.judge.pareto import load_table
-    from analysis.report import nb05_realistic_inputs as realistic
 
-    studies = {kind.name: load_kind(results, kind.name)[1] for kind in (FAMILY_STATS, MARGINS, RARE_ROWS)}
-    _, table = load_table(results)
-    findings = [
-        ("The families", realistic.family_portraits(studies[FAMILY_STATS.name])
-         if len(studies[FAMILY_STATS.name]) else ""),
-        ("Confident rows", realistic.margins(studies[MARGINS.name])),
-        ("Rare classes' rows", realistic.rare_rows(studies[RARE_ROWS.name])),
-        ("The verdicts per family", realistic.verdict_changes(verdicts(table)) if len(table) else ""),
-    ]
-    return "\n".join(f"- **{name}.** {_finding(text)}" for name, text in findings if text) + "\n"
+    stats, margins, rare = (load_kind(results, kind.name)[1] for kind in (FAMILY_STATS, MARGINS, RARE_ROWS))
+    worst = by_dtype(margin_worst(margins), {"worst": "floors", "at_margin": "at (nats)", "loss_ulps": "loss (ulps)"},
+                     MARGIN_SHOWN)
+    rows = by_dtype(rare_summary(rare), {"frobenius": "Frobenius", "max": "worst row"}, RARE_SHOWN)
+    changes = verdict_changes(verdicts(load_table(results)[1]))
+    return "\n\n".join([
+        f"The families (`python -m analysis family-stats`, {_shape(stats)}, seed {stats['seed'].iloc[0]}):",
+        markdown_table(family_traits(stats).rename(columns=TRAITS).reset_index(),
+                       dict(zip(TRAITS.values(), (".2f", ".2g", ".2g", ".1%", ".1f", ".1f", ".2f"), strict=True))),
+        f"Confident rows, margins 0–{margins['margin'].max():g} nats (`python -m analysis margins`, {_shape(margins)}, "
+        f"{margins['seed'].nunique()} seeds): the largest seed-median error of the worse gradient over the margins, "
+        "where it is, the largest loss error:",
+        markdown_table(worst, {c: ".0f" if "nats" in c else ".2f" for c in worst.columns}),
+        f"Rare classes' grad_weight rows, `{rare['family'].iloc[0]}` inputs (`python -m analysis rare-rows`, "
+        f"{_shape(rare_summary(rare))}, {rare['seed'].nunique()} seeds): "
+        "Frobenius floors (seed median) and the worst class row over seeds (in its own floors):",
+        markdown_table(rows, {c: ".2f" for c in rows.columns}),
+        "Each auto entry's verdict per input family (quick and medium grids; ✓: on that front in every seed and "
+        "shape of every family; error: the lowest and the highest family's median, floors):",
+        markdown_table(changes.assign(changes=~changes["changes"]).rename(columns={"changes": "same everywhere"}),
+                       {"error low": ".2f", "error high": ".2f"}),
+    ]) + "\n"

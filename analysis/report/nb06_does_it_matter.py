@@ -1,8 +1,12 @@
-"""Notebook 06 (does a gradient error matter?): its figures, conclusions and README block.
+"""Notebook 06 (does a gradient error matter?): its figures, its key numbers and its README block.
+
+The notebook's prose quotes the key numbers; ``tests/claims/test_nb06_does_it_matter.py`` asserts each claim the
+prose (and the README around the block) makes about them, on the committed noise and training results.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +16,17 @@ from matplotlib.axes import Axes
 
 from analysis.core.results_io import load_kind
 from analysis.judge.pareto import INTERVAL, seed_interval
-from analysis.judge.rule import BIAS_LIMIT, ERROR_LIMIT, checkpoint_bias, peer_table, rule_lines, rule_table, study_rows
+from analysis.judge.rule import (
+    BIAS_LIMIT,
+    ERROR_LIMIT,
+    RATIO_COLUMNS,
+    checkpoint_bias,
+    peer_table,
+    rule_table,
+    study_rows,
+)
+from analysis.report.nb05_realistic_inputs import markdown_table, span
 from analysis.report.style import PALETTE, CaptionedFigure, apply_style, legend_below, log_axes, new_figure
-from analysis.report.wording import _conclusion, _finding, _join, _missing, _range, count_range
 from analysis.studies.noise import NOISE_SHAPE, chunk_rules
 from analysis.studies.training import ARMS, final_losses
 
@@ -134,7 +146,7 @@ def plot_training(training: pd.DataFrame, device: str = "cpu") -> CaptionedFigur
         fig, f"training_{device}",
         f"The small language model (D=128, 4 layers, C=16384, {int(rows['batch_rows'].max())} tokens per step, "
         f"{steps} steps) trained with its head loss under each arm, on {where}; same initialisation and batches per "
-        f"seed ({count_range(seeds)} seeds per arm). lce arms: fp32 acc_dtype, aspect_ratio:2 (256 chunks of "
+        f"seed ({span(seeds, 'd')} seeds per arm). lce arms: fp32 acc_dtype, aspect_ratio:2 (256 chunks of "
         f"8 rows), fp16 with a dynamic loss scale. Left: held-out loss (mean over seeds, band min–max). Right: each "
         f"seed's final gap to the fp32 head of the same seed (dots, line: range), grey: ± half the fp32 head's "
         f"seed-to-seed spread. Data: training results (python -m analysis train"
@@ -184,20 +196,39 @@ def draw_all(noise: pd.DataFrame, training: pd.DataFrame) -> list[CaptionedFigur
              plot_checkpoint_errors(noise), plot_training(training, "cuda"), plot_training(training, "cpu")]
     return [figure for figure in drawn if figure is not None]
 
-SOURCE_WORDS = {"cuda": "on one H200 (cuBLAS, torch 2.11)", "cuda-emulated": "on the CUDA layouts emulated on CPU"}
-NO_DATA = "No noise-study results yet (`python -m analysis noise`)."
+# --- key numbers: the notebook's prose quotes them, tests/claims/test_nb06_does_it_matter.py asserts its claims
+
+SOURCE_WORDS = {"cuda": "one H200 (cuBLAS, torch 2.11)", "cuda-emulated": "the CUDA layouts emulated on CPU"}
 
 
-def _policy_at(rows: pd.DataFrame, policy: str, chunks: int, column: str) -> pd.Series:
-    """Per (family, dtype): the seed median of ``column`` for ``policy`` at ``chunks``."""
-    picked = rows[(rows["policy"] == policy) & (rows["num_chunks"] == chunks) & (rows["layout"] == "cuda")]
-    return picked.groupby(["family", "dtype"])[column].median()
+@dataclasses.dataclass(frozen=True)
+class NoiseNumbers:
+    """The noise study on its best source of CUDA data: seed medians per (dtype, family, policy, num_chunks) of
+    grad_weight's floors and of the ratios :data:`analysis.judge.rule.RATIO_COLUMNS`, bf16 and fp16 (lce on the
+    CUDA layouts with fp32 acc_dtype at explicit chunk counts; the unfused op in the input dtype at 1)."""
+
+    source: str  # "cuda" (the H200's rows, where committed) or "cuda-emulated"
+    seeds: int
+    families: tuple[str, ...]
+    most: int  # the most chunks measured
+    medians: pd.DataFrame
+
+    def at(self, policy: str, column: str, chunks: int | None = None, dtype: str | None = None) -> pd.Series:
+        """``column`` of ``policy`` at ``chunks`` (default: :attr:`most`), per (dtype, family) or, given
+        ``dtype``, per family."""
+        picked = self.medians.xs((policy, self.most if chunks is None else chunks), level=("policy", "num_chunks"))
+        return picked[column] if dtype is None else picked[column].xs(dtype, level="dtype")
 
 
-def _best_source(noise: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+def noise_numbers(noise: pd.DataFrame) -> NoiseNumbers:
+    """From the ``noise`` results."""
     rows = study_rows(noise)
-    device = "cuda" if (rows["device"] == "cuda").any() else "cuda-emulated"
-    return device, rows[(rows["device"] == device) & rows["dtype"].isin(["bfloat16", "float16"])]
+    source = "cuda" if (rows["device"] == "cuda").any() else "cuda-emulated"
+    rows = rows[(rows["device"] == source) & rows["dtype"].isin(["bfloat16", "float16"])
+                & ((rows["layout"] == "cuda") | (rows["policy"] == "unfused"))]
+    medians = rows.groupby(["dtype", "family", "policy", "num_chunks"])[["grad_weight_floors", *RATIO_COLUMNS]]
+    return NoiseNumbers(source, int(rows["seed"].nunique()), tuple(sorted(rows["family"].unique())),
+                        int(rows["num_chunks"].max()), medians.median())
 
 
 def emulation_agreement(noise: pd.DataFrame) -> tuple[float, float, str] | None:
@@ -219,157 +250,78 @@ def emulation_agreement(noise: pd.DataFrame) -> tuple[float, float, str] | None:
     return float(difference.median()), float(difference.max()), f"{policy} at {chunks} chunks, {family}, {dtype}"
 
 
-def torch_claim(noise: pd.DataFrame) -> str:
-    """06: does compact match balanced on CUDA (torch's reason to drop balanced)?"""
-    if noise.empty:
-        return _missing(NO_DATA)
-    device, rows = _best_source(noise)
-    most = int(rows["num_chunks"].max())
-    compact = _policy_at(rows, "compact", most, "grad_weight_floors")
-    balanced = _policy_at(rows, "balanced", most, "grad_weight_floors")
-    one = _policy_at(rows, "compact", 1, "grad_weight_floors")
-    bullets = []
-    for dtype in ("bfloat16", "float16"):
-        c, b = compact.xs(dtype, level="dtype"), balanced.xs(dtype, level="dtype")
-        bullets.append(f"{dtype}: compact {_range(one.xs(dtype, level='dtype'))} floors at 1 chunk, "
-                       f"{_range(c)} at {most} chunks (per family); balanced {_range(b)} at {most} chunks")
-    agreement = emulation_agreement(noise)
-    if agreement is not None:
-        typical, largest, where = agreement
-        bullets.append(f"the CPU emulation of the CUDA layouts (`noise.csv`) reproduces the H200's floors: median "
-                       f"relative difference {100 * typical:.2g}% over every policy, chunk count, family and dtype "
-                       f"(seed medians, the seeds both ran), largest {100 * largest:.0f}% ({where})")
-    if (compact / balanced).min() > 1.5:
-        finding = (f"No: {SOURCE_WORDS[device]}, compact's per-chunk `addmm_` into the bf16/fp16 gradient rounds "
-                   f"the running sum once per chunk whatever cuBLAS accumulates inside one product, and its "
-                   f"weight-gradient error grows with the chunk count to {_range(compact)} floors at {most} chunks, "
-                   f"while balanced stays at {_range(balanced)} floors. Torch's premise (compact's bulk precision "
-                   f"matches balanced) holds only for a single chunk.")
-    else:
-        finding = (f"{SOURCE_WORDS[device]}, compact at {most} chunks is {_range(compact)} floors against balanced's "
-                   f"{_range(balanced)}: within 1.5x on some family, as torch's premise says.")
-    return _conclusion(finding, bullets,
-                       inputs=f"families {_join(sorted(rows['family'].unique()))} at N={NOISE_SHAPE.N}, "
-                              f"D={NOISE_SHAPE.D}, C={NOISE_SHAPE.C}, {rows['seed'].nunique()} seeds (medians), lce "
-                              f"with fp32 acc_dtype and explicit chunk sizes (`python -m analysis noise"
-                              f"{' --device cuda' if device == 'cuda' else ''}`).",
-                       limits="one shape (D=128; at LLM shapes aspect_ratio:2 gives 64–256 chunks, the range "
-                              "measured here); torch's own op was not run on the GPU (torch 2.11 there has none): "
-                              "compact is lce's layout with the arithmetic torch documents.")
+@dataclasses.dataclass(frozen=True)
+class TrainingNumbers:
+    """The full training study on one device: the final held-out loss of each arm against the fp32 head."""
+
+    where: str  # "one H200" or "CPU (<model>, CUDA layouts emulated)"
+    steps: int
+    tokens: int  # per step
+    seeds: str  # seeds per arm: "3", or "1–2" where arms have different counts
+    summary: pd.DataFrame  # analysis.studies.training.summary: per arm seeds, loss, gap_mean/min/max, seed_spread
+    fp32_spread: float  # the fp32 head's final held-out loss, max − min over its seeds (0 with one seed)
+    widest: pd.Series  # the finished run (arm, seed, loss, gap) whose gap to fp32 is largest in size
+    snapshots: pd.DataFrame  # compact's bias/noise (256 chunks) on the fp32 run's snapshots, per dtype and step
 
 
-def error_against_noise(noise: pd.DataFrame) -> str:
-    """06: how each policy's error compares with the sampling noise of the same batch."""
-    if noise.empty:
-        return _missing(NO_DATA)
-    device, rows = _best_source(noise)
-    most = int(rows["num_chunks"].max())
-    bias = {policy: _policy_at(rows, policy, most, "weight_bias_over_noise")
-            for policy in ("accurate", "balanced", "compact")}
-    error = {policy: _policy_at(rows, policy, most, "weight_error_over_noise")
-             for policy in ("accurate", "balanced", "compact")}
-    unfused = rows[rows["policy"] == "unfused"].groupby(["family", "dtype"])["weight_bias_over_noise"].median()
-    def steps(policy: str) -> str:
-        return _range(bias[policy] ** -2, ".2g")
+def training_numbers(training: pd.DataFrame, noise: pd.DataFrame, device: str) -> TrainingNumbers | None:
+    """From the ``training`` and ``noise`` results, on ``device`` ("cuda" or "cpu"); None without full runs."""
+    from analysis.studies.training import summary
 
-    worst_error = max(s.max() for s in error.values())
-    per_step = (f"Per step every policy's error hides in the sampling noise (whole-error/noise at most "
-                f"{worst_error:.2g})" if worst_error < 1 else
-                f"Some policy's error exceeds one step's sampling noise (whole-error/noise up to {worst_error:.2g})")
-    finding = (f"{per_step}; what separates the policies is the error's component along the gradient, a bias: "
-               f"compact's is {_range(bias['compact'], '.2g')} times the noise along it at {most} chunks (seed "
-               f"medians per family and dtype), so it stands out of the averaged noise after {steps('compact')} "
-               f"steps; balanced's is {_range(bias['balanced'], '.2g')} ({steps('balanced')} steps) and "
-               f"accurate's {_range(bias['accurate'], '.2g')} ({steps('accurate')} steps); the unfused op in the "
-               f"input dtype {_range(unfused, '.2g')}.")
-    bullets = [f"{policy} at {most} chunks: bias/noise {_range(bias[policy], '.2g')}, error/noise "
-               f"{_range(error[policy], '.2g')}" for policy in ("accurate", "balanced", "compact")]
-    return _conclusion(finding, bullets,
-                       inputs=f"{SOURCE_WORDS[device]}; families {_join(sorted(rows['family'].unique()))}, bf16 "
-                              f"and fp16, N={NOISE_SHAPE.N} rows per batch, {rows['seed'].nunique()} seeds.",
-                       limits="the noise is that of one batch of 1024 rows (it shrinks as 1/sqrt(batch): a 16x "
-                              "larger batch makes every ratio 4x larger); the input gradient's ratio treats the layers "
-                              "below as the identity; the bias→steps reading assumes a steady bias and independent "
-                              "noise from step to step.")
-
-
-def training(table: pd.DataFrame, noise: pd.DataFrame, device: str) -> str:
-    """06: the final held-out loss gap of each arm to the fp32 head, beside the seed-to-seed spread."""
-    rows = table[(table["device"] == device) & (table["setting"] == "full")]
-    if rows.empty:
-        return _missing(f"No full training results on {device} yet (`python -m analysis train`).")
-    last = final_losses(rows)
-    fp32 = last[last["arm"] == ARMS[0].name]["loss"]
-    spread = fp32.max() - fp32.min() if len(fp32) > 1 else float("nan")
-    gaps = last[(last["arm"] != ARMS[0].name) & last["gap"].notna()]
+    rows = training[(training["device"] == device) & (training["setting"] == "full")]
+    gaps = final_losses(rows).dropna(subset=["gap"])
+    gaps = gaps[gaps["arm"] != ARMS[0].name]
     if gaps.empty:
-        return _missing(f"No finished pair of runs (an arm and the fp32 head of the same seed) on {device} yet.")
-    widest = gaps.loc[gaps["gap"].abs().idxmax()]
-    bullets = []
-    for arm in [a.name for a in ARMS[1:]]:
-        arm_gaps = gaps[gaps["arm"] == arm]["gap"]
-        if len(arm_gaps):
-            bullets.append(f"{arm}: {arm_gaps.mean():+.3f} nats (seeds: {_range(arm_gaps, '+.3f')}; "
-                           f"{len(arm_gaps)} seed{'s' if len(arm_gaps) > 1 else ''})")
-    compact_bias = checkpoint_bias(noise)
-    compact_bias = compact_bias[compact_bias["device"] == ("cuda" if device == "cuda" else "cuda-emulated")]
-    steps = int(rows["steps"].max())
-    during = (f" Compact's bias/noise (256 chunks, bf16) on the fp32 run's snapshots was "
-              f"{_range(compact_bias['median'], '.2g')} (steps {_join([str(int(s)) for s in compact_bias['step']])}), "
-              f"above the 1/sqrt(steps) = {steps ** -0.5:.2g} at which a steady bias would stand out by the end of "
-              f"the run: the r**-2 reading is conservative at this scale." if not compact_bias.empty else "")
+        return None
+    table = summary(rows)
+    seeds = table["seeds"].astype(int)
+    snapshots = checkpoint_bias(noise)
     where = "one H200" if device == "cuda" else f"CPU ({rows['cpu_model'].iloc[0]}, CUDA layouts emulated)"
-    spread_text = (f"the fp32 head alone varies by {spread:.3f} nats between seeds" if spread == spread
-                   else "one finished fp32 seed, so no seed-to-seed spread yet")
-    if spread == spread and abs(widest["gap"]) <= spread:
-        finding = (f"No arm can be told from the fp32 head after {steps} steps on {where}: the largest final held-out "
-                   f"gap is {widest['gap']:+.3f} nats ({widest['arm']}) while {spread_text}; arms of the same seed "
-                   f"drift apart by a few hundredths as soon as any rounding differs.{during}")
-    else:
-        finding = (f"After {steps} steps on {where} the largest final held-out gap to the fp32 head is "
-                   f"{widest['gap']:+.3f} nats ({widest['arm']}); {spread_text}.{during}")
-    seeds = rows.groupby("arm")["seed"].nunique()
-    return _conclusion(finding, bullets,
-                       inputs=f"TinyLM (D=128, 4 layers, C=16384), {int(rows['batch_rows'].max())} tokens per step, "
-                              f"{count_range(seeds)} seeds per arm, same initialisation and batches per seed, "
-                              f"held-out loss on 2048 tokens in fp32 (`python -m analysis train"
-                              f"{' --device cuda' if device == 'cuda' else ''}`).",
-                       limits="a small model, a few hundred steps and one vocabulary: a gap below the arm-to-arm "
-                              "drift is all such runs can resolve; they say nothing about 10⁴–10⁶ steps at "
-                              "128k–256k classes, where compact's bias has far longer to act.")
-
-
-def rule(noise: pd.DataFrame) -> str:
-    """06: the decision rule, each "auto" entry against it, and the peers' picks."""
-    if noise.empty:
-        return _missing(NO_DATA)
-    table = rule_table(noise)
-    peers = peer_table(noise)
-    failing = peers[~peers["passes"]]
-    peer_text = _join([f"{row.rule} in {row.dtype} ({row.policy}, {row.num_chunks} chunks: bias/noise "
-                       f"{row.weight_bias_over_noise:.2g} on {row.worst_family})" for row in failing.itertuples()])
-    finding = (f"Every \"auto\" entry meets the rule ({int(table['passes'].sum())} of {len(table)}): bias/noise at "
-               f"most {BIAS_LIMIT} and error/noise at most {ERROR_LIMIT} on the worst input family. "
-               if table["passes"].all() else
-               f"{int((~table['passes']).sum())} \"auto\" entries fail the rule. ")
-    finding += (f"The peers' CUDA picks that fail it: {peer_text}." if peer_text else "Every peer pick meets it too.")
-    return _conclusion(finding, rule_lines(noise),
-                       inputs="the noise-study results (real-GPU rows for the CUDA entries where committed, the "
-                              "CPU's for the CPU entries), worst family, seed medians.",
-                       limits="the limits extrapolate the training study's reading of a bias (r**-2 steps to stand "
-                              "out) from 300 to 10⁴ steps; the ratios are at N=1024 rows per batch.")
+    return TrainingNumbers(where, int(rows["steps"].max()), int(rows["batch_rows"].max()), span(seeds, "d"), table,
+                           float(table.loc[ARMS[0].name, "seed_spread"]), gaps.loc[gaps["gap"].abs().idxmax()],
+                           snapshots[snapshots["device"] == ("cuda" if device == "cuda" else "cuda-emulated")])
 
 
 def readme_does_it_matter(results: Path) -> str:
-    """Notebook 06's findings, one bullet each: torch's claim, error against noise, training, the rule."""
+    """Notebook 06's key numbers as three small tables: error and noise per policy, training, the rule."""
     from analysis.core.results_io import NOISE, TRAINING
-    from analysis.report import nb06_does_it_matter as matter
 
     noise, training = (load_kind(results, kind.name)[1] for kind in (NOISE, TRAINING))
-    findings = [("Compact against balanced on CUDA", matter.torch_claim(noise)),
-                ("Error against sampling noise", matter.error_against_noise(noise)),
-                *((f"Training ({'one H200' if device == 'cuda' else 'CPU, emulated CUDA layouts'})",
-                   matter.training(training, noise, device)) for device in ("cuda", "cpu")
-                  if (training["device"] == device).any()),
-                ("The rule", matter.rule(noise))]
-    return "\n".join(f"- **{name}.** {_finding(text)}" for name, text in findings) + "\n"
+    numbers = noise_numbers(noise)
+    policies = []
+    for policy, chunks in (("compact", 1), ("compact", numbers.most), ("balanced", numbers.most),
+                           ("accurate", numbers.most), ("unfused", 1)):
+        bias = numbers.at(policy, "weight_bias_over_noise", chunks)
+        policies.append({"policy": policy, "chunks": chunks,
+                         **{f"{short} floors": span(numbers.at(policy, "grad_weight_floors", chunks, dtype))
+                            for dtype, short in (("bfloat16", "bf16"), ("float16", "fp16"))},
+                         "bias/noise": span(bias, ".2g"), "error/noise": span(numbers.at(
+                             policy, "weight_error_over_noise", chunks), ".2g"),
+                         "bias stands out after (steps)": span(bias ** -2, ".2g")})
+    runs = []
+    for device in ("cuda", "cpu"):
+        run = training_numbers(training, noise, device)
+        if run is not None:
+            runs.append({"trained on": run.where, "steps": run.steps, "seeds per arm": run.seeds,
+                         "fp32 head's seed-to-seed spread (nats)": f"{run.fp32_spread:.3f}",
+                         "largest final gap to fp32 (nats)": f"{run.widest['gap']:+.3f} ({run.widest['arm']})",
+                         "compact's bias/noise on the snapshots": span(run.snapshots["median"], ".2g")})
+    peers = peer_table(noise).query("rule != 'lce auto'")
+    picks = pd.concat([rule_table(noise).assign(rule="lce auto"), peers.assign(
+        device="cuda", pick=peers["policy"] + ", " + peers["num_chunks"].astype(str) + " chunks")])
+    picks = picks.assign(error=picks[["weight_error_over_noise", "input_error_over_noise"]].max(axis=1))[
+        ["rule", "device", "dtype", "pick", "source", "worst_family", "weight_bias_over_noise", "error", "passes"]]
+    picks.columns = ["entry", "device", "dtype", "pick", "data", "worst family", f"bias/noise (≤ {BIAS_LIMIT})",
+                     f"error/noise (≤ {ERROR_LIMIT})", "meets the rule"]
+    return "\n\n".join([
+        f"Weight-gradient error per policy on {SOURCE_WORDS[numbers.source]} (`python -m analysis noise`, "
+        f"N={NOISE_SHAPE.N} D={NOISE_SHAPE.D} C={NOISE_SHAPE.C}, {numbers.seeds} seeds, families "
+        f"{', '.join(numbers.families)}): floors, and the ratios to the batch's sampling noise (range over families "
+        "and both dtypes of the seed medians):",
+        markdown_table(pd.DataFrame(policies)),
+        "Training the small language model (`python -m analysis train`):",
+        markdown_table(pd.DataFrame(runs)),
+        "The rule (`analysis/judge/rule.py`; worst family, seed medians; data \"cuda\": the H200's rows) on lce's "
+        "\"auto\" entries and torch's CUDA picks:",
+        markdown_table(picks, {c: ".2g" for c in picks.columns if "noise" in c}),
+    ]) + "\n"

@@ -78,3 +78,14 @@ def test_error_model_block_is_the_same_whatever_the_row_order(tmp_path):
     (tmp_path / VALIDATION_FILE).parent.mkdir(parents=True)
     validation.sample(frac=1, random_state=0).to_csv(tmp_path / VALIDATION_FILE, index=False)
     assert readme_error_model(tmp_path) == readme_error_model(ROOT / "analysis" / "results")
+
+
+@pytest.mark.parametrize("name, tables", [("realistic-inputs", 4), ("does-it-matter", 3)])
+def test_notebook_05_and_06_blocks_are_labelled_tables_of_numbers(name, tables):
+    """Each table is one label line (ending in a colon) and rows of equal width; no sentences besides."""
+    parts = readme.BLOCKS[name](ROOT / "analysis" / "results").strip().split("\n\n")
+    assert len(parts) == 2 * tables
+    for label, table in zip(parts[::2], parts[1::2], strict=True):
+        lines = table.splitlines()
+        assert label.endswith(":") and "\n" not in label and re.fullmatch(r"(\|---)+\|", lines[1])
+        assert len(lines) > 2 and {line.count("|") for line in lines} == {lines[1].count("|")}
