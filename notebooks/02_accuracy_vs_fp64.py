@@ -22,9 +22,9 @@ from analysis.core.problem import Shape
 from analysis.core.provenance import cpu_model
 from analysis.judge import pareto
 from analysis.report import nb02_accuracy
-from analysis.report.nb02_accuracy import AT_FLOOR, GROWTH_EXPONENT, cpus, shapes, span
+from analysis.report.nb02_accuracy import AT_FLOOR, GROWTH_EXPONENT, cpus, shapes
 from analysis.report.style import families_text, seeds_text
-from analysis.report.tables import show
+from analysis.report.tables import show, span
 from analysis.studies import defects, growth
 
 # %matplotlib inline

@@ -22,9 +22,9 @@ from analysis.core.results_io import BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMOR
 from analysis.judge import pareto
 from analysis.paths import FIGURES_DIR, RESULTS_DIR
 from analysis.report import figures, nb04_pareto
-from analysis.report.nb02_accuracy import AT_FLOOR, cpus, shapes, span
+from analysis.report.nb02_accuracy import AT_FLOOR, cpus, shapes
 from analysis.report.style import families_text, seeds_text
-from analysis.report.tables import show
+from analysis.report.tables import show, span
 from lce.options import dtype_name
 from lce.policies import AUTO_FALLBACK, AUTO_TABLE
 

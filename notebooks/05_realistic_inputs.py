@@ -24,8 +24,7 @@ from analysis.judge import pareto
 from analysis.paths import RESULTS_DIR
 from analysis.report import figures
 from analysis.report import nb05_realistic_inputs as nb05
-from analysis.report.nb05_realistic_inputs import span
-from analysis.report.tables import show
+from analysis.report.tables import show, span
 from lce.policies import auto_pick
 
 # %matplotlib inline

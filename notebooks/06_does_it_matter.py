@@ -11,14 +11,11 @@
 # reasoning that on CUDA compact's per-chunk `addmm_` already matches balanced's precision
 # because cuBLAS accumulates in fp32.
 #
-# Where the numbers come from: real-GPU rows (one H200, torch 2.11, `scripts/gpu_session.sh`)
+# Where the numbers come from: real-GPU rows (one H200, torch 2.11, `python -m analysis gpu-check`)
 # where this task was lent a GPU, and the CPU emulation of lce's CUDA layouts (exact
 # products, fp32 sums) that CI can rerun.
 
 # %%
-import os
-import tempfile
-from pathlib import Path
 
 import pandas as pd
 from IPython.display import Markdown, display
@@ -29,13 +26,11 @@ from analysis.lm.model import ModelConfig
 from analysis.lm.pipeline import DEFAULT_VOCAB
 from analysis.paths import RESULTS_DIR
 from analysis.report import nb06_does_it_matter as nb06
-from analysis.report.nb05_realistic_inputs import span
-from analysis.report.tables import show
+from analysis.report.tables import show, span
 from analysis.studies import training as study
 from analysis.studies.noise import NOISE_SHAPE
 
 # %matplotlib inline
-QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # both settings run the training study's quick setting only
 noise_paths, noise = load_kind(RESULTS_DIR, NOISE.name)
 training_paths, training = load_kind(RESULTS_DIR, TRAINING.name)
 figures = {figure.stem: figure for figure in nb06.draw_all(noise, training)}  # draws, measures nothing
@@ -140,17 +135,8 @@ makes every ratio 4x larger); the input gradient's ratio treats the layers below
 # the fp32 head, the unfused bf16 head, lce accurate / balanced / compact in bf16 and in fp16
 # (with a dynamic loss scale), all lce arms at `aspect_ratio:2` (256 chunks of 8 rows, the
 # chunk count of LLM heads). Same initialisation and same batches for every arm of a seed.
-# The quick setting runs here (a few steps: it checks the machinery, not the claim); the full
-# setting's committed results follow.
-
-# %%
-with tempfile.TemporaryDirectory() as folder:  # runs in a scratch folder; the token streams are the pipeline's
-    quick = study.run_study(study.SETTINGS["quick"], ModelConfig(DEFAULT_VOCAB), Path(folder), workers=2,
-                            progress=False)
-show(study.summary(quick).reset_index(), {c: "{:.4f}" for c in ("loss", "gap_mean", "gap_min", "gap_max",
-                                                                   "seed_spread")}, name="quick-training")
-Markdown(f"Quick setting: {study.SETTINGS['quick'].steps} steps of {study.SETTINGS['quick'].batch_size * 128} "
-         f"tokens, seeds {study.SETTINGS['quick'].seeds}; fp16 arms lag while the loss scale settles (skipped steps).")
+# The committed full setting's results follow (`python -m analysis train`; its quick setting,
+# `--quick`, checks the machinery in a few minutes and is what the tests run).
 
 # %%
 for name in ("training_cuda", "training_cpu"):
@@ -246,4 +232,4 @@ with the batch.""")
 #   kernels may sum in another order. TF32 was off.
 # - **What would settle it.** Train a 1B-parameter model with a 128k vocabulary for 10⁴ steps
 #   with balanced and compact heads (3 seeds each) on GPUs, and compare the loss and the
-#   rare-token embeddings; `scripts/gpu_session.sh` is the start of that run.
+#   rare-token embeddings; `python -m analysis gpu-check --steps noise,train` is the start of that run.

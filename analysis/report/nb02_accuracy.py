@@ -65,12 +65,6 @@ OUTPUTS = {"loss": "loss_fro_in_floors", "grad_input": "grad_input_fro_in_floors
 """Each error a table of errors carries, in floors, by the name a reader sees."""
 
 
-def span(values: pd.Series, spec: str = ".2f") -> str:
-    """``1.00–1.48``, or ``1.00`` when the lowest and highest of ``values`` format alike."""
-    low, high = format(values.min(), spec), format(values.max(), spec)
-    return low if low == high else f"{low}–{high}"
-
-
 def shapes(frame: pd.DataFrame) -> str:
     """``32×128×16384, 2048×128×16384``: the distinct shapes (N×D×C) of ``frame``, in order."""
     return ", ".join(f"{n}×{d}×{c}" for n, d, c in sorted(set(zip(frame["N"], frame["D"], frame["C"], strict=True))))

@@ -31,7 +31,7 @@ from analysis.report.style import (
     panel_grid,
     seed_caption,
 )
-from analysis.report.tables import check
+from analysis.report.tables import markdown_table
 
 ROW_METRICS = {"grad_weight_fro_in_floors": ("Frobenius (whole tensor)", "o"),
                "grad_weight_row_p99": ("99th percentile class row", "^"),
@@ -442,28 +442,6 @@ def rows_and_bias(table: pd.DataFrame) -> pd.DataFrame:
 
 # --- README block and its formatting
 
-def span(values, spec: str = ".2f", sep: str = "–") -> str:
-    """``"1.00"`` when every finite value formats the same, else ``"1.00–1.48"`` (lowest, ``sep``, highest)."""
-    values = [v for v in values if pd.notna(v) and np.isfinite(v)]
-    low, high = format(min(values), spec), format(max(values), spec)
-    return low if low == high else f"{low}{sep}{high}"
-
-
-def markdown_table(frame: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
-    """``frame`` as a Markdown table: numbers through their column's ``formats`` spec, booleans ✓/✗, NaN "—"."""
-    formats = formats or {}
-
-    def cell(column, value) -> str:
-        if isinstance(value, (bool, np.bool_)) or pd.isna(value):
-            return check(value)
-        return value if isinstance(value, str) else format(value, formats.get(column, ""))
-
-    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|---" * len(frame.columns) + "|"]
-    lines += ["| " + " | ".join(cell(c, v) for c, v in zip(frame.columns, row, strict=True)) + " |"
-              for row in frame.itertuples(index=False)]
-    return "\n".join(lines)
-
-
 def by_dtype(frame: pd.DataFrame, names: dict[str, str], order) -> pd.DataFrame:
     """One row per ``impl`` of ``order`` (renamed by it when a dict), one column "bf16 NAME" / "fp16 NAME" per
     column of ``names`` (a dict of column to NAME)."""
@@ -487,7 +465,7 @@ def readme_realistic_inputs(results: Path) -> str:
                      MARGIN_SHOWN)
     rows = by_dtype(rare_summary(rare), {"frobenius": "Frobenius", "max": "worst row"}, RARE_SHOWN)
     changes = verdict_changes(verdicts(load_table(results)[1]))
-    return "\n\n".join([
+    return "\n\n".join(part.rstrip("\n") for part in [
         f"The families (`python -m analysis family-stats`, {_shape(stats)}, seed {stats['seed'].iloc[0]}):",
         markdown_table(family_traits(stats).rename(columns=TRAITS).reset_index(),
                        dict(zip(TRAITS.values(), (".2f", ".2g", ".2g", ".1%", ".1f", ".1f", ".2f"), strict=True))),

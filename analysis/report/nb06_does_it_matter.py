@@ -25,8 +25,8 @@ from analysis.judge.rule import (
     rule_table,
     study_rows,
 )
-from analysis.report.nb05_realistic_inputs import markdown_table, span
 from analysis.report.style import PALETTE, CaptionedFigure, apply_style, legend_below, log_axes, new_figure
+from analysis.report.tables import markdown_table, span
 from analysis.studies.noise import NOISE_SHAPE, chunk_rules
 from analysis.studies.training import ARMS, final_losses
 
@@ -313,7 +313,7 @@ def readme_does_it_matter(results: Path) -> str:
         ["rule", "device", "dtype", "pick", "source", "worst_family", "weight_bias_over_noise", "error", "passes"]]
     picks.columns = ["entry", "device", "dtype", "pick", "data", "worst family", f"bias/noise (≤ {BIAS_LIMIT})",
                      f"error/noise (≤ {ERROR_LIMIT})", "meets the rule"]
-    return "\n\n".join([
+    return "\n\n".join(part.rstrip("\n") for part in [
         f"Weight-gradient error per policy on {SOURCE_WORDS[numbers.source]} (`python -m analysis noise`, "
         f"N={NOISE_SHAPE.N} D={NOISE_SHAPE.D} C={NOISE_SHAPE.C}, {numbers.seeds} seeds, families "
         f"{', '.join(numbers.families)}): floors, and the ratios to the batch's sampling noise (range over families "

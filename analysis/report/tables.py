@@ -23,11 +23,12 @@ import numbers
 import re
 from collections.abc import Callable, Iterable, Mapping
 
+import numpy as np
 import pandas as pd
 from IPython.display import HTML
 from pandas.io.formats.style import Styler
 
-__all__ = ["NA", "Table", "show", "details", "check", "markdown_escape"]
+__all__ = ["NA", "Table", "show", "details", "check", "markdown_escape", "span", "markdown_table"]
 
 NA = "—"
 """What a missing value (NaN, None) reads as in every table and conclusion."""
@@ -166,10 +167,27 @@ def details(summary: str, table: Table) -> HTML:
     return HTML(f"<details><summary>{html.escape(summary)}</summary>{table.to_html()}</details>")
 
 
+def span(values, spec: str = ".2f", sep: str = "–") -> str:
+    """``"1.00"`` when every finite value formats the same, else ``"1.00–1.48"`` (lowest, ``sep``, highest)."""
+    values = [v for v in values if pd.notna(v) and np.isfinite(v)]
+    low, high = format(min(values), spec), format(max(values), spec)
+    return low if low == high else f"{low}{sep}{high}"
+
+
 def markdown_table(frame: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
-    """``frame`` as a Markdown table (the README's generated blocks), each column through its ``str.format`` spec
-    in ``formats``."""
-    cells = [[(formats or {}).get(column, "{}").format(value) for column, value in row.items()]
-             for _, row in frame.iterrows()]
-    return "\n".join("| " + " | ".join(map(str, row)) + " |"
-                     for row in [list(frame.columns), ["---"] * frame.shape[1], *cells]) + "\n"
+    """``frame`` as a Markdown table (the README's generated blocks): a number through its column's spec in
+    ``formats`` (``".2f"`` or ``"{:.2f}"``), booleans ✓/✗, missing values —."""
+    formats = formats or {}
+
+    def cell(column, value) -> str:
+        if isinstance(value, (bool, np.bool_)) or (not isinstance(value, str) and pd.isna(value)):
+            return check(value)
+        spec = formats.get(column, "")
+        if isinstance(value, str):
+            return value
+        return spec.format(value) if "{" in spec else format(value, spec)
+
+    lines = ["| " + " | ".join(map(str, frame.columns)) + " |", "|---" * len(frame.columns) + "|"]
+    lines += ["| " + " | ".join(cell(c, v) for c, v in zip(frame.columns, row, strict=True)) + " |"
+              for row in frame.itertuples(index=False)]
+    return "\n".join(lines) + "\n"

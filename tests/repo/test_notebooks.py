@@ -65,7 +65,7 @@ def _is_conclusion(output: dict) -> bool:
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda s: s.stem)
 def test_every_section_of_the_committed_notebook_ends_with_a_conclusion(source):
-    """A reader finds each section's result stated in words, generated from its data (analysis.report.wording)."""
+    """A reader finds each section's result stated in words: prose over the numbers of its report module."""
     notebook = nbformat.read(source.with_suffix(".ipynb"), as_version=4)
     sections = _sections(notebook)
     assert sections, f"{source.name} has no '## ' sections"
@@ -75,7 +75,7 @@ def test_every_section_of_the_committed_notebook_ends_with_a_conclusion(source):
         last = code[-1].get("outputs", [])
         assert any(_is_conclusion(output) for output in last), (
             f"{source.name}, {heading!r}: its last code cell must display a Markdown conclusion starting with "
-            f"{MARKER!r} (analysis.report.wording)")
+            f"{MARKER!r} (prose over its report module's numbers)")
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda s: s.stem)
