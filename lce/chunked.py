@@ -394,7 +394,8 @@ def block_logits(chunk: Chunk, cols: slice) -> torch.Tensor:
     if plan.upcasts_weight_for("logits"):
         z = mm_upcast_weight_t(chunk.x_in_acc, weight)
     else:
-        z = mm(chunk.head.input[chunk.rows], weight.T, plan.gemm_dtypes("logits").result)
+        z = mm(chunk.head.input[chunk.rows], weight.T, plan.gemm_dtypes("logits").result,
+               in_fp32=plan.gemm_in_fp32("logits"))
     if chunk.bias is not None:
         z.add_(chunk.bias[cols])
     if z.dtype != plan.stats_dtype:
@@ -794,11 +795,13 @@ class GradientSums:
             elif plan.upcasts_weight_for("grad_input") or result != plan.input_dtype:
                 self.input[rows].copy_(self._grad_input_product(dz_as(operands), weight, rescale))
             else:
-                mm(dz_as(operands), weight, result, out=self.input[rows], alpha=rescale)
+                mm(dz_as(operands), weight, result, out=self.input[rows], alpha=rescale,
+                   in_fp32=plan.gemm_in_fp32("grad_input"))
         if self.weight is not None:
             operands, product = plan.gemm_dtypes("grad_weight")
             x = head.input[rows] if operands == plan.input_dtype else chunk.x_in_acc
-            add_mm_(self.weight[cols], dz_as(operands).T, x, product, alpha=rescale)
+            add_mm_(self.weight[cols], dz_as(operands).T, x, product, alpha=rescale,
+                    in_fp32=plan.gemm_in_fp32("grad_weight"))
         if self.bias is not None:
             self.bias[cols].add_(dz.sum(0), alpha=rescale)
 
@@ -809,7 +812,8 @@ class GradientSums:
         if self.plan.upcasts_weight_for("grad_input"):
             product = mm_upcast_weight(dz, weight, alpha=rescale)
             return product if result is None or product.dtype == result else product.to(result)
-        return mm(dz, weight, result or self.plan.gemm_dtypes("grad_input").result, alpha=rescale)
+        return mm(dz, weight, result or self.plan.gemm_dtypes("grad_input").result, alpha=rescale,
+                  in_fp32=self.plan.gemm_in_fp32("grad_input"))
 
     def finish(self) -> Gradients:
         """Round the sums to the input dtype, once, and hand out the gradients (the sum itself where

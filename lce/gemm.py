@@ -6,39 +6,44 @@ tensors' device:
 
 * same dtype in and out: the native GEMM (fp32 accumulation inside for
   fp16/bf16 on both oneDNN and cuBLAS, one rounding of the result);
+* the same, where the operands' dtype has no fast GEMM on this CPU
+  (``in_fp32``, which the plan decides: fp16 on every CPU, bf16 where
+  :mod:`lce.cpu_gemms` finds it emulated, about 80x slower than fp32 on an
+  AVX2-only CPU): fp32 copies of the operands a block at a time, fp32 sums,
+  one rounding of the result -- the arithmetic of the native kernel at fp32's
+  speed, and no fp32 copy of a whole (C, D) weight (:func:`in_fp32_blocks`
+  says what the blocks are, for the memory model);
 * low-precision operands, wider result: CUDA's mixed-precision ``mm`` with
   ``out_dtype`` where the build has it, else an exact stand-in that upcasts the
   operands (a product of two bf16/fp16 numbers is exact in fp32, so only the
   summation order differs). The stand-in is what lets the CUDA layouts run,
-  numerically faithfully, on CPU tensors in CI;
-* fp16 on CPU: oneDNN has no fast fp16 GEMM here (measured 1.5 s vs 13 ms for
-  fp32 at 512x8192x256), so the operands are upcast and the result rounded
-  once, which is the same arithmetic the slow native kernel performs.
+  numerically faithfully, on CPU tensors in CI.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 
-def _slow_on_device(dtype: torch.dtype, device: torch.device) -> bool:
-    return device.type == "cpu" and dtype == torch.float16
-
-
 def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None = None,
-       alpha: float = 1.0) -> torch.Tensor:
+       alpha: float = 1.0, *, in_fp32: bool = False) -> torch.Tensor:
     """``alpha * (a @ b)`` for same-dtype 2-D operands, summed in at least fp32, returned in ``out_dtype``.
 
     ``out`` (contiguous, ``out_dtype``) receives the result without a temporary
     when the native GEMM applies; otherwise the result is copied into it.
     ``alpha`` is a power of two here (exact), applied before any narrowing.
+    ``in_fp32``: the operands' dtype has no fast GEMM here (see the module docstring).
     """
-    if a.dtype == out_dtype and not _slow_on_device(a.dtype, a.device):
+    if a.dtype == out_dtype and not in_fp32:
         result = torch.mm(a, b, out=out) if out is not None else a @ b
         return result.mul_(alpha) if alpha != 1.0 else result
+    if a.dtype == out_dtype:
+        return _mm_in_fp32(a, b, out_dtype, alpha, out)
     if out is not None:
-        return out.copy_(mm(a, b, out_dtype, alpha=alpha))
-    if a.is_cuda and a.dtype != out_dtype and torch.finfo(out_dtype).bits >= 32:
+        return out.copy_(mm(a, b, out_dtype, alpha=alpha, in_fp32=in_fp32))
+    if a.is_cuda and torch.finfo(out_dtype).bits >= 32:
         try:
             result = torch.mm(a, b, out_dtype=out_dtype)
             return result.mul_(alpha) if alpha != 1.0 else result
@@ -67,6 +72,44 @@ def rows_per_block(cols: int) -> int:
     return max(1, _BLOCK_ELEMENTS // max(cols, 1))
 
 
+class Fp32Blocks(NamedTuple):
+    """How :func:`mm` cuts an ``in_fp32`` product ``(m, k) @ (k, n)``: along ``n`` (columns of ``b``, each
+    block's fp32 product rounded into its columns of the result) when ``n > k`` -- the logits, ``x @ W.T`` --
+    else along ``k`` (the summed dimension, the block products added into one fp32 ``(m, n)`` total,
+    rounded at the end) -- the input gradient, ``dz @ W``. ``size`` is the block's extent on that axis."""
+
+    axis: str  # "n" or "k"
+    size: int
+
+
+def in_fp32_blocks(m: int, k: int, n: int) -> Fp32Blocks:
+    """The blocks of an ``in_fp32`` product (see :class:`Fp32Blocks`): ~:data:`_BLOCK_ELEMENTS` elements of ``b``."""
+    if n > k:
+        return Fp32Blocks("n", min(rows_per_block(k), n))
+    return Fp32Blocks("k", min(rows_per_block(n), k))
+
+
+def _mm_in_fp32(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, alpha: float,
+                out: torch.Tensor | None) -> torch.Tensor:
+    """``alpha * (a @ b)`` rounded once to ``out_dtype``, computed on fp32 copies of blocks (:func:`in_fp32_blocks`)."""
+    (m, k), n = a.shape, b.shape[1]
+    if out is None:
+        out = torch.empty(m, n, dtype=out_dtype, device=a.device)
+    blocks = in_fp32_blocks(m, k, n)
+    if blocks.axis == "n":
+        a_wide = a.float()
+        for start in range(0, n, blocks.size):
+            cols = slice(start, start + blocks.size)
+            product = a_wide @ b[:, cols].float()
+            out[:, cols] = product.mul_(alpha) if alpha != 1.0 else product
+        return out
+    total = torch.zeros(m, n, dtype=torch.float32, device=a.device)
+    for start in range(0, k, blocks.size):
+        part = slice(start, start + blocks.size)
+        total.addmm_(a[:, part].float(), b[part].float())
+    return out.copy_(total.mul_(alpha) if alpha != 1.0 else total)
+
+
 def mm_upcast_weight_t(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``a @ weight.T`` with the low-precision ``weight`` (C, D) upcast to ``a.dtype`` one block of rows at a time.
 
@@ -91,20 +134,20 @@ def mm_upcast_weight(a: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0) 
 
 
 def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtype: torch.dtype,
-            alpha: float = 1.0) -> None:
+            alpha: float = 1.0, *, in_fp32: bool = False) -> None:
     """``target += alpha * (a @ b)`` where the product is rounded to ``product_dtype`` before the add.
 
     When operands, product and target share a dtype this is a single in-place
     ``addmm_`` (no temporary, one rounding of ``target + alpha * a @ b``);
     otherwise the product is formed by :func:`mm` a block of ``target`` rows at a time (about
-    :data:`_BLOCK_ELEMENTS` elements) and each block added as soon as it exists.
+    :data:`_BLOCK_ELEMENTS` elements) and each block added as soon as it exists. ``in_fp32``: as for :func:`mm`.
     """
-    if target.dtype == a.dtype == product_dtype and not _slow_on_device(a.dtype, a.device):
+    if target.dtype == a.dtype == product_dtype and not in_fp32:
         target.addmm_(a, b, alpha=alpha)
         return
     step = rows_per_block(target.shape[1])
     if target.dtype == product_dtype == a.dtype:
-        # fp16 on CPU: the same single rounding of target + alpha * a @ b, computed in fp32.
+        # in_fp32: the same single rounding of target + alpha * a @ b, computed in fp32 a block of rows at a time.
         b_wide = b.float()
         for start in range(0, target.shape[0], step):
             block = target[start:start + step]
@@ -117,4 +160,5 @@ def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtyp
     common = torch.promote_types(target.dtype, product_dtype)
     for start in range(0, target.shape[0], step):
         block = slice(start, start + step)
-        target[block].add_(mm(a[block], b, product_dtype, alpha=alpha).to(common))  # unnamed: freed per block
+        # unnamed: each block's product is freed before the next one is made
+        target[block].add_(mm(a[block], b, product_dtype, alpha=alpha, in_fp32=in_fp32).to(common))

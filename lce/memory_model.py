@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from .gemm import rows_per_block
+from .gemm import in_fp32_blocks, rows_per_block
 
 if TYPE_CHECKING:
     from .plan import GemmName, Plan
@@ -42,11 +42,10 @@ __all__ = ["Buffer", "Stage", "Span", "Step", "plan_buffers", "chunk_peak_bytes"
 
 Stage = Literal["forward", "backward"]
 Span = Literal["call", "chunk", "final", "kept"]
-Step = Literal["logits", "round_logits", "to_stats", "softcap", "grad_input", "grad_weight", "grad_bias"]
-"""The steps of one chunk: the logits GEMM, the rounding of its fp32 result (only where lce.gemm
-emulates an fp16 GEMM), the logits' conversion to the stats dtype (when it differs), the soft-capped
-statistics and dz formed a workspace at a time (only with ``softcap``), the two backward GEMMs and
-the bias-gradient sum."""
+Step = Literal["logits", "to_stats", "softcap", "grad_input", "grad_weight", "grad_bias"]
+"""The steps of one chunk: the logits GEMM, the logits' conversion to the stats dtype (when it
+differs), the soft-capped statistics and dz formed a workspace at a time (only with ``softcap``), the
+two backward GEMMs and the bias-gradient sum."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,19 +91,18 @@ def _stages(plan: Plan) -> tuple[Stage, ...]:
     return ("forward", "backward") if plan.reduction == "none" and any(plan.needs_grad) else ("forward",)
 
 
-def _emulates_fp16(plan: Plan, gemm: GemmName) -> bool:
-    """Whether :func:`lce.gemm.mm` or :func:`lce.gemm.add_mm_` runs this GEMM on fp32 copies of its
-    fp16 operands (only on CPU).
+def _in_fp32(plan: Plan, gemm: GemmName) -> bool:
+    """Whether :mod:`lce.gemm` computes this GEMM on fp32 copies of blocks of its operands
+    (:attr:`~lce.plan.Plan.narrow_gemms_in_fp32`; CPU layouts only: the CUDA layouts model the GPU's kernels).
 
-    Not a GEMM that reads a block-wise upcast weight (it multiplies blocks natively); for the weight
-    gradient, only when it adds straight into an fp16 sum (a product for a wider sum is formed first
-    and listed as ``weight_grad_chunk``).
+    For the weight gradient, only when it adds straight into a sum of its own dtype, the one case
+    the CPU layouts produce (a narrow product for a wider sum makes these layouts run in acc_dtype).
     """
-    if plan.device_kind != "cpu" or plan.gemm_dtypes(gemm).operands != torch.float16:
+    if plan.device_kind != "cpu" or not plan.gemm_in_fp32(gemm):
         return False
     if gemm == "grad_weight":
-        return plan.gemm_dtypes(gemm).result == plan.weight_grad_sum_dtype == torch.float16
-    return not plan.upcasts_weight_for(gemm)
+        return plan.gemm_dtypes(gemm).result == plan.weight_grad_sum_dtype
+    return True
 
 
 def _call_buffers(plan: Plan) -> list[Buffer]:
@@ -154,8 +152,6 @@ def _call_buffers(plan: Plan) -> list[Buffer]:
 def _steps(plan: Plan, stage: Stage) -> tuple[Step, ...]:
     """The steps of one chunk in a pass, in loop order."""
     steps: list[Step] = ["logits"]
-    if _emulates_fp16(plan, "logits"):
-        steps.append("round_logits")
     if plan.gemm_dtypes("logits").result != plan.stats_dtype:
         steps.append("to_stats")
     if plan.softcap is not None:
@@ -187,15 +183,14 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
         # reduction="none" drops it after the logits when no gradient is made in the pass, unless every class
         # block of the chunk needs it
         keeps_input = plan.reduction != "none" or stage == "backward" or plan.tiles_classes
-        add("input_chunk_in_acc", (rows, d), acc_dt, steps if keeps_input else ("logits", "round_logits", "to_stats"),
+        add("input_chunk_in_acc", (rows, d), acc_dt, steps if keeps_input else ("logits", "to_stats"),
             "chunk of the input upcast to acc_dtype")
     if "softcap" in steps:
         add("softcap_workspace", (rows, plan.softcap_block_columns), stats_dt, ("softcap",),
             "capped logits of a few columns, then their softmax and dz (the chunk's buffer keeps tanh)")
-    # The logits exist from the GEMM (or its rounding) on, until they are converted to the stats dtype.
-    made = steps.index("round_logits") if "round_logits" in steps else 0
+    # The logits exist from the GEMM on, until they are converted to the stats dtype.
     last = steps.index("to_stats") + 1 if "to_stats" in steps else len(steps)
-    add("logits_chunk", (rows, c), logits_dt, steps[made:last],
+    add("logits_chunk", (rows, c), logits_dt, steps[:last],
         "logits of one chunk (then its softmax and dz, in place, when it has the stats dtype)")
     upcast_for = [gemm for gemm in ("logits", "grad_input") if gemm in steps and plan.upcasts_weight_for(gemm)]
     if upcast_for:
@@ -219,11 +214,9 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
     if "grad_input" in steps and plan.tiles_classes:
         # made after the statistics sweep; the gradient sweep, which holds the most, has it throughout
         add("grad_input_rows_sum", (rows, d), stats_dt, steps, "grad_input of one chunk summed over the class blocks")
-        if not _emulates_fp16(plan, "grad_input"):
-            # (an emulated fp16 GEMM's own fp32 temporaries, listed below, are gone before its rounded
-            # product and that product's fp32 copy exist, and hold more)
-            add("grad_input_chunk", (rows, d), grad_input_dt, ("grad_input",), "one class block's grad_input product")
-        if grad_input_dt != stats_dt and not _emulates_fp16(plan, "grad_input"):
+        add("grad_input_chunk", (rows, d), grad_input_dt, ("grad_input",), "one class block's grad_input product")
+        # (a GEMM in fp32 rounds into its product after its fp32 total, listed below, and holds more then)
+        if grad_input_dt != stats_dt and not _in_fp32(plan, "grad_input"):
             add("grad_input_chunk_in_sum", (rows, d), stats_dt, ("grad_input",),
                 "that product converted to the sum's dtype before it is added")
     elif "grad_input" in steps and grad_input_dt != in_dt:
@@ -240,33 +233,43 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
                 "that block converted to the sum's dtype before it is added")
     if "grad_bias" in steps:
         add("bias_grad_chunk", (c,), stats_dt, ("grad_bias",), "dz summed over a chunk's rows")
-    out += _fp16_emulation_buffers(plan, stage, steps, rows)
+    out += _in_fp32_buffers(plan, stage, steps, rows)
     return out
 
 
-def _fp16_emulation_buffers(plan: Plan, stage: Stage, steps: tuple[Step, ...], rows: int) -> list[Buffer]:
-    """The fp32 temporaries of the GEMMs :mod:`lce.gemm` runs on fp32 copies of fp16 operands (on CPU)."""
+def _in_fp32_buffers(plan: Plan, stage: Stage, steps: tuple[Step, ...], rows: int) -> list[Buffer]:
+    """The fp32 temporaries of the GEMMs :mod:`lce.gemm` computes on fp32 copies of their operands' blocks."""
     d, c = plan.in_features, plan.class_chunk_size
-    emulated = {gemm for gemm in ("logits", "grad_input", "grad_weight") if _emulates_fp16(plan, gemm)}
     out: list[Buffer] = []
 
-    def add(name: str, shape: tuple[int, ...], alive: Iterable[Step], purpose: str) -> None:
-        alive = tuple(step for step in steps if step in alive)
-        if alive:
-            out.append(Buffer(name, shape, torch.float32, stage, "chunk", purpose + " (CPU has no fast fp16 GEMM)",
-                              alive))
+    def add(name: str, shape: tuple[int, ...], step: Step, purpose: str) -> None:
+        out.append(Buffer(name, shape, torch.float32, stage, "chunk",
+                          purpose + " (this CPU has no fast GEMM in the input dtype)", (step,)))
 
-    add("fp16_gemm_upcast", (c, d), emulated & {"logits", "grad_input"}, "fp32 copy of the fp16 weight for one GEMM")
-    add("input_chunk_fp32", (rows, d), emulated & {"logits", "grad_weight"}, "fp32 copy of the input chunk")
-    if "logits" in emulated:
-        add("logits_chunk_fp32", (rows, c), ("logits", "round_logits"), "the logits GEMM's fp32 result")
-    if "grad_input" in emulated:
-        add("grad_logits_fp32", (rows, c), ("grad_input",), "fp32 copy of the rounded dz for the grad_input GEMM")
-        add("grad_input_chunk_fp32", (rows, d), ("grad_input",), "the grad_input GEMM's fp32 result")
-    if "grad_weight" in emulated:
+    def product(step: Step, m: int, k: int, n: int, names: tuple[str, str, str], b_is_weight_t: bool) -> None:
+        """(m, k) @ (k, n) cut as lce.gemm.in_fp32_blocks cuts it; ``names``: the operands and the result.
+        Shapes in memory order: a block of columns of ``W.T`` (the logits' ``b``) is a block of rows of W."""
+        a, b, result = names
+        blocks = in_fp32_blocks(m, k, n)
+        if blocks.axis == "n":
+            add(f"{a}_fp32", (m, k), step, f"fp32 copy of {a}")
+            add(f"{b}_block_fp32", (blocks.size, k) if b_is_weight_t else (k, blocks.size), step,
+                f"fp32 copy of a block of {b}")
+            add(f"{result}_block_fp32", (m, blocks.size), step, f"one block of {result} in fp32")
+        else:
+            add(f"{result}_sum_fp32", (m, n), step, f"{result} summed over the blocks in fp32")
+            add(f"{a}_block_fp32", (m, blocks.size), step, f"fp32 copy of a block of {a}")
+            add(f"{b}_block_fp32", (blocks.size, n), step, f"fp32 copy of a block of {b}")
+
+    if "logits" in steps and _in_fp32(plan, "logits"):
+        product("logits", rows, d, c, ("input_chunk", "weight", "logits"), b_is_weight_t=True)
+    if "grad_input" in steps and _in_fp32(plan, "grad_input"):
+        product("grad_input", rows, c, d, ("grad_logits", "weight", "grad_input"), b_is_weight_t=False)
+    if "grad_weight" in steps and _in_fp32(plan, "grad_weight"):
         block = min(rows_per_block(d), c)
-        add("weight_grad_block_fp32", (block, d), ("grad_weight",), "a block of the weight gradient in fp32")
-        add("grad_logits_block_fp32", (rows, block), ("grad_weight",), "the matching columns of dz in fp32")
+        add("input_chunk_fp32", (rows, d), "grad_weight", "fp32 copy of the input chunk")
+        add("weight_grad_block_fp32", (block, d), "grad_weight", "a block of the weight gradient in fp32")
+        add("grad_logits_block_fp32", (rows, block), "grad_weight", "the matching columns of dz in fp32")
     return out
 
 

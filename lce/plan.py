@@ -18,6 +18,7 @@ from typing import Literal, NamedTuple
 import torch
 
 from . import memory_model
+from .cpu_gemms import LOW_PRECISION, GemmSupport, gemm_support
 from .device import device_kind_of, has_mixed_precision_mm
 from .memory_model import Buffer
 from .options import LinearCrossEntropyOptions, dtype_name, parse_chunking_method
@@ -91,6 +92,9 @@ class Plan:
     softcap: float | None = None
     z_loss: float = 0.0
     return_lse: bool = False
+    cpu_gemms: GemmSupport | None = None
+    """How the CPU the call runs on does GEMMs in the input dtype (:mod:`lce.cpu_gemms`); None off the CPU
+    and for fp32/fp64 input. Recorded when the plan is made, so the loop and the memory model agree with it."""
 
     # ---- what the chunk loop asks ------------------------------------------
     def dtype(self, role: Role) -> torch.dtype:
@@ -147,6 +151,19 @@ class Plan:
         """The rows of each chunk, in loop order; every chunk but the last has ``batch_chunk_size`` rows."""
         size = self.batch_chunk_size
         return (slice(start, min(start + size, self.num_rows)) for start in range(0, self.num_rows, size))
+
+    @property
+    def narrow_gemms_in_fp32(self) -> bool:
+        """Whether GEMMs on input-dtype operands are computed on fp32 copies of them (a block at a time) and
+        rounded once, by :mod:`lce.gemm`, instead of by the CPU's own kernel: the same arithmetic (fp32 sums,
+        one rounding), at fp32's speed. On CPU tensors for fp16 always (no CPU measured runs fp16 GEMMs faster
+        than fp32: emulated, or about fp32's rate with AVX512-FP16) and for bf16 where it is emulated."""
+        support = self.cpu_gemms
+        return support is not None and (support.emulated or support.dtype == torch.float16)
+
+    def gemm_in_fp32(self, name: GemmName) -> bool:
+        """Whether the named GEMM is one that :attr:`narrow_gemms_in_fp32` sends through fp32 copies."""
+        return self.narrow_gemms_in_fp32 and self.gemm_dtypes(name).operands == self.input_dtype
 
     def upcasts_weight_for(self, gemm_name: Literal["logits", "grad_input"]) -> bool:
         """Whether the named GEMM reads the weight upcast to acc_dtype.
@@ -205,6 +222,7 @@ class Plan:
             f"grad_weight {self._gemm_text('grad_weight')}",
             f"  sums       softmax/loss {dtype_name(self.stats_dtype)}, loss total {dtype_name(LOSS_SUM_DTYPE)}, "
             f"weight grad {dtype_name(self.weight_grad_sum_dtype)}",
+            *([f"  cpu gemms  {self._cpu_gemms_text()}"] if self.cpu_gemms is not None else []),
             "  buffers",
         ]
         for b in self.buffers:
@@ -224,6 +242,13 @@ class Plan:
         parts += [f"z_loss {self.z_loss:g}"] if self.z_loss else []
         parts += ["returns the per-row log-sum-exp (fp32)"] if self.return_lse else []
         return ", ".join(parts)
+
+    def _cpu_gemms_text(self) -> str:
+        support = self.cpu_gemms
+        text = f"{dtype_name(support.dtype)} {support.support} on this CPU ({support.source})"
+        if any(self.gemm_in_fp32(name) for name in ("logits", "grad_input", "grad_weight")):
+            text += f"; lce runs the {dtype_name(support.dtype)} GEMMs on fp32 copies, rounding once"
+        return text
 
     def _gemm_text(self, name: GemmName) -> str:
         operands, result = (dtype_name(dtype) for dtype in self.gemm_dtypes(name))
@@ -298,10 +323,17 @@ def make_plan(
         layout_policy = "balanced"
         notes.append(COMPACT_ON_CPU_NOTE)
     layout = LAYOUTS[kind][layout_policy]
-    if kind == "cpu" and dtype == torch.float16 and acc_dtype != dtype:
-        layout = _all_gemms_in_acc(layout)
-        notes.append("fp16 GEMMs run in acc_dtype on CPU: fp16 GEMMs are emulated there, so narrow ones "
-                     "would only lose precision, not time")
+    support = gemm_support(dtype) if device.type == "cpu" and dtype in LOW_PRECISION else None
+    if kind == "cpu" and support is not None:
+        if dtype == torch.float16 and acc_dtype != dtype:
+            layout = _all_gemms_in_acc(layout)
+            notes.append("fp16 GEMMs run in acc_dtype on CPU: no CPU measured runs them faster than fp32 "
+                         "(emulated, or at about fp32's rate), so narrow ones would only lose precision")
+        elif support.emulated and acc_dtype != dtype and layout != _all_gemms_in_acc(layout):
+            layout = _all_gemms_in_acc(layout)
+            notes.append(f"{dtype_name(dtype)} GEMMs are emulated on this CPU ({support.source}: lce.cpu_gemms), "
+                         f"many times slower than fp32: this layout's {dtype_name(dtype)} GEMMs run in acc_dtype "
+                         "instead (exact upcasts: the same or less error, at fp32's speed)")
 
     return Plan(
         device_kind=kind,
@@ -322,6 +354,7 @@ def make_plan(
         softcap=None if softcap is None else float(softcap),
         z_loss=float(z_loss),
         return_lse=bool(return_lse),
+        cpu_gemms=support,
     )
 
 

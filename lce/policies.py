@@ -74,6 +74,8 @@ CUDA_LAYOUTS: dict[str, Layout] = {
 # their result to bf16, so a fp32 result needs fp32 operands (an exact upcast).
 # bf16 GEMMs are the fast ones on AVX512-BF16/AMX parts, so "balanced" keeps
 # its two backward GEMMs narrow and sums their products in a fp32 accumulator.
+# Where the CPU emulates bf16 GEMMs (lce.cpu_gemms; AVX2-only parts), lce.plan
+# runs those narrow GEMMs in acc_dtype instead: the fast ones there.
 CPU_LAYOUTS: dict[str, Layout] = {
     "accurate": Layout(_WIDE, _WIDE, _WIDE, _ACC),  # every GEMM in acc_dtype
     "balanced": Layout(_WIDE, _NARROW, _NARROW, _ACC),  # fp32 logits, fast bf16 backward, fp32 sum
@@ -146,17 +148,19 @@ AUTO_TABLE: dict[tuple[str, torch.dtype], AutoPick] = {
     ),
     ("cpu", torch.bfloat16): AutoPick(
         "accurate", "aspect_ratio",
-        "every GEMM in fp32: the lowest gradient error, paid for with fp32 GEMMs, slower than the bf16 "
-        "ones of balanced on every CPU kind measured; chunks of at least CPU_MIN_ROWS rows. Meets the "
-        "error/noise rule (analysis.judge.rule, notebook 06)",
-        evidence=("error_vs_memory_cpu", "chunk_sweep"),
+        "every GEMM in fp32: the lowest gradient error. On CPUs with native bf16 GEMMs (AVX512-BF16, AMX) it "
+        "is paid for with fp32 GEMMs, slower than the bf16 ones of balanced; on CPUs that emulate them "
+        "(lce.cpu_gemms) fp32 GEMMs are the fast ones, so the same pick is also the fastest there. Chunks of at "
+        "least CPU_MIN_ROWS rows. Meets the error/noise rule (analysis.judge.rule, notebook 06)",
+        evidence=("error_vs_memory_cpu", "chunk_sweep", "cpu_gemm_rates"),
         min_rows=CPU_MIN_ROWS[torch.bfloat16],
     ),
     ("cpu", torch.float16): AutoPick(
         "accurate", "aspect_ratio",
-        "CPU fp16 GEMMs are emulated (far slower than fp32), so fp32 GEMMs are also the fast ones; "
-        "chunks of at least CPU_MIN_ROWS rows. Meets the error/noise rule (analysis.judge.rule, notebook 06)",
-        evidence=("error_vs_memory_cpu", "time_vs_shape"),
+        "no CPU kind measured runs fp16 GEMMs faster than fp32 (emulated on AVX2 and AVX512-BF16 parts, about "
+        "fp32's rate with AVX512-FP16), so fp32 GEMMs are also the fast ones; chunks of at least CPU_MIN_ROWS "
+        "rows. Meets the error/noise rule (analysis.judge.rule, notebook 06)",
+        evidence=("error_vs_memory_cpu", "time_vs_shape", "cpu_gemm_rates"),
         min_rows=CPU_MIN_ROWS[torch.float16],
     ),
     ("cpu", torch.float32): AutoPick(

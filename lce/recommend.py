@@ -11,6 +11,10 @@ chunk and, where memory needs it, a number of classes per block -- is planned
   accuracy it states on held-out inputs);
 * time: a roofline estimate (:func:`estimated_seconds`) whose only job is to
   rank candidates; ``measure=True`` times the finalists on the device instead.
+  On a CPU it takes the CPU's GEMM support (:mod:`lce.cpu_gemms`) from the
+  plan: where bf16 GEMMs are emulated, the plans run them in fp32 (on fp32
+  copies where the result must stay bf16), and the estimate charges fp32's
+  rate and the copies, so the fast-on-paper bf16 layouts are not preferred.
 
 The choice: among the candidates within ``memory_budget`` (default: what lce's
 "auto" options would use for this call) and ``max_error`` (default:
@@ -35,8 +39,8 @@ from .functional import linear_cross_entropy
 from .options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dtype_name
 from .plan import Plan, make_plan
 
-__all__ = ["Recommendation", "Candidate", "recommend", "candidates", "estimated_seconds", "DEFAULT_MAX_ERROR",
-           "DeviceSpeed", "DEVICE_SPEEDS"]
+__all__ = ["Recommendation", "Candidate", "recommend", "candidates", "estimated_seconds", "gemm_compute_dtype",
+           "DEFAULT_MAX_ERROR", "DeviceSpeed", "DEVICE_SPEEDS"]
 
 DEFAULT_MAX_ERROR: dict[torch.dtype, float] = {torch.bfloat16: 2.0, torch.float16: 10.0}
 """The largest predicted gradient error, in floors of each dtype, that ``recommend`` accepts by default.
@@ -66,7 +70,8 @@ class DeviceSpeed:
 
 
 DEVICE_SPEEDS: dict[str, DeviceSpeed] = {
-    # 2-core x86 CPUs of the measurements: bf16 GEMMs 1.5-2.5x fp32 (AVX512-BF16 vs AMX), fp16 emulated in fp32
+    # 2-core x86 CPUs with native bf16 GEMMs: 1.5-3.4x fp32 (AVX512-BF16 vs AMX); fp16 runs at fp32's rate (lce
+    # computes it in fp32 on every CPU); where bf16 is emulated the plan sends it through fp32 too (gemm_rate)
     "cpu": DeviceSpeed({torch.float64: 3e10, torch.float32: 6e10, torch.bfloat16: 1.2e11, torch.float16: 6e10},
                        bandwidth=1e10, step_overhead=2e-4),
     # H200 class: tensor-core bf16/fp16 ~15x fp32 without TF32
@@ -84,12 +89,20 @@ def estimated_seconds(plan: Plan) -> float:
     gemms = ["logits"] * (2 if plan.tiles_classes else 1)
     gemms += [name for name, wanted in (("grad_input", plan.needs_grad.input),
                                         ("grad_weight", plan.needs_grad.weight)) if wanted]
-    flop_seconds = sum(2.0 * n * c * d / speed.flops[plan.gemm_dtypes(name).operands] for name in gemms)
+    flop_seconds = sum(2.0 * n * c * d / speed.flops[gemm_compute_dtype(plan, name)] for name in gemms)
     weight_bytes = c * d * plan.input_dtype.itemsize
     traffic = len(gemms) * plan.num_chunks * weight_bytes  # W streamed once per GEMM and row chunk
+    # a GEMM on fp32 copies also writes and reads the copies of the weight's blocks: 4 + 4 bytes per element
+    traffic += sum(plan.num_chunks * c * d * 8 for name in gemms if plan.gemm_in_fp32(name))
     traffic += 6 * n * c * plan.stats_dtype.itemsize  # max, exp, sum, scale, dz, rounding: a few passes
     steps = plan.num_chunks * plan.num_class_chunks
     return flop_seconds + traffic / speed.bandwidth + steps * speed.step_overhead
+
+
+def gemm_compute_dtype(plan: Plan, name: str) -> torch.dtype:
+    """The dtype a GEMM of ``plan`` really computes in: its operands' dtype, or fp32 where the plan runs it on fp32
+    copies because the CPU's own kernel for that dtype is slow (:attr:`~lce.plan.Plan.narrow_gemms_in_fp32`)."""
+    return torch.float32 if plan.gemm_in_fp32(name) else plan.gemm_dtypes(name).operands
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,8 +186,10 @@ class Recommendation:
                 best = min(rivals, key=lambda c: (self._fault(c) is not None, c.seconds))
                 lines.append(f"  vs {policy:<8} {best.label()}: {self._fault(best) or 'slower'} "
                              f"(peak {_mib(best.peak_bytes)}, error {best.error:.3g}, ~{best.seconds * 1e3:.3g} ms)")
-        lines.append(f"  models     memory: lce.memory_model; error: lce.error_model ({ACCURACY}); "
-                     "time: a roofline estimate for ranking")
+        time_model = "time: a roofline estimate for ranking"
+        if p.cpu_gemms is not None:
+            time_model += f" ({p.cpu_gemms.dtype_name} GEMMs {p.cpu_gemms.support} on this CPU)"
+        lines.append(f"  models     memory: lce.memory_model; error: lce.error_model ({ACCURACY}); {time_model}")
         lines.extend(f"  note: {note}" for note in p.notes)
         return "\n".join(lines)
 

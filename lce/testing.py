@@ -5,9 +5,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
+
+from .cpu_gemms import CPU_GEMMS_OVERRIDE, LOW_PRECISION, SUPPORTS, Support
 from .device import DEVICE_KIND_OVERRIDE, DEVICE_KINDS
 
-__all__ = ["emulate_device_kind"]
+__all__ = ["emulate_device_kind", "cpu_gemms"]
 
 
 @contextlib.contextmanager
@@ -26,3 +29,23 @@ def emulate_device_kind(kind: str) -> Iterator[None]:
         yield
     finally:
         DEVICE_KIND_OVERRIDE.reset(token)
+
+
+@contextlib.contextmanager
+def cpu_gemms(support: Support | dict[torch.dtype, Support]) -> Iterator[None]:
+    """Plan and run as if this CPU's bf16 and fp16 GEMMs were ``support`` ("native" or "emulated"), or per
+    dtype (``{torch.bfloat16: "emulated"}``), whatever :mod:`lce.cpu_gemms` measures.
+
+    Wins over the ``LCE_CPU_GEMMS`` environment variable. Plans record what they were made under, so
+    a plan made inside the context runs the same way outside it (reduction="none"'s backward).
+    """
+    setting = dict.fromkeys(LOW_PRECISION, support) if isinstance(support, str) else dict(support)
+    for dtype, value in setting.items():
+        if dtype not in LOW_PRECISION or value not in SUPPORTS:
+            raise ValueError(f"support must be one of {SUPPORTS}, or a dict from {LOW_PRECISION} to one of them; "
+                             f"got {support!r}")
+    token = CPU_GEMMS_OVERRIDE.set(setting)
+    try:
+        yield
+    finally:
+        CPU_GEMMS_OVERRIDE.reset(token)

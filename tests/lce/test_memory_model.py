@@ -37,7 +37,9 @@ import lce.chunked
 import lce.gemm
 from lce.memory_model import chunk_peak_bytes
 from lce.options import EXPLICIT_POLICIES, dtype_name
-from lce.testing import emulate_device_kind
+from lce.testing import cpu_gemms, emulate_device_kind
+
+PLAN_MODULE = importlib.import_module("lce.plan")  # the attribute lce.plan is the function
 
 N, D, C, ROWS = 80, 28, 320, 24  # three full chunks of 24 rows and one of 8; (C, D) > (ROWS, C)
 BLOCK_ELEMENTS = 64 * D  # weight blocks of 64 rows: the blocked upcasts are visible at this size
@@ -128,7 +130,8 @@ def _emulate_cuda_gemms(monkeypatch, recorder: _Recorder) -> None:
         return result
 
     monkeypatch.setattr(lce.gemm, "_mm_via_upcast", mixed_precision_mm)
-    monkeypatch.setattr(lce.gemm, "_slow_on_device", lambda dtype, device: False)
+    # narrow GEMMs run natively, as a GPU runs them: not on fp32 copies, as lce does on a CPU without fast ones
+    monkeypatch.setattr(PLAN_MODULE.Plan, "narrow_gemms_in_fp32", property(lambda plan: False))
 
 
 def _record(recorder, kind, options, dtype, reduction, needs_grad, features=None):
@@ -245,7 +248,6 @@ def test_class_tiled_buffers_are_the_allocations_made(recorder, monkeypatch, kin
 # lce's features beyond torch's op: soft-capping (a workspace of SOFTCAP_COLUMNS columns beside the logits),
 # z-loss and the returned log-sum-exp, with and without class tiling.
 SOFTCAP_COLUMNS = 40  # C = 320 in eight workspaces; a class block of 96 in two of 40 and one of 16
-PLAN_MODULE = importlib.import_module("lce.plan")  # the attribute lce.plan is the function
 FEATURES_GRID = [(k, p, r, d, a, tiled) for k, p, r, d, a in GRID[:len(GRID) - 5] for tiled in (False, True)
                  if d != torch.float32 or a is None]
 
@@ -266,3 +268,26 @@ def test_soft_capped_buffers_are_the_allocations_made(recorder, monkeypatch, kin
     assert any(b.name == "softcap_workspace" for b in plan.buffers)
     _check(plan, recorder, f"softcap {'tiled ' if tiled else ''}{kind} {policy} {reduction} {dtype_name(dtype)} "
                            f"acc={acc_dtype}")
+
+
+# A CPU whose bf16 GEMMs are emulated (lce.cpu_gemms): balanced's and compact's bf16 GEMMs run in acc_dtype,
+# and with acc_dtype = bf16 every GEMM runs on fp32 copies of blocks of its operands (lce.gemm).
+EMULATED_GRID = list(itertools.product(EXPLICIT_POLICIES, ["mean", "none"], [None, torch.float32], [None, CLASS_BLOCK]))
+
+
+@pytest.mark.parametrize(("policy", "reduction", "acc_dtype", "class_block"), EMULATED_GRID,
+                         ids=[f"{p}-{r}-{dtype_name(a) if a else 'acc=input'}{'-tiled' if t else ''}"
+                              for p, r, a, t in EMULATED_GRID])
+def test_buffers_of_emulated_bf16_gemms_are_the_allocations_made(recorder, policy, reduction, acc_dtype,
+                                                                   class_block):
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
+                                            batch_chunk_size=ROWS, class_chunk_size=class_block)
+    with cpu_gemms("emulated"):
+        plan = _record(recorder, "cpu", options, torch.bfloat16, reduction, (True, True, True))
+    assert plan.cpu_gemms.emulated
+    assert any(plan.gemm_in_fp32(name) for name in ("logits", "grad_input", "grad_weight")) == (acc_dtype is None)
+    if acc_dtype is None:  # every GEMM in bf16, computed on fp32 blocks: their temporaries are in the plan
+        assert any(b.name.endswith("_fp32") for b in plan.buffers)
+    else:  # no bf16 GEMM is left to emulate
+        assert all(plan.gemm_dtypes(name).operands == torch.float32 for name in ("logits", "grad_input", "grad_weight"))
+    _check(plan, recorder, f"emulated bf16 {policy} {reduction} acc={acc_dtype} block={class_block}")
