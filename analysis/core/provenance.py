@@ -12,12 +12,18 @@ import torch
 
 import lce
 from analysis.paths import ROOT
+from lce.cpu_gemms import describe as describe_cpu_gemms
 
-__all__ = ["PROVENANCE_COLUMNS", "provenance", "cpu_model", "git_revision", "device_name"]
+__all__ = ["PROVENANCE_COLUMNS", "NOT_RECORDED", "ISA_CAPS", "cpu_gemms", "provenance", "cpu_model", "git_revision",
+           "device_name", "bf16_gemms", "cpu_kind"]
 
-PROVENANCE_COLUMNS: tuple[str, ...] = ("lce_version", "torch_version", "device_name", "cpu_model", "num_threads",
-                                       "git_revision", "date")
-"""The columns :func:`provenance` fills, last in every results file."""
+PROVENANCE_COLUMNS: tuple[str, ...] = ("lce_version", "torch_version", "device_name", "cpu_model", "cpu_gemms",
+                                       "num_threads", "git_revision", "date")
+"""The columns :func:`provenance` fills, last in every results file. ``cpu_gemms`` says whether the CPU's bf16
+and fp16 GEMMs are native or emulated, as lce plans with it (:func:`lce.cpu_gemms.describe`); rows written
+before it was recorded say :data:`NOT_RECORDED`."""
+
+NOT_RECORDED = "not recorded"
 
 
 @functools.cache
@@ -63,8 +69,40 @@ def device_name(device: str) -> str:
     return cpu_model()
 
 
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
+"""Environment variables that limit the instruction sets torch's CPU back ends use (the AVX2 stand-in of
+``python -m analysis cpu-kinds --avx2-stand-in``): a row measured under them says so."""
+
+
+def cpu_gemms() -> str:
+    """The ``cpu_gemms`` column: :func:`lce.cpu_gemms.describe`, and the ISA caps of the environment if any."""
+    caps = " ".join(f"{name}={os.environ[name]}" for name in ISA_CAPS if name in os.environ)
+    return describe_cpu_gemms() + (f"; ISA capped: {caps}" if caps else "")
+
+
 def provenance(device: str) -> dict[str, str]:
     """The provenance columns (:data:`PROVENANCE_COLUMNS`) for a run on ``device``."""
-    values = (lce.__version__, torch.__version__, device_name(device), cpu_model(), str(torch.get_num_threads()),
-              git_revision(), datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    values = (lce.__version__, torch.__version__, device_name(device), cpu_model(), cpu_gemms(),
+              str(torch.get_num_threads()), git_revision(), date)
     return dict(zip(PROVENANCE_COLUMNS, values, strict=True))
+
+
+def bf16_gemms(cpu_gemms_value: str) -> str:
+    """How a row's CPU ran bf16 GEMMs, from its ``cpu_gemms`` column: "native", "emulated" or :data:`NOT_RECORDED`."""
+    for part in str(cpu_gemms_value).split(";")[0].split(","):
+        words = part.split()
+        if len(words) >= 2 and words[0] == "bfloat16":
+            return words[1]
+    return NOT_RECORDED
+
+
+def cpu_kind(cpu_model_value: str, cpu_gemms_value: str, inferred: str | None = None) -> str:
+    """A CPU kind as the README's tables name it: the model, whether an AVX2 stand-in (ISA capped), and how its
+    bf16 GEMMs run. ``inferred`` stands in for the support of rows written before it was recorded, with the
+    evidence it was inferred from (for example "native, by its bf16 GEMM floor")."""
+    support = bf16_gemms(cpu_gemms_value)
+    if support == NOT_RECORDED:
+        support = inferred or "not recorded"
+    stand_in = ", AVX2 stand-in" if "ISA capped" in str(cpu_gemms_value) else ""
+    return f"{cpu_model_value}{stand_in} (bf16 GEMMs {support})"
