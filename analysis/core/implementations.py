@@ -39,8 +39,10 @@ import torch
 import torch.nn.functional as F
 
 import lce
+from analysis.core.emulated_gemms import Fp32LowPrecisionGemms, emulated_peer_note
 from analysis.core.inputs import Inputs, Outputs, outputs_of
 from analysis.core.problem import DTYPES
+from lce.options import dtype_name
 from lce.testing import emulate_device_kind
 from lce.unfused import DEFAULT_IGNORE_INDEX, unfused_linear_cross_entropy
 
@@ -168,20 +170,29 @@ class Implementation:
     loss_fn: Callable[[Inputs], torch.Tensor]
 
     def run(self, inputs: Inputs) -> Outputs:
-        """Loss and gradients (w.r.t. input, weight and bias if any) of one forward + backward, detached."""
-        with self._context():
+        """Loss and gradients (w.r.t. input, weight and bias if any) of one forward + backward, detached.
+
+        torch's op and the reference run their bf16/fp16 GEMMs on fp32 copies where this CPU emulates them
+        (:mod:`analysis.core.emulated_gemms`): the same arithmetic for the errors; whoever times them says so."""
+        with self._context(inputs):
             return outputs_of(self.loss_fn(inputs), inputs)
 
     def loss(self, inputs: Inputs) -> torch.Tensor:
         """The loss of one forward, with its autograd graph unless called under ``torch.no_grad()``."""
-        with self._context():
+        with self._context(inputs):
             return self.loss_fn(inputs)
 
-    def _context(self) -> contextlib.AbstractContextManager:
+    def emulated_note(self, inputs: Inputs) -> str | None:
+        """Why this run's GEMMs are a stand-in's on this CPU (and its time and memory not the op's), or None."""
+        return emulated_peer_note(self.spec.op, dtype_name(inputs.input.dtype), self.device)
+
+    def _context(self, inputs: Inputs) -> contextlib.AbstractContextManager:
         if self.device == "cuda-emulated":
             return emulate_device_kind("cuda")
         if self.device == "cuda-tf32":
             return float32_matmul_precision("high")
+        if self.emulated_note(inputs) is not None:
+            return Fp32LowPrecisionGemms()
         return contextlib.nullcontext()
 
     def plan(self, inputs: Inputs) -> lce.Plan | None:
@@ -193,7 +204,7 @@ class Implementation:
         """
         if not self.spec.chunked:
             return None
-        with self._context():
+        with self._context(inputs):
             return resolved_plan(self.spec, inputs)
 
 

@@ -12,6 +12,10 @@ One bench run at one problem (default: the issue's N=4096 D=512 C=32768):
   GEMM measured in the same dtype -- what the three GEMMs of the op cost
   with nothing else.
 
+On a CPU that emulates the dtype's GEMMs (:mod:`lce.cpu_gemms`: minutes per call at the bench shape on an
+AVX2-only CPU) the peers that would call them (torch's op, the unfused reference, torch.compile) and the
+floor are not run; the README's table says so for that CPU kind (:mod:`analysis.core.emulated_gemms`).
+
 Each measurement is one row of a ``bench`` results file
 (``analysis/results/bench.csv``) with provenance; ``chunk_sweep`` times lce's
 policies against the chunk size (a ``chunk_sweep`` file, ``bench_chunks.csv``),
@@ -33,12 +37,14 @@ import time
 import pandas as pd
 import torch
 
+from analysis.core.emulated_gemms import emulated_peer_note, emulated_peer_skip
 from analysis.core.implementations import ImplSpec, make_implementation, unavailable_reason
 from analysis.core.inputs import make_inputs
 from analysis.core.memory import measure_peak
 from analysis.core.problem import BENCH_SHAPE, DTYPES, Shape, parse_shape
 from analysis.core.provenance import provenance
 from analysis.paths import ROOT, display_path
+from lce.cpu_gemms import gemm_support
 from lce.options import dtype_name
 
 __all__ = ["BENCH_IMPLS", "SCALING_IMPLS", "CHUNK_SWEEP_POLICIES", "gemm_floor_s", "run_bench", "run_scaling",
@@ -96,7 +102,11 @@ def run_bench(shape: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"), *
     for dtype in dtypes:
         inputs = make_inputs(shape, DTYPES[dtype], bias=False)
         runnable = {name: make_implementation(BENCH_IMPLS[name]) for name in impls
-                    if unavailable_reason(BENCH_IMPLS[name].op, "cpu") is None}
+                    if unavailable_reason(BENCH_IMPLS[name].op, "cpu") is None
+                    and _not_run_here(BENCH_IMPLS[name].op, dtype) is None}
+        for name in impls:
+            if _not_run_here(BENCH_IMPLS[name].op, dtype):
+                print(f"bench: {name} {dtype} not run: {_not_run_here(BENCH_IMPLS[name].op, dtype)}")
         samples: dict[str, list[float]] = {name: [] for name in runnable}
         for round_index in range(repeats + 1):  # round 0 is the warm-up (and compiles)
             for name, implementation in runnable.items():
@@ -113,8 +123,14 @@ def run_bench(shape: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"), *
             if memory:
                 rows.append(_row(shape, dtype, name, "peak_bytes", _peak_in_fresh_process(name, shape, dtype),
                                  **chunking))
-        rows.append(_row(shape, dtype, "3-GEMM floor", "time_s", gemm_floor_s(shape, dtype)))
+        if not gemm_support(DTYPES[dtype]).emulated:
+            rows.append(_row(shape, dtype, "3-GEMM floor", "time_s", gemm_floor_s(shape, dtype)))
     return pd.DataFrame(rows)
+
+
+def _not_run_here(op: str, dtype: str) -> str | None:
+    """Why a peer is not timed on this CPU (it emulates the dtype's GEMMs: minutes per call at the bench shape)."""
+    return emulated_peer_note(op, dtype, "cpu") or emulated_peer_skip(op, dtype, "cpu")
 
 
 SCALING_IMPLS: tuple[str, ...] = ("lce", "torch", "unfused")
@@ -131,19 +147,20 @@ def run_scaling(base: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"), 
 
 
 def ratios(table: pd.DataFrame) -> pd.DataFrame:
-    """lce's time and memory as ratios of torch's, the unfused reference's and the floor, per dtype."""
+    """lce's time and memory as ratios of torch's, the unfused reference's and the floor, per dtype (NaN where
+    the other was not run: a peer on a CPU that emulates the dtype's GEMMs)."""
     out = []
     for (dtype, shape), group in table.groupby(["dtype", table.N.astype(str) + "x" + table.D.astype(str) + "x"
                                                  + table.C.astype(str)]):
         value = {(r.impl, r.metric): r.value for r in group.itertuples()}
-        lce_time, lce_peak = value.get(("lce", "time_s")), value.get(("lce", "peak_bytes"))
-        out.append({"dtype": dtype, "shape": shape,
-                    "lce_s": lce_time,
-                    "lce/torch time": lce_time / value[("torch", "time_s")],
-                    "lce/unfused time": lce_time / value[("unfused", "time_s")],
-                    "lce/floor time": lce_time / value[("3-GEMM floor", "time_s")],
-                    "lce/torch memory": lce_peak / value[("torch", "peak_bytes")] if lce_peak else float("nan"),
-                    "lce/unfused memory": lce_peak / value[("unfused", "peak_bytes")] if lce_peak else float("nan")})
+        row = {"dtype": dtype, "shape": shape, "lce_s": value.get(("lce", "time_s"))}
+        for name, impl, metric in (("lce/torch time", "torch", "time_s"), ("lce/unfused time", "unfused", "time_s"),
+                                   ("lce/floor time", "3-GEMM floor", "time_s"),
+                                   ("lce/torch memory", "torch", "peak_bytes"),
+                                   ("lce/unfused memory", "unfused", "peak_bytes")):
+            mine, theirs = value.get(("lce", metric)), value.get((impl, metric))
+            row[name] = mine / theirs if mine and theirs else float("nan")
+        out.append(row)
     return pd.DataFrame(out)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.core.emulated_gemms import emulated_peer_note
 from analysis.core.implementations import ImplSpec, make_implementation
 from analysis.core.inputs import make_inputs
 from analysis.core.memory import allocation_trace
@@ -62,10 +63,16 @@ def buffer_breakdown(shape: Shape = STUDY_SHAPE, dtype: str = STUDY_DTYPE) -> pd
 
 
 def memory_traces(shape: Shape = STUDY_SHAPE, dtype: str = STUDY_DTYPE) -> pd.DataFrame:
-    """Live extra bytes after each allocator event (``event`` 0, 1, ...) of one forward+backward, per configuration."""
+    """Live extra bytes after each allocator event (``event`` 0, 1, ...) of one forward+backward, per configuration
+    (torch's op and the reference only where this CPU runs their GEMMs natively, see
+    :mod:`analysis.core.emulated_gemms`)."""
     inputs = make_inputs(shape, DTYPES[dtype], bias=False)
     frames = []
     for name, spec in STUDY_SPECS.items():
+        note = emulated_peer_note(spec.op, dtype, "cpu")
+        if note is not None:  # a peer's memory would be the stand-in's, and its emulated GEMMs take minutes here
+            print(f"memory study: {name} not traced: {note}")
+            continue
         implementation = make_implementation(spec)
         implementation.run(inputs)  # warm-up: first-call allocations (kernels, caches) are not the op's
         _, trace = allocation_trace(functools.partial(implementation.run, inputs))

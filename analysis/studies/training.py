@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import lce
+from analysis.core.emulated_gemms import low_precision_linear
 from analysis.core.problem import DTYPES
 from analysis.lm.model import ModelConfig
 from analysis.lm.train import HeadLoss, TrainConfig, fp32_head_loss, train
@@ -113,7 +114,8 @@ def head_loss_of(arm: Arm) -> HeadLoss:
     dtype = DTYPES[arm.dtype]
     if arm.op == "unfused":
         def unfused_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(F.linear(hidden.to(dtype), weight.to(dtype)), targets)
+            # F.linear, or its arithmetic on fp32 copies where this CPU emulates the dtype's GEMMs
+            return F.cross_entropy(low_precision_linear(hidden.to(dtype), weight.to(dtype)), targets)
 
         unfused_head_loss.__qualname__ = f"unfused_head_loss[{arm.dtype}]"
         return unfused_head_loss

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from analysis.core.emulated_gemms import emulated_peer_note, emulated_peer_skip
 from analysis.core.fp64 import REFERENCE_BLOCK_ELEMENTS, reference_outputs
 from analysis.core.implementations import make_implementation, tensor_device, unavailable_reason
 from analysis.core.inputs import Inputs, Outputs, make_inputs
@@ -192,15 +193,20 @@ def run_grid(grid: Grid, *, shard: tuple[int, int] = (1, 1), folder: Path = RESU
 def _record(grid: Grid, config: RunConfig, cache: _InputsCache, measure: RunMeasurer, path: Path) -> str:
     """Measure one config and append its row; return its status ("ok", "skipped" or "error")."""
     row: dict[str, object] = {"key": config.key, "grid": grid.name, **dataclasses.asdict(config)}
-    reason = unavailable_reason(config.op, config.device)
+    reason = unavailable_reason(config.op, config.device) or emulated_peer_skip(config.op, config.dtype, config.device)
     if reason is not None:
         row.update(status="skipped", note=reason)
     else:
         try:
             inputs, reference = cache.get(config)
+            # a peer whose GEMMs this CPU emulates runs on a stand-in (Implementation.run): errors only
+            emulated = emulated_peer_note(config.op, config.dtype, config.device)
+            costs = grid.measurement.measures_costs(config) and emulated is None
             row.update(measure(config, inputs, reference, warmup=grid.measurement.warmup,
-                               repeats=grid.measurement.repeats, costs=grid.measurement.measures_costs(config)))
+                               repeats=grid.measurement.repeats, costs=costs))
             row["status"] = "ok"
+            if emulated is not None:
+                row["note"] = emulated
         except Exception as error:  # recorded, not fatal: one bad config must not stop a grid
             row.update(status="error", note=f"{type(error).__name__}: {error}"[:500])
     row.update(provenance(config.device))

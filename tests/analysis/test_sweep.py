@@ -10,12 +10,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
+import lce.cpu_gemms
 from analysis.cli import main
+from analysis.core.emulated_gemms import low_precision_linear
 from analysis.core.results_io import COLUMNS, read_rows
 from analysis.core.run_config import RunConfig
 from analysis.sweep.grids import GRIDS, get_grid
 from analysis.sweep.run import measure_run, parse_shard, results_path, run_grid
+from lce.testing import cpu_gemms
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,3 +165,71 @@ def test_workers_write_the_same_rows_as_one_process(tmp_path):
 def test_a_custom_measure_cannot_be_sent_to_workers(tmp_path):
     with pytest.raises(ValueError, match="workers=1"):
         run_grid(get_grid("tiny"), folder=tmp_path, progress=False, workers=2, measure=lambda *a, **k: {})
+
+
+def test_on_a_cpu_that_emulates_bf16_the_peers_errors_are_measured_and_their_costs_are_not(tmp_path):
+    """lce.cpu_gemms says "emulated" (forced here): torch's op and the unfused reference run their bf16 GEMMs on
+    fp32 copies (analysis.core.emulated_gemms), so their errors match the native run's and no time or memory is
+    claimed for them; lce and the fp32 runs are measured as ever."""
+    grid = get_grid("tiny")
+    native = pd.read_csv(run_grid(grid, folder=tmp_path / "native", progress=False).path).set_index("key")
+    with cpu_gemms("emulated"):
+        emulated = pd.read_csv(run_grid(grid, folder=tmp_path / "emulated", progress=False).path).set_index("key")
+    assert (emulated["status"] == "ok").all()
+    peers = emulated["op"].isin(["torch", "reference"]) & (emulated["dtype"] == "bfloat16")
+    timed = emulated["time_median_s"].notna()
+    assert peers.sum() == 14 and not (peers & timed).any() and emulated.loc[peers, "peak_bytes_measured"].isna().all()
+    assert emulated.loc[peers, "note"].str.contains("emulates bfloat16 GEMMs").all()
+    assert (timed == (~peers & native["time_median_s"].notna())).all()  # everything else as measured natively
+    assert emulated["cpu_gemms"].eq("bfloat16 emulated (lce.testing.cpu_gemms), "
+                                    "float16 emulated (lce.testing.cpu_gemms)").all()
+    for column in [c for c in emulated.columns if c.endswith("_fro_in_floors")]:
+        both = emulated[column].notna()
+        assert both.equals(native[column].notna()), column
+        gap = emulated.loc[both, column] - native.loc[both, column]
+        # the peers: the same arithmetic up to fp32 summation order, so the floors agree closely run for run
+        assert (gap[peers].abs() <= 0.05 * native.loc[both & peers, column] + 0.05).all(), column
+        # lce: the same numbers, or less error where a bf16 GEMM became an fp32 one (compact/balanced, acc fp32)
+        assert (gap[~peers] <= 0.05 * native.loc[both & ~peers, column] + 0.05).all(), column
+
+
+@pytest.mark.slow
+def test_tiny_reproduce_end_to_end_where_bf16_gemms_are_emulated(tmp_path, monkeypatch):
+    """The whole reproduction on a CPU that emulates bf16/fp16 GEMMs (LCE_CPU_GEMMS=emulated, which the sweep's
+    worker processes read too): it completes, the peers' costs are absent and said to be, and every figure draws."""
+    monkeypatch.setenv("LCE_CPU_GEMMS", "emulated")
+    token = lce.cpu_gemms.CPU_GEMMS_OVERRIDE.set(None)  # this process too: lift the suite's pin (tests/conftest.py)
+    monkeypatch.setattr(lce.cpu_gemms, "_environment_setting", lambda: lce.cpu_gemms.parse_setting("emulated"))
+    results, figures = tmp_path / "results", tmp_path / "figures"
+    try:
+        assert main(["reproduce", "--grid", "tiny", "--results", str(results), "--out", str(figures),
+                     "--no-progress"]) == 0
+    finally:
+        lce.cpu_gemms.CPU_GEMMS_OVERRIDE.reset(token)
+    sweep = pd.read_csv(results / "tiny.csv")
+    peers = sweep["op"].isin(["torch", "reference"]) & (sweep["dtype"] == "bfloat16")
+    assert (sweep["status"] == "ok").all() and sweep.loc[peers, "time_median_s"].isna().all()
+    assert sweep["cpu_gemms"].str.startswith("bfloat16 emulated (LCE_CPU_GEMMS)").all()
+    traced = set(pd.read_csv(results / "memory_trace.csv")["config"])
+    assert traced == {"lce auto", "lce balanced acc=fp32", "lce compact acc=bf16"}  # the peers are not traced
+    for stem in ("error_vs_memory_cpu", "time_vs_shape", "memory_breakdown", "memory_trace"):
+        assert (figures / f"{stem}.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_unfused_training_arm_computes_the_same_on_fp32_copies_where_gemms_are_emulated(dtype):
+    """analysis.core.emulated_gemms.low_precision_linear: forward and both backward products within one rounding of
+    F.linear's in the same dtype (the same arithmetic, fp32 sums in another order)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(24, 40, generator=g).to(dtype).requires_grad_()
+    w = torch.randn(300, 40, generator=g).to(dtype).requires_grad_()
+    grad = torch.randn(24, 300, generator=g).to(dtype)
+    native = torch.nn.functional.linear(x, w)
+    native_grads = torch.autograd.grad(native, (x, w), grad)
+    with cpu_gemms("emulated"):
+        emulated = low_precision_linear(x, w)
+    emulated_grads = torch.autograd.grad(emulated, (x, w), grad)
+    eps = torch.finfo(dtype).eps
+    for got, want in ((emulated, native), *zip(emulated_grads, native_grads, strict=True)):
+        assert got.dtype == dtype
+        assert torch.all((got.double() - want.double()).abs() <= 2 * eps * want.double().abs() + 1e-3)

@@ -1,0 +1,94 @@
+"""Peers on a CPU that emulates bf16/fp16 GEMMs: their GEMMs computed in fp32 for the errors, their cost not measured.
+
+lce plans around a CPU whose bf16 or fp16 GEMMs are emulated (:mod:`lce.cpu_gemms`: about 80x slower than fp32
+on AVX2-only CPUs); the ops it is compared with -- torch's chunked op, the unfused reference, torch.compile of
+it -- call the CPU's own kernel and would take minutes per call at the bench shape. For their *errors* the
+analysis runs them (:meth:`analysis.core.implementations.Implementation.run`) under
+:class:`Fp32LowPrecisionGemms`, which computes every bf16/fp16 ``mm``/``addmm``/``bmm`` on CPU tensors on fp32
+copies of the operands and rounds the result once: the arithmetic of the native kernel (fp32 sums, one
+rounding; only the summation order differs), at fp32's speed. Their *time and memory* are not measured there
+(that would time the stand-in, not the peer): rows say so in their note (:func:`emulated_peer_note`), and the
+README's tables say "not run" for that CPU kind. torch.compile of the reference is not run there at all
+(:func:`emulated_peer_skip`): a dispatch mode and the compiler do not mix.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from analysis.core.problem import DTYPES
+from lce.cpu_gemms import LOW_PRECISION, gemm_support
+
+__all__ = ["Fp32LowPrecisionGemms", "STAND_IN_OPS", "emulated_peer_note", "emulated_peer_skip",
+           "low_precision_linear"]
+
+_aten = torch.ops.aten
+_GEMMS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
+
+STAND_IN_OPS = ("torch", "reference")
+"""The compared ops run under the stand-in where the CPU emulates their dtype's GEMMs (lce routes its own GEMMs,
+see lce.gemm; Liger-Kernel and CCE run on CUDA only)."""
+
+
+class Fp32LowPrecisionGemms(TorchDispatchMode):
+    """Inside it, a bf16/fp16 GEMM on CPU tensors is computed on fp32 copies and rounded once (see the module)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [arg for arg in args if isinstance(arg, torch.Tensor)]
+        if func not in _GEMMS or not tensors or tensors[-1].dtype not in LOW_PRECISION or tensors[-1].is_cuda:
+            return func(*args, **kwargs)
+        dtype = tensors[-1].dtype
+        wide = [arg.float() if isinstance(arg, torch.Tensor) else arg for arg in args]
+        return func(*wide, **kwargs).to(dtype)
+
+
+def _emulated(dtype: str, device: str):
+    if device != "cpu" or DTYPES[dtype] not in LOW_PRECISION:
+        return None
+    support = gemm_support(DTYPES[dtype])
+    return support if support.emulated else None
+
+
+def emulated_peer_note(op: str, dtype: str, device: str) -> str | None:
+    """Why ``op`` in ``dtype`` on ``device`` runs under the stand-in and is not timed here, or None."""
+    support = _emulated(dtype, device) if op in STAND_IN_OPS else None
+    if support is None:
+        return None
+    return (f"this CPU emulates {dtype} GEMMs ({support.source}): the peer's GEMMs were computed on fp32 copies "
+            "and rounded once (same arithmetic, errors measured); its time and memory were not measured")
+
+
+def emulated_peer_skip(op: str, dtype: str, device: str) -> str | None:
+    """Why ``op`` is not run at all in ``dtype`` on ``device`` (torch.compile where the CPU emulates it), or None."""
+    support = _emulated(dtype, device) if op == "compiled" else None
+    if support is None:
+        return None
+    return f"not run: this CPU emulates {dtype} GEMMs ({support.source}) and the compiled graph would call them"
+
+
+class _LinearOnFp32Copies(torch.autograd.Function):
+    """``x @ w.T`` rounded to ``x``'s dtype, and its two backward products rounded likewise, each computed on fp32
+    copies: the arithmetic of the low-precision GEMMs (fp32 sums, one rounding each) at fp32's speed."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        return (x.float() @ w.float().T).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w = ctx.saved_tensors
+        wide = grad.float()
+        return (wide @ w.float()).to(x.dtype), (wide.T @ x.float()).to(w.dtype)
+
+
+def low_precision_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, w)`` (no bias) in their dtype, for a training loop that calls backward itself: where this CPU
+    emulates that dtype's GEMMs, the same arithmetic on fp32 copies, forward and backward (the unfused bf16 arm
+    of the training study)."""
+    if x.device.type == "cpu" and x.dtype in LOW_PRECISION and gemm_support(x.dtype).emulated:
+        return _LinearOnFp32Copies.apply(x, w)
+    return F.linear(x, w)
