@@ -40,7 +40,8 @@ from analysis.core.run_config import RunConfig
 
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
            "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "FEATURES",
-           "FEATURE_COST", "VOCAB_PARALLEL", "GPU_BENCH", "GPU_MEMORY", "COLUMNS",
+           "FEATURE_COST", "VOCAB_PARALLEL", "CPU_GEMM_RATES", "RECOMMEND_CHECK", "GPU_BENCH", "GPU_MEMORY",
+           "COLUMNS",
            "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
            "load_kind", "done_keys", "latest", "load_results"]
 
@@ -170,6 +171,17 @@ VOCAB_PARALLEL = Kind("vocab_parallel", tuple(["kind", "ranks", "impl", "policy"
                       "vocab-parallel lce on 1-4 CPU processes (gloo), per policy, family, dtype and seed: errors "
                       "against fp64 and the peak extra memory per rank (python -m analysis vocab-parallel)")
 _GPU_ERRORS = ["loss_ulps", "grad_input_fro_in_floors", "grad_weight_fro_in_floors", "grad_bias_fro_in_floors"]
+CPU_GEMM_RATES = Kind("cpu_gemm_rates", ("kind", "dtype", "m", "k", "n", "seconds", "gflops", "rate_over_fp32",
+                                         "support", "probe_slowdown", "probe_cost_s", "isa_caps", *PROVENANCE_COLUMNS),
+                      "GEMM rate of one dtype on this CPU and lce.cpu_gemms' verdict (python -m analysis cpu-kinds)")
+RECOMMEND_CHECK = Kind("recommend_check", ("kind", "dtype", "N", "D", "C", "budget", "budget_bytes", "role", "label",
+                                           "policy", "acc_dtype", "batch_chunk_size", "class_chunk_size",
+                                           "bf16_gemms_assumed", "predicted_peak_bytes", "predicted_error",
+                                           "estimated_s", "timing", "time_median_s", "time_spread_s", "repeats",
+                                           "time_over_fastest", "blind_estimate_s", "isa_caps",
+                                           *PROVENANCE_COLUMNS),
+                       "an option set timed for one shape and budget: lce.recommend's pick, measure=True's, a "
+                       "capability-blind one, or a feasible alternative (python -m analysis cpu-kinds)")
 GPU_BENCH = Kind("gpu_bench", tuple(["kind", "impl", "op", "policy", "acc_dtype", "dtype", "family", "N", "D", "C",
                                      "resolved_policy", "num_chunks", "time_median_s", "time_spread_s", "repeats",
                                      "peak_allocated_bytes", "peak_reserved_bytes", "modeled_peak_bytes",
@@ -190,7 +202,8 @@ REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
                                                        TRAINING, BUDGETS, CLASS_TILING, FEATURES, FEATURE_COST,
-                                                       VOCAB_PARALLEL, GPU_BENCH, GPU_MEMORY)}
+                                                       VOCAB_PARALLEL, CPU_GEMM_RATES, RECOMMEND_CHECK, GPU_BENCH,
+                                                       GPU_MEMORY)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

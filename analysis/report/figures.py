@@ -21,6 +21,7 @@ from analysis.core.results_io import (
     BUDGETS,
     CHUNK_SWEEP,
     CLASS_TILING,
+    CPU_GEMM_RATES,
     FAMILY_STATS,
     FEATURES,
     MARGINS,
@@ -28,6 +29,7 @@ from analysis.core.results_io import (
     MEMORY_TRACE,
     NOISE,
     RARE_ROWS,
+    RECOMMEND_CHECK,
     TRAINING,
     VOCAB_PARALLEL,
     load_kind,
@@ -40,6 +42,7 @@ from analysis.report import (
     nb06_does_it_matter,
     nb07_choosing_options,
     nb08_beyond_torch,
+    nb09_cpu_kinds,
 )
 from analysis.report.nb02_accuracy import plot_error_vs_chunks
 from analysis.report.nb03_memory import plot_buffer_breakdown, plot_memory_model, plot_memory_trace
@@ -100,11 +103,13 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
     figures = draw_all(table, memory_breakdown=breakdown, memory_trace=trace, bench=bench, chunk_sweep=chunks,
                        family_stats=family_stats, margins=margins, rare_rows=rare)
     matter = [load_kind(results, kind.name)
-              for kind in (NOISE, TRAINING, BUDGETS, CLASS_TILING, FEATURES, VOCAB_PARALLEL)]
+              for kind in (NOISE, TRAINING, BUDGETS, CLASS_TILING, FEATURES, VOCAB_PARALLEL, CPU_GEMM_RATES,
+                           RECOMMEND_CHECK)]
     figures += nb06_does_it_matter.draw_all(matter[0][1], matter[1][1])
     figures += nb07_choosing_options.draw_budget_figures(matter[2][1], matter[3][1])
     figures += nb08_beyond_torch.draw_feature_figures(matter[4][1])
     figures += nb08_beyond_torch.draw_vocab_parallel_figures(matter[5][1])
+    figures += nb09_cpu_kinds.draw_cpu_kind_figures(matter[6][1], matter[7][1])
     figures += nb04_pareto.draw_gpu_figures(table)
     validation_path = results / VALIDATION_FILE
     if validation_path.exists():

@@ -14,11 +14,15 @@ test requires the committed READMEs to be up to date.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
+
 from analysis.core.problem import BENCH_SHAPE, DTYPES
+from analysis.core.provenance import bf16_gemms, cpu_kind
 from analysis.core.results_io import BENCH, CHUNK_SWEEP, REPRODUCE, latest, load_kind
 from analysis.paths import RESULTS_DIR, ROOT
 from analysis.report.nb02_accuracy import readme_bf16_errors
@@ -26,6 +30,7 @@ from analysis.report.nb05_realistic_inputs import readme_realistic_inputs
 from analysis.report.nb06_does_it_matter import readme_does_it_matter
 from analysis.report.nb07_choosing_options import readme_budgets, readme_error_model, readme_recommend
 from analysis.report.nb08_beyond_torch import readme_features, readme_vocab_parallel
+from analysis.report.nb09_cpu_kinds import readme_cpu_kinds
 from analysis.sweep.grids import GRIDS
 from lce.policies import CPU_MIN_ROWS
 
@@ -46,35 +51,53 @@ def _minutes(seconds: float) -> str:
 
 
 def reproduce_time(results: Path) -> str:
-    """How long the last whole ``reproduce --quick`` took, and where."""
+    """How long the last whole ``reproduce --quick`` took on each CPU kind, and where."""
     _, runs = load_kind(results, REPRODUCE.name)
     runs = runs[runs["grid"] == "quick"]
     if runs.empty:
-        return "No whole reproduction has been timed yet (`analysis/results/reproduce.csv` is empty).\n"
-    last = runs.sort_values("date").iloc[-1]
-    return (f"The last `python -m analysis reproduce --quick` (what `make reproduce` runs once the venv is "
-            f"installed) took **{_minutes(last.total_s)}** (sweep {_minutes(last.sweep_s)} for "
-            f"{int(last.runs)} runs in {int(last.workers)} worker processes, memory study "
-            f"{_minutes(last.memory_study_s)}, figures {_minutes(last.figures_s)}) on an {last.cpu_model} "
-            f"({int(last.num_threads)} cores), {str(last.date)[:10]} at revision {last.git_revision} "
-            f"(`analysis/results/reproduce.csv`).\n")
+        return "No whole reproduction has been timed yet (`analysis/results/reproduce.csv`).\n"
+    runs = runs.assign(cpu_kind=[cpu_kind(model, gemms) for model, gemms in zip(runs["cpu_model"], runs["cpu_gemms"],
+                                                                               strict=True)])
+    lines = ["The last `python -m analysis reproduce --quick` (what `make reproduce` runs once the venv is installed) "
+             "on each CPU kind (`analysis/results/reproduce.csv`):", ""]
+    for kind, group in runs.groupby("cpu_kind", sort=True):
+        last = group.sort_values("date").iloc[-1]
+        lines.append(f"- {kind}, {int(last.num_threads)} threads: **{_minutes(last.total_s)}** (sweep "
+                     f"{_minutes(last.sweep_s)} for {int(last.runs)} runs in {int(last.workers)} worker processes, "
+                     f"memory study {_minutes(last.memory_study_s)}, figures {_minutes(last.figures_s)}), "
+                     f"{str(last.date)[:10]} at revision {last.git_revision}")
+    return "\n".join(lines) + "\n"
 
 
 _BENCH_COLUMNS = {"lce": "lce (default)", "lce balanced": "lce balanced, acc fp32", "torch": "torch 2.13 native",
                   "unfused": "unfused reference", "3-GEMM floor": "3-GEMM floor"}
 
 
+def _kinds(table: pd.DataFrame, bench: pd.DataFrame) -> pd.Series:
+    """Each row's CPU kind (:func:`analysis.core.provenance.cpu_kind`). Rows from before the capability was
+    recorded take it from their CPU model's bench rows: bf16 GEMMs native where its bf16 3-GEMM floor beat fp32's."""
+    floors = bench[(bench["impl"] == "3-GEMM floor") & (bench["metric"] == "time_s")]
+    floor = floors.groupby(["cpu_model", "dtype"])["value"].median()
+    inferred = {model: "native, by its bf16 GEMM floor" for model in floors["cpu_model"].unique()
+                if floor.get((model, "bfloat16"), math.inf) < floor.get((model, "float32"), 0.0)}
+    return pd.Series([cpu_kind(model, gemms, inferred.get(model)) for model, gemms
+                      in zip(table["cpu_model"], table["cpu_gemms"], strict=True)], index=table.index)
+
+
 def bench_table(results: Path) -> str:
-    """Time and peak memory at the bench shape, one table per CPU model."""
+    """Time and peak memory at the bench shape, one table per CPU kind ("not run" where it emulates the dtype's
+    GEMMs and a peer would call them: :mod:`analysis.core.emulated_gemms`)."""
     _, bench = load_kind(results, BENCH.name)
     shape = BENCH_SHAPE
     bench = bench[(bench["N"] == shape.N) & (bench["D"] == shape.D) & (bench["C"] == shape.C)]
-    bench = latest(bench, ["cpu_model", "impl", "dtype", "metric"])
+    bench = bench.assign(cpu_kind=_kinds(bench, bench))
+    bench = latest(bench, ["cpu_kind", "impl", "dtype", "metric"])
     parts = []
-    for cpu, rows in bench.groupby("cpu_model", sort=True):
+    for kind, rows in bench.groupby("cpu_kind", sort=True):
         value = {(r.impl, r.dtype, r.metric): r.value for r in rows.itertuples()}
         when = str(rows["date"].max())[:10]
-        lines = [f"{cpu} ({int(rows['num_threads'].iloc[0])} threads, {when}):", "",
+        emulated = bf16_gemms(rows["cpu_gemms"].iloc[0]) == "emulated"
+        lines = [f"{kind}, {int(rows['num_threads'].iloc[0])} threads, {when}:", "",
                  "| dtype | " + " | ".join(_BENCH_COLUMNS.values()) + " |",
                  "|---" * (len(_BENCH_COLUMNS) + 1) + "|"]
         for dtype in ("float32", "bfloat16"):
@@ -82,6 +105,8 @@ def bench_table(results: Path) -> str:
             for impl in _BENCH_COLUMNS:
                 seconds, peak = value.get((impl, dtype, "time_s")), value.get((impl, dtype, "peak_bytes"))
                 cell = "-" if seconds is None else f"{seconds:.2f} s"
+                if seconds is None and emulated and dtype != "float32" and not impl.startswith("lce"):
+                    cell = "not run (emulated)"
                 if peak is not None and peak == peak:
                     cell += f", {peak / 2**20:.0f} MiB"
                 cells.append(cell)
@@ -93,11 +118,13 @@ def bench_table(results: Path) -> str:
 def cpu_chunking(results: Path) -> str:
     """What CPU "auto" chunking rests on: time at the row floor against the best and aspect-ratio sizes, per CPU."""
     _, chunks = load_kind(results, CHUNK_SWEEP.name)
-    chunks = latest(chunks[chunks["metric"] == "time_s"], ["cpu_model", "impl", "dtype", "chunk_size"])
-    lines = ["| CPU | dtype, policy | 32 rows | 64 rows | auto's floor (spread) | best (rows) | floor / best |",
+    _, bench = load_kind(results, BENCH.name)
+    chunks = chunks[chunks["metric"] == "time_s"]
+    chunks = latest(chunks.assign(cpu_kind=_kinds(chunks, bench)), ["cpu_kind", "impl", "dtype", "chunk_size"])
+    lines = ["| CPU kind | dtype, policy | 32 rows | 64 rows | auto's floor (spread) | best (rows) | floor / best |",
              "|---|---|---|---|---|---|---|"]
     floor_ratios, narrow_ratios, spreads = [], [], []
-    for (cpu, dtype, impl), rows in chunks.groupby(["cpu_model", "dtype", "impl"], sort=True):
+    for (cpu, dtype, impl), rows in chunks.groupby(["cpu_kind", "dtype", "impl"], sort=True):
         time = dict(zip(rows["chunk_size"].astype(int), rows["value"], strict=True))
         spread = dict(zip(rows["chunk_size"].astype(int), rows["spread_s"], strict=True))
         floor = CPU_MIN_ROWS[DTYPES[dtype]]
@@ -175,6 +202,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "budgets": readme_budgets,
     "features": readme_features,
     "vocab-parallel": readme_vocab_parallel,
+    "cpu-kinds": readme_cpu_kinds,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""
 

@@ -1,0 +1,86 @@
+"""Claims of notebook 09 and of the README's "CPU kinds" section, each a named assertion over the committed results
+(cpu_gemm_rates.csv, recommend_check.csv). A failure names the sentence to rewrite."""
+
+from __future__ import annotations
+
+import functools
+
+import pandas as pd
+
+from analysis.core.results_io import CPU_GEMM_RATES, RECOMMEND_CHECK, load_kind
+from analysis.paths import RESULTS_DIR
+from analysis.report import nb09_cpu_kinds as nb09
+from lce.cpu_gemms import EMULATED_SLOWDOWN
+
+
+@functools.cache
+def _kind(name: str) -> pd.DataFrame:
+    return load_kind(RESULTS_DIR, name)[1]
+
+
+def _rates() -> pd.DataFrame:
+    return nb09.rate_numbers(_kind(CPU_GEMM_RATES.name))
+
+
+def test_both_kinds_were_measured():
+    """The notebook and the README compare a CPU with native bf16 GEMMs and one that emulates them."""
+    assert set(_rates()["bf16"]) == {"native", "emulated"}
+
+
+def test_native_bf16_is_at_least_fp32s_rate_and_emulated_bf16_far_below_it():
+    """"Where bf16 GEMMs are native they run at {low}-{high}x fp32's rate; where they are emulated at {x}x it, about
+    {n} times slower than fp32" (and the README's "two orders of magnitude")."""
+    rates = _rates()
+    assert (rates.loc[rates["bf16"] == "native", "bf16_over_fp32"] >= 1.0).all()
+    assert (rates.loc[rates["bf16"] == "emulated", "bf16_over_fp32"] <= 1 / 30).all()
+
+
+def test_the_probe_agrees_with_the_large_gemm_rate():
+    """lce.cpu_gemms' verdict (a small probe) is what the 512x512x8192 rate says: emulated exactly where the dtype
+    runs below 1/EMULATED_SLOWDOWN of fp32's rate."""
+    rates = _kind(CPU_GEMM_RATES.name)
+    low = rates[rates["dtype"] != "float32"]
+    assert ((low["support"] == "emulated") == (low["rate_over_fp32"] < 1 / EMULATED_SLOWDOWN)).all()
+
+
+def test_fp16_is_never_meaningfully_faster_than_fp32():
+    """"fp16 runs at {x}x fp32's rate at best, never meaningfully faster" (README: no CPU kind measured runs fp16
+    GEMMs faster than fp32's rate, so lce computes them in fp32 on every CPU)."""
+    assert (_rates()["fp16_over_fp32"] <= 1.25).all()
+
+
+def test_the_probe_separates_the_kinds_on_either_side_of_its_threshold_cheaply():
+    """"its slowest native dtype took {x}x fp32's time, its fastest emulated one {y}x, on either side of the
+    threshold, and both probes together cost {ms} ms at most"."""
+    rates = _kind(CPU_GEMM_RATES.name)
+    low = rates[rates["dtype"] != "float32"]
+    assert (low.loc[low["support"] == "native", "probe_slowdown"] < EMULATED_SLOWDOWN / 2).all()
+    assert (low.loc[low["support"] == "emulated", "probe_slowdown"] > EMULATED_SLOWDOWN * 2).all()
+    assert (_rates()["probe_cost_s"] < 1.0).all()
+
+
+def test_recommends_pick_is_close_to_the_fastest_option_timed_beside_it():
+    """"recommend's pick from its models alone ran within {x}x of the fastest option set timed beside it" -- a bound
+    the prose quotes; it must stay a modest one for the sentence to say the picks are the fast ones."""
+    picks = nb09.recommend_numbers(_kind(RECOMMEND_CHECK.name))
+    assert set(picks["cpu_kind"]) == set(_rates()["cpu_kind"])
+    assert picks["pick_over_fastest"].median() <= 1.3
+    assert picks["pick_over_fastest"].max() <= 2.5
+
+
+def test_a_capability_blind_pick_is_slower_where_bf16_is_emulated():
+    """"the pick a capability-blind model makes ... took {low}-{high}x the time of lce's pick where it was timed, and
+    an estimated {low}-{high}x at the larger shapes ... even discounted by that factor ... at least {n}x slower"."""
+    blind = nb09.blind_numbers(_kind(RECOMMEND_CHECK.name))
+    assert not blind.empty and (blind["timing"] == "measured").any() and (blind["timing"] != "measured").any()
+    assert (blind["blind_over_pick"] > 1.5).all() and (blind["conservative_over_pick"] > 1.5).all()
+
+
+def test_the_blind_estimate_overshoots_by_a_bounded_factor_where_it_was_also_measured():
+    """"The estimate overshot the measurement by up to {x}x where both exist": it never undershoots by much (it is a
+    bound from above), and the overshoot stays a modest factor for the discounted claim to mean something."""
+    blind = nb09.blind_numbers(_kind(RECOMMEND_CHECK.name))
+    both = blind[blind["timing"] == "measured"]
+    assert len(both) >= 2
+    assert (both["blind_estimate_s"] >= 0.8 * both["blind_time_s"]).all()
+    assert nb09.estimate_overshoot(blind) <= 5.0
