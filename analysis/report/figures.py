@@ -23,6 +23,7 @@ from analysis.core.results_io import (
     CLASS_TILING,
     FAMILY_STATS,
     FEATURES,
+    HF_STEP,
     MARGINS,
     MEMORY_BREAKDOWN,
     MEMORY_TRACE,
@@ -36,6 +37,7 @@ from analysis.judge.pareto import load_table, verdict_lines
 from analysis.judge.rule import rule_lines
 from analysis.paths import display_path
 from analysis.report import (
+    hf_step,
     nb04_pareto,
     nb06_does_it_matter,
     nb07_choosing_options,
@@ -100,11 +102,12 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
     figures = draw_all(table, memory_breakdown=breakdown, memory_trace=trace, bench=bench, chunk_sweep=chunks,
                        family_stats=family_stats, margins=margins, rare_rows=rare)
     matter = [load_kind(results, kind.name)
-              for kind in (NOISE, TRAINING, BUDGETS, CLASS_TILING, FEATURES, VOCAB_PARALLEL)]
+              for kind in (NOISE, TRAINING, BUDGETS, CLASS_TILING, FEATURES, VOCAB_PARALLEL, HF_STEP)]
     figures += nb06_does_it_matter.draw_all(matter[0][1], matter[1][1])
     figures += nb07_choosing_options.draw_budget_figures(matter[2][1], matter[3][1])
     figures += nb08_beyond_torch.draw_feature_figures(matter[4][1])
     figures += nb08_beyond_torch.draw_vocab_parallel_figures(matter[5][1])
+    figures += hf_step.draw_hf_step_figures(matter[6][1])
     figures += nb04_pareto.draw_gpu_figures(table)
     validation_path = results / VALIDATION_FILE
     if validation_path.exists():

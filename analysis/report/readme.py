@@ -21,6 +21,7 @@ from pathlib import Path
 from analysis.core.problem import BENCH_SHAPE, DTYPES
 from analysis.core.results_io import BENCH, CHUNK_SWEEP, REPRODUCE, latest, load_kind
 from analysis.paths import RESULTS_DIR, ROOT
+from analysis.report.hf_step import readme_hf_step
 from analysis.report.nb02_accuracy import readme_bf16_errors
 from analysis.report.nb05_realistic_inputs import readme_realistic_inputs
 from analysis.report.nb06_does_it_matter import readme_does_it_matter
@@ -175,6 +176,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "budgets": readme_budgets,
     "features": readme_features,
     "vocab-parallel": readme_vocab_parallel,
+    "hf-step": readme_hf_step,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""
 
