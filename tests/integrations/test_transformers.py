@@ -195,7 +195,7 @@ def test_all_ignored_labels_give_the_librarys_nan_mean_and_zero_sum():
     labels = torch.full_like(ids, -100)
     assert torch.isnan(model(ids, labels=labels).loss) and torch.isnan(reference(ids, labels=labels).loss)
     out, grads = step(model, ids, labels=labels, num_items_in_batch=torch.tensor(7))
-    assert out.loss.item() == 0.0 == float(reference(ids, labels=labels, num_items_in_batch=torch.tensor(7)).loss)
+    assert out.loss.item() == 0.0 == reference(ids, labels=labels, num_items_in_batch=torch.tensor(7)).loss.item()
     assert all(float(g.abs().max()) == 0.0 for g in grads.values())
 
 
@@ -210,7 +210,7 @@ def test_without_labels_the_forward_is_the_models_own():
     loss, *rest = model(ids, labels=ids, return_dict=False)  # a tuple without the logits, as for logits=None
     assert loss.dim() == 0 and not any(isinstance(item, torch.Tensor) and item.shape[-1:] == (0,) for item in rest)
     with torch.no_grad():
-        assert float(model(ids, labels=ids).loss) == pytest.approx(float(fp64_library(twin)(ids, labels=ids).loss),
+        assert model(ids, labels=ids).loss.item() == pytest.approx(fp64_library(twin)(ids, labels=ids).loss.item(),
                                                                    abs=1e-10)
 
 
@@ -301,9 +301,9 @@ def test_the_bf16_loss_is_fp32_not_rounded_to_bf16():
     ids, mask, labels = batch(6)
     loss = model(ids, attention_mask=mask, labels=labels).loss
     shifted = F.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1)
-    logits = seen["hidden"].double().reshape(-1, HIDDEN) @ model.lm_head.weight.double().T
+    logits = seen["hidden"].detach().double().reshape(-1, HIDDEN) @ model.lm_head.weight.detach().double().T
     exact = F.cross_entropy(logits, shifted)
-    assert loss.dtype == torch.float32 and abs(float(loss) - float(exact)) <= 1e-5
+    assert loss.dtype == torch.float32 and abs(loss.item() - exact.item()) <= 1e-5
     assert abs(float(exact.to(torch.bfloat16)) - float(exact)) > 1e-4  # a bf16 loss would have failed above
 
 
@@ -359,8 +359,8 @@ def test_z_loss_adds_lces_term_to_the_models_loss():
     ids, mask, labels = batch()
     shifted = F.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1)
     lse = reference(ids, attention_mask=mask).logits.reshape(-1, VOCAB).logsumexp(-1)[shifted != -100]
-    expected = float(reference(ids, attention_mask=mask, labels=labels).loss) + 1e-3 * float(lse.square().mean())
-    assert abs(float(model(ids, attention_mask=mask, labels=labels).loss) - expected) <= 1e-10
+    expected = reference(ids, attention_mask=mask, labels=labels).loss.item() + 1e-3 * lse.square().mean().item()
+    assert abs(model(ids, attention_mask=mask, labels=labels).loss.item() - expected) <= 1e-10
 
 
 # ---- bad use -------------------------------------------------------------------------------------------------
