@@ -183,13 +183,13 @@ GPU_MEMORY = Kind("gpu_memory", tuple(["kind", "policy", "acc_dtype", "dtype", "
                   "lce's modeled peak (lce.plan(...).peak_extra_bytes) against the CUDA allocator's measured peaks, "
                   "per policy and shape (python -m analysis gpu-check)")
 
-HF_STEP = Kind("hf_step", tuple(["kind", "arm", "model", "device", "param_dtype", "compute_dtype", "hidden", "layers",
-                                 "vocab", "batch", "seq_len", "tokens", "logits_bytes", "policy", "acc_dtype",
-                                 "batch_chunk_size", "class_chunk_size", "budget_bytes", "predicted_head_peak_bytes",
-                                 "measured_peak_bytes", "memory_method", "peak_ratio", "time_median_s",
-                                 "time_spread_s", "time_ratio", "rounds", "loss", "loss_diff", "status", "note",
-                                 "wall_s", "cpu_s", *PROVENANCE_COLUMNS]),
-               "one training step (forward, backward, AdamW) of a transformers Llama with a large vocabulary, per "
+HF_STEP = Kind("hf_step", tuple(["kind", "arm", "model", "optimizer", "device", "param_dtype", "compute_dtype",
+                                 "hidden", "layers", "vocab", "batch", "seq_len", "tokens", "logits_bytes", "policy",
+                                 "acc_dtype", "batch_chunk_size", "class_chunk_size", "budget_bytes",
+                                 "predicted_head_peak_bytes", "measured_peak_bytes", "memory_method", "peak_ratio",
+                                 "time_median_s", "time_spread_s", "time_ratio", "rounds", "loss", "loss_diff",
+                                 "status", "note", "wall_s", "cpu_s", *PROVENANCE_COLUMNS]),
+               "one training step (forward, backward, optimizer) of a transformers Llama with a large vocabulary, per "
                "arm (unpatched, lce.integrations.transformers' patch with each kind of options, Liger-Kernel's): "
                "peak memory (a fresh process), median time over alternating rounds, ratios to the unpatched "
                "model (python -m analysis hf-step)")

@@ -93,7 +93,7 @@ def plot_hf_step(table: pd.DataFrame, device: str = "cpu") -> CaptionedFigure | 
     memory.set_title("Peak memory")
     time.set_title("Time")
     where = first["device_name"] if device == "cuda" else f"CPU {first['cpu_model']}, {first['num_threads']} threads"
-    caption = (f"One training step (forward, backward, AdamW) of a transformers LlamaForCausalLM with a "
+    caption = (f"One training step (forward, backward, {first['optimizer']}) of a transformers LlamaForCausalLM with a "
                f"{first['layers']}-layer, {first['hidden']}-wide trunk and {first['vocab']:,} classes, fp32 parameters "
                f"under {first['compute_dtype']} autocast, {first['tokens']:,} tokens, on {where}: unpatched and "
                "patched by lce.integrations.transformers (default options; options='recommend'; lce.recommend under "
@@ -129,9 +129,10 @@ def readme_hf_step(results: Path) -> str:
         "time_ratio": "time / unpatched", "loss_diff": "loss - unpatched (nats)"})
     return "\n".join([
         f"- LlamaForCausalLM, {row['layers']} layers x {row['hidden']} wide, {row['vocab']:,} classes, fp32 "
-        f"parameters under {row['compute_dtype']} autocast, {row['batch']} x {row['seq_len']} = {row['tokens']:,} "
-        f"tokens per step; CPU {row['cpu_model']} ({row['num_threads']} threads), {row['date'][:10]}, revision "
-        f"{row['git_revision']}; a fresh process per arm and round, {row['rounds']} alternating rounds",
+        f"parameters under {row['compute_dtype']} autocast, {row['optimizer']}, {row['batch']} x {row['seq_len']} = "
+        f"{row['tokens']:,} tokens per step; CPU {row['cpu_model']} ({row['num_threads']} threads), "
+        f"{row['date'][:10]}, revision {row['git_revision']}; a fresh process per arm and round, {row['rounds']} "
+        "alternating rounds",
         "",
         markdown_table(shown, {"peak (MiB)": "{:,.0f}", "peak / unpatched": "{:.2f}", "time (s)": "{:.1f}",
                                "time / unpatched": "{:.2f}", "loss - unpatched (nats)": "{:+.1e}"})])

@@ -2,7 +2,9 @@
 and time.
 
 The model (:data:`SETTINGS`): a Llama with a small trunk and Llama 3's vocabulary (128256 classes), fp32
-parameters, the step run under ``torch.autocast`` in bf16 (what the ``Trainer``'s ``bf16=True`` does), AdamW.
+parameters, the step run under ``torch.autocast`` in bf16 (what the ``Trainer``'s ``bf16=True`` does), fused
+AdamW (the ``Trainer``'s default optimizer on torch >= 2.8; the for-each AdamW's temporaries, twice the largest
+parameters' bytes, would set the peak of every patched step alike and hide what the head's options change).
 One step is forward (``model(input_ids, labels=...)``), backward and the optimizer's step. Arms
 (:data:`ARMS`): the unpatched model, ``patch(model)`` (lce's default options), ``patch(model,
 options="recommend")`` and ``patch(model, options=Recommended(memory_budget=...))`` with the budget
@@ -144,7 +146,7 @@ def measure_arm(arm: str, setting: StepSetting, device: str, *, memory: bool = T
 
     model = build_model(setting, device)
     described = apply_arm(model, arm, setting)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     batch = _batch(setting, device)
     dtype = getattr(torch, setting.compute_dtype)
     losses: list[float] = []
@@ -210,7 +212,7 @@ def measure(setting: StepSetting = SETTINGS["cpu"], device: str = "cpu", arms: S
                 print(f"hf-step round {round_number + 1}/{rounds} {arm}: {times[arm][-1]:.2f} s", flush=True)
     rows = []
     for arm in arms:
-        row = dict(arm=arm, model="LlamaForCausalLM", device=device, param_dtype="float32",
+        row = dict(arm=arm, model="LlamaForCausalLM", optimizer="AdamW fused", device=device, param_dtype="float32",
                    compute_dtype=setting.compute_dtype, hidden=setting.hidden, layers=setting.layers,
                    vocab=setting.vocab, batch=setting.batch, seq_len=setting.seq_len, tokens=setting.tokens,
                    logits_bytes=setting.tokens * setting.vocab * 4, rounds=rounds)
@@ -256,7 +258,7 @@ if __name__ == "__main__":
 
 # ---- python -m analysis hf-step ------------------------------------------------------------------------------
 
-DESCRIPTION = ("One training step (forward, backward, AdamW) of a Llama with a 2-layer, 512-wide trunk and a "
+DESCRIPTION = ("One training step (forward, backward, fused AdamW) of a Llama with a 2-layer, 512-wide trunk and a "
                "128256-class head, fp32 parameters under bf16 autocast, 2048 tokens (16384 on a GPU): the model "
                "unpatched, patched by lce.integrations.transformers with lce's default options, with "
                f"options='recommend', and with lce.recommend under {BUDGET_MULTIPLE:g}x the head's gradients, and "

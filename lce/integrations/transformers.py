@@ -65,15 +65,18 @@ its reduction, ``ignore_index`` and soft-cap)."""
 _STATE = "_lce_patch"
 _VALUE_ROWS = 4096
 """Rows per block when the fp32 loss value's target logits are formed (bounds that pass's memory)."""
+_CACHED_SHAPES = 64
+"""How many call shapes' recommended options a patched model keeps (batches of varying length each bring one)."""
 _PROBE_RTOL = 1e-5
 """How close a replayed transform must come to the one it is identified as (a cast through fp32 passes)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Recommended:
-    """``options`` that :func:`lce.recommend` picks for each call's shape and dtype on its device (cached per
-    shape): its ``memory_budget`` (bytes beyond the inputs; None: lce auto's peak) and ``max_error`` (floors;
-    None: its default limit)."""
+    """``options`` that :func:`lce.recommend` picks for each call's shape and dtype on its device: its
+    ``memory_budget`` (bytes beyond the inputs; None: lce auto's peak) and ``max_error`` (floors; None: its default
+    limit). A shape not seen before costs one ``lce.recommend`` call (about half a second on 2 CPU cores); the
+    last :data:`_CACHED_SHAPES` shapes' options are kept."""
 
     memory_budget: int | None = None
     max_error: float | None = None
@@ -106,6 +109,8 @@ class _Patch:
             return self.options
         key = (x.shape[0], x.shape[1], weight.shape[0], x.dtype, x.device)
         if key not in self.chosen:
+            if len(self.chosen) >= _CACHED_SHAPES:
+                del self.chosen[next(iter(self.chosen))]  # the oldest shape
             self.chosen[key] = self.options.options_for(*key)
         return self.chosen[key]
 

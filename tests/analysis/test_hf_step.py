@@ -26,7 +26,8 @@ def test_bad_arms_and_rounds_are_named():
 
 
 def _rows(date: str = "2026-12-02T00:00:00+00:00") -> pd.DataFrame:
-    base = dict(model="LlamaForCausalLM", device="cpu", param_dtype="float32", compute_dtype="bfloat16", hidden=512,
+    base = dict(model="LlamaForCausalLM", optimizer="AdamW fused", device="cpu", param_dtype="float32",
+                compute_dtype="bfloat16", hidden=512,
                 layers=2, vocab=128256, batch=2, seq_len=1024, tokens=2048, logits_bytes=2048 * 128256 * 4, rounds=3,
                 status="ok", device_name="CPU", cpu_model="CPU", num_threads=2, git_revision="abc", date=date)
     arms = [("unpatched", None, 3000, 20.0, 11.5), ("lce", "accurate", 1000, 40.0, 11.5001),
