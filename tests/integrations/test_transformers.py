@@ -506,3 +506,24 @@ def test_import_lce_and_the_integration_leave_transformers_unimported():
             "assert 'transformers' not in sys.modules and 'accelerate' not in sys.modules, sorted(sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_fine_tuning_example_trains_both_models_on_the_repos_corpus(tmp_path):
+    """examples/hf_finetune.py, a few steps on a slice of the corpus: in fp32 the two curves start together."""
+    import csv
+    import subprocess
+    import sys
+
+    from analysis.paths import ROOT
+
+    curves = tmp_path / "curves.csv"
+    done = subprocess.run([sys.executable, "examples/hf_finetune.py", "--steps", "4", "--every", "2", "--batch", "2",
+                           "--corpus-mb", "0.5", "--vocab", "1024", "--csv", str(curves)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the curves agreed to 1e-4 nats up to step 4" in done.stdout
+    with open(curves, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["step"], row["split"]) for row in rows] == [("2", "train"), ("2", "heldout"), ("4", "train"),
+                                                             ("4", "heldout")]
