@@ -41,7 +41,7 @@ from analysis.core.run_config import RunConfig
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
            "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "FEATURES",
            "FEATURE_COST", "VOCAB_PARALLEL", "CPU_GEMM_RATES", "RECOMMEND_CHECK", "GPU_BENCH", "GPU_MEMORY",
-           "COLUMNS",
+           "HF_STEP", "COLUMNS",
            "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
            "load_kind", "done_keys", "latest", "load_results"]
 
@@ -195,6 +195,17 @@ GPU_MEMORY = Kind("gpu_memory", tuple(["kind", "policy", "acc_dtype", "dtype", "
                   "lce's modeled peak (lce.plan(...).peak_extra_bytes) against the CUDA allocator's measured peaks, "
                   "per policy and shape (python -m analysis gpu-check)")
 
+HF_STEP = Kind("hf_step", tuple(["kind", "arm", "model", "optimizer", "device", "param_dtype", "compute_dtype",
+                                 "hidden", "layers", "vocab", "batch", "seq_len", "tokens", "logits_bytes", "policy",
+                                 "acc_dtype", "batch_chunk_size", "class_chunk_size", "budget_bytes",
+                                 "predicted_head_peak_bytes", "measured_peak_bytes", "memory_method", "peak_ratio",
+                                 "time_median_s", "time_spread_s", "time_ratio", "rounds", "loss", "loss_diff",
+                                 "status", "note", "wall_s", "cpu_s", *PROVENANCE_COLUMNS]),
+               "one training step (forward, backward, optimizer) of a transformers Llama with a large vocabulary, per "
+               "arm (unpatched, lce.integrations.transformers' patch with each kind of options, Liger-Kernel's): "
+               "peak memory (a fresh process), median time over alternating rounds, ratios to the unpatched "
+               "model (python -m analysis hf-step)")
+
 REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s", "memory_study_s", "figures_s",
                                      "total_s", *PROVENANCE_COLUMNS]),
                  "the wall time of one whole `python -m analysis reproduce` (the READMEs quote it)")
@@ -203,7 +214,7 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
                                                        TRAINING, BUDGETS, CLASS_TILING, FEATURES, FEATURE_COST,
                                                        VOCAB_PARALLEL, CPU_GEMM_RATES, RECOMMEND_CHECK, GPU_BENCH,
-                                                       GPU_MEMORY)}
+                                                       GPU_MEMORY, HF_STEP)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

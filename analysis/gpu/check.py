@@ -70,8 +70,8 @@ from lce.testing import emulate_device_kind
 
 __all__ = ["Step", "STEPS", "DEFAULT_STEPS", "DEFAULT_BUDGET_S", "GRACE_S", "TOKENS_FILE", "step_seconds", "Deadline",
            "dry_run_configs", "estimate_seconds", "run_grid_step", "run_memory_step", "run_bench_step",
-           "run_tests_step", "run_noise_step", "run_train_step", "run_step", "run_check", "gpu_provenance",
-           "CUDA_TEST_FILES", "MEMORY_SHAPES", "BENCH_SPECS", "MEMORY_SPECS"]
+           "run_tests_step", "run_noise_step", "run_train_step", "run_hf_step", "run_step", "run_check",
+           "gpu_provenance", "CUDA_TEST_FILES", "MEMORY_SHAPES", "BENCH_SPECS", "MEMORY_SPECS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,13 +90,14 @@ STEPS: tuple[Step, ...] = (
     Step("bench", 0.30, "lce, unfused eager and compiled, Liger, CCE at 8192x2304x256000 bf16 (gpu_bench.csv)"),
     Step("noise", 0.30, "error against the sampling noise on real cuBLAS kernels (noise_cuda.csv)"),
     Step("train", 0.65, "the training study's arms on the GPU (training_cuda.csv; carry .gpu/tokens.pt)"),
+    Step("hf", 0.25, "one training step of a transformers Llama: unpatched, lce's patch, Liger's (hf_step_cuda.csv)"),
 )
 """Every step, in the order they run. ``--steps`` picks some (:data:`DEFAULT_STEPS` otherwise) and their
 shares are scaled to add up to :data:`BUDGET_SHARE` of the budget."""
 
 DEFAULT_STEPS: tuple[str, ...] = ("tests", "grid", "memory", "bench")
-"""What a plain ``gpu-check`` runs; ``noise`` and ``train`` (the does-it-matter study on real kernels) run when
-``--steps`` names them."""
+"""What a plain ``gpu-check`` runs; ``noise`` and ``train`` (the does-it-matter study on real kernels) and ``hf``
+(the transformers integration's training step) run when ``--steps`` names them."""
 
 BUDGET_SHARE = 0.95
 """The steps' shares of the budget; the rest pays for starting each step's process (torch's import, CUDA's
@@ -516,8 +517,22 @@ def run_train_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
     return {}
 
 
+def run_hf_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
+                echo: Callable[[str], None] = print) -> dict:
+    """Step ``hf``: ``python -m analysis hf-step --device cuda`` -- one training step of a transformers Llama with a
+    128256-class head, unpatched, patched by lce.integrations.transformers, and patched by Liger-Kernel's own
+    ``apply_liger_kernel_to_llama`` (its fused linear cross-entropy) -- into ``out/hf_step_cuda.csv``, with
+    device_name the GPU's (the dry run: the tiny setting on the CPU, one round)."""
+    from analysis.studies import hf_step
+
+    arguments = ["--device", "cpu", "--dry-run"] if dry_run else ["--device", "cuda", "--rounds", "3"]
+    echo("hf: " + " ".join(arguments))
+    _study_command(hf_step, [*arguments, "--results", str(out), "--file", "hf_step_cuda.csv", "--no-progress"])
+    return {}
+
+
 _STEP_RUNNERS = {"tests": run_tests_step, "grid": run_grid_step, "memory": run_memory_step, "bench": run_bench_step,
-                 "noise": run_noise_step, "train": run_train_step}
+                 "noise": run_noise_step, "train": run_train_step, "hf": run_hf_step}
 
 
 def run_step(name: str, out: Path, seconds: float, *, dry_run: bool = False) -> int:

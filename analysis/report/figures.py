@@ -24,6 +24,7 @@ from analysis.core.results_io import (
     CPU_GEMM_RATES,
     FAMILY_STATS,
     FEATURES,
+    HF_STEP,
     MARGINS,
     MEMORY_BREAKDOWN,
     MEMORY_TRACE,
@@ -38,6 +39,7 @@ from analysis.judge.pareto import load_table, verdict_lines
 from analysis.judge.rule import rule_lines
 from analysis.paths import display_path
 from analysis.report import (
+    hf_step,
     nb04_pareto,
     nb06_does_it_matter,
     nb07_choosing_options,
@@ -104,12 +106,13 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
                        family_stats=family_stats, margins=margins, rare_rows=rare)
     matter = [load_kind(results, kind.name)
               for kind in (NOISE, TRAINING, BUDGETS, CLASS_TILING, FEATURES, VOCAB_PARALLEL, CPU_GEMM_RATES,
-                           RECOMMEND_CHECK)]
+                           RECOMMEND_CHECK, HF_STEP)]
     figures += nb06_does_it_matter.draw_all(matter[0][1], matter[1][1])
     figures += nb07_choosing_options.draw_budget_figures(matter[2][1], matter[3][1])
     figures += nb08_beyond_torch.draw_feature_figures(matter[4][1])
     figures += nb08_beyond_torch.draw_vocab_parallel_figures(matter[5][1])
     figures += nb09_cpu_kinds.draw_cpu_kind_figures(matter[6][1], matter[7][1])
+    figures += hf_step.draw_hf_step_figures(matter[8][1])
     figures += nb04_pareto.draw_gpu_figures(table)
     validation_path = results / VALIDATION_FILE
     if validation_path.exists():

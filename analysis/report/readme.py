@@ -25,6 +25,7 @@ from analysis.core.problem import BENCH_SHAPE, DTYPES
 from analysis.core.provenance import bf16_gemms, cpu_kind
 from analysis.core.results_io import BENCH, CHUNK_SWEEP, REPRODUCE, latest, load_kind
 from analysis.paths import RESULTS_DIR, ROOT
+from analysis.report.hf_step import readme_hf_step
 from analysis.report.nb02_accuracy import readme_bf16_errors
 from analysis.report.nb05_realistic_inputs import readme_realistic_inputs
 from analysis.report.nb06_does_it_matter import readme_does_it_matter
@@ -203,6 +204,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "features": readme_features,
     "vocab-parallel": readme_vocab_parallel,
     "cpu-kinds": readme_cpu_kinds,
+    "hf-step": readme_hf_step,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""
 

@@ -8,7 +8,7 @@ from analysis.cli import build_parser, main
 from analysis.core.results_io import file_kind, read_table
 
 SUBCOMMANDS = ("sweep", "figures", "reproduce", "bench", "demo", "memory-study", "notebooks", "grids", "verdicts",
-               "lm", "family-stats", "margins", "rare-rows", "noise", "train")
+               "lm", "family-stats", "margins", "rare-rows", "noise", "train", "hf-step")
 
 
 def test_every_subcommand_is_registered_with_a_handler():

@@ -122,27 +122,30 @@ class _Pip:
 
     def __call__(self, command):
         self.commands.append(command)
-        name, folder = command[-1], Path(command[command.index("--dest") + 1])
+        name, _, version = command[-1].partition("==")
+        folder = Path(command[command.index("--dest") + 1])
         if name not in self.has:
             return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution found for " + name)
-        (folder / f"{name.replace('-', '_')}-1.0-py3-none-any.whl").write_bytes(b"x" * self.size)
+        (folder / f"{name.replace('-', '_')}-{version or '1.0'}-py3-none-any.whl").write_bytes(b"x" * self.size)
         return subprocess.CompletedProcess(command, 0, "Saved", "")
 
 
 def test_gpu_wheels_downloads_without_dependencies_for_python_3_12(tmp_path):
-    pip = _Pip({"liger-kernel", "cut-cross-entropy"})
+    pip = _Pip({"liger-kernel", "cut-cross-entropy", "transformers"})
     lines = wheels.download_wheels(tmp_path, runner=pip)
     assert all({"--no-deps", "--only-binary=:all:"} <= set(c) and c[c.index("--python-version") + 1] == "3.12"
                for c in pip.commands)
+    assert [c[-1] for c in pip.commands] == ["liger-kernel", "cut-cross-entropy", "transformers==5.23.0"]
     assert lines[0].startswith("liger-kernel: liger_kernel-1.0") and "limit 60 MiB" in lines[-1]
     assert all(wheels.wheel_status(tmp_path).values())
 
 
 def test_gpu_wheels_names_a_package_without_a_wheel_and_a_folder_too_heavy(tmp_path):
     with pytest.raises(RuntimeError, match="no wheel could be downloaded for cut-cross-entropy"):
-        wheels.download_wheels(tmp_path / "a", runner=_Pip({"liger-kernel"}))
+        wheels.download_wheels(tmp_path / "a", runner=_Pip({"liger-kernel", "transformers"}))
     with pytest.raises(RuntimeError, match="at or above the 0 MiB limit"):
-        wheels.download_wheels(tmp_path / "b", runner=_Pip({"liger-kernel", "cut-cross-entropy"}), limit_bytes=15)
+        wheels.download_wheels(tmp_path / "b", runner=_Pip({"liger-kernel", "cut-cross-entropy", "transformers"}),
+                               limit_bytes=15)
 
 
 def test_wheels_are_unpacked_without_pip(tmp_path):
@@ -151,10 +154,29 @@ def test_wheels_are_unpacked_without_pip(tmp_path):
     with zipfile.ZipFile(folder / "liger_kernel-9.9-py3-none-any.whl", "w") as archive:
         archive.writestr("liger_kernel/__init__.py", "")
     lines = wheels.unpack_wheels(folder, tmp_path / "site")
-    if "liger-kernel: importable already" not in lines:
+    if not any(line.startswith("liger-kernel: importable already") for line in lines):
         assert (tmp_path / "site" / "liger_kernel" / "__init__.py").exists()
         assert "liger-kernel: unpacked liger_kernel-9.9-py3-none-any.whl" in lines
     assert any(line.startswith("cut-cross-entropy: no wheel") for line in lines)
+
+
+def test_a_pinned_package_is_unpacked_over_another_release_the_machine_has(tmp_path, monkeypatch):
+    """The GPU image has transformers 5.17: the pinned wheel is unpacked (and goes first on the steps' path); at the
+    pinned release it is left alone."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    pinned = wheels.pinned_version("transformers")
+    with zipfile.ZipFile(folder / f"transformers-{pinned}-py3-none-any.whl", "w") as archive:
+        archive.writestr("transformers/__init__.py", "")
+    machine = {"transformers": "5.17.0"}
+    monkeypatch.setattr(wheels, "installed_version", lambda package: machine.get(package.name))
+    lines = wheels.unpack_wheels(folder, tmp_path / "site")
+    assert f"transformers: unpacked transformers-{pinned}-py3-none-any.whl over the machine's 5.17.0" in lines
+    assert (tmp_path / "site" / "transformers" / "__init__.py").exists()
+    machine["transformers"] = pinned
+    assert f"transformers: importable already ({pinned})" in wheels.unpack_wheels(folder, tmp_path / "again")
+    with pytest.raises(ValueError, match="constraints.txt pins no version of nonsense"):
+        wheels.pinned_version("nonsense")
 
 
 def _sweep_rows(device: str, floors: float, policy: str = "balanced") -> list[dict]:

@@ -151,7 +151,8 @@ def test_core_dependencies_are_torch_only(pyproject):
     assert names == ["torch"], f"the library must depend on torch alone, got {names}"
 
 
-@pytest.mark.parametrize("package", ["numpy", "matplotlib", "seaborn", "tokenizers", "jupyterlab", "pytest"])
+@pytest.mark.parametrize("package", ["numpy", "matplotlib", "seaborn", "tokenizers", "jupyterlab", "pytest",
+                                     "transformers", "accelerate"])
 def test_package_in_some_extra(pyproject, package):
     optional = pyproject["project"]["optional-dependencies"]
     where = [
@@ -160,6 +161,15 @@ def test_package_in_some_extra(pyproject, package):
         if any(canonicalize_name(Requirement(s).name) == package for s in specs)
     ]
     assert where, f"{package} is in no optional-dependency group"
+
+
+def test_the_hf_extra_is_pinned_exactly_within_its_range(pyproject, constraints):
+    """lce.integrations.transformers reproduces one release's loss code: setup installs that release."""
+    for spec in pyproject["project"]["optional-dependencies"]["hf"]:
+        requirement = Requirement(spec)
+        name = canonicalize_name(requirement.name)
+        assert name in constraints, f"constraints.txt must pin {name} (the hf extra)"
+        assert exact_pin(constraints[name]) in requirement.specifier, f"{constraints[name]} outside {requirement}"
 
 
 def test_dev_extra_covers_every_other_extra(pyproject):

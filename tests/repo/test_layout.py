@@ -50,8 +50,31 @@ def test_analysis_imports_run_one_way():
 
 
 def test_lce_never_imports_the_analysis():
-    for path in (ROOT / "lce").glob("*.py"):
+    for path in (ROOT / "lce").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
                      else [alias.name for alias in node.names] if isinstance(node, ast.Import) else [])
             assert not any(name.split(".")[0] in {"analysis", "pandas", "matplotlib"} for name in names), path
+
+
+def test_lce_imports_an_integrations_library_only_when_it_is_used():
+    """``import lce`` needs torch alone: no lce module imports lce.integrations, and an integration imports its
+    library (transformers, ...) inside the functions that use it, never at module level."""
+    import sys
+
+    for path in (ROOT / "lce").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                assert "integrations" not in (node.module or "").split("."), f"{path.name} imports {node.module}"
+    allowed = set(sys.stdlib_module_names) | {"__future__", "torch"}
+    integrations = sorted((ROOT / "lce" / "integrations").glob("*.py"))
+    assert [path.name for path in integrations] == ["__init__.py", "transformers.py"]
+    for path in integrations:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:  # module level only
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            assert all(name.split(".")[0] in allowed for name in names), f"{path.name} imports {names} at module level"

@@ -1,0 +1,529 @@
+"""lce.integrations.transformers: a patched causal LM returns the library's own loss and gradients.
+
+Tiny random-init models of several families (hidden 32, 2 layers, 256 classes), seeded. The fp64 checks compare
+with the unpatched model whose loss is transformers' own ``ForCausalLMLoss`` with its ``logits.float()`` kept in
+fp64 (for fp64 logits that upcast is a downcast to fp32, which would hide everything below 1e-7). The bf16 checks
+measure both models against fp64 on the same rounded weights; their heads are scaled so the logits spread over
+tens of nats, as a trained head's do (a random-init head's softmax is uniform, which makes rounding errors
+coherent and comparisons between implementations a matter of luck).
+"""
+
+from __future__ import annotations
+
+import copy
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lce
+from lce.integrations import transformers as integration
+
+transformers = pytest.importorskip("transformers")
+from transformers.loss.loss_utils import ForCausalLMLoss  # noqa: E402
+
+VOCAB, HIDDEN = 256, 32
+SOFTCAP = 2.0
+"""Gemma's final_logit_softcapping in the tiny configs: small, so that it bites on a scaled head."""
+HEAD_SCALE = 30.0
+"""lm_head's weights times this: logits of a few to tens of nats."""
+
+_COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2)
+FAMILIES = {
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**_COMMON, tie_word_embeddings=False)),
+    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**_COMMON)),
+    "qwen2-tied": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**_COMMON, tie_word_embeddings=True)),
+    "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**_COMMON, head_dim=8,
+                                                                            tie_word_embeddings=False)),
+    "gemma2-softcap": lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        **_COMMON, head_dim=8, query_pre_attn_scalar=8, final_logit_softcapping=SOFTCAP)),
+    "gemma3-softcap": lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+        **_COMMON, head_dim=8, query_pre_attn_scalar=8, final_logit_softcapping=SOFTCAP)),
+    "gpt2-tied": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=HIDDEN, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)),
+    "mixtral-router-loss": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        **_COMMON, num_local_experts=4, num_experts_per_tok=2, output_router_logits=True)),
+}
+"""Decoder-only causal LMs: untied and tied heads (Qwen2, Gemma, GPT-2: the embedding matrix), Gemma's soft-cap, a
+base model named ``transformer`` (GPT-2), and a mixture of experts whose forward adds its router loss."""
+
+
+def tiny(family: str, dtype: torch.dtype = torch.float64, seed: int = 0):
+    torch.manual_seed(seed)
+    model = FAMILIES[family]()
+    if family.startswith("mixtral"):
+        model.set_experts_implementation("eager")  # the grouped GEMM has no fp64 kernel
+    with torch.no_grad():
+        model.lm_head.weight.mul_(HEAD_SCALE)
+    return model.to(dtype).train()
+
+
+def batch(seed: int = 0, rows: int = 3, length: int = 12):
+    """Token ids, an attention mask with one right-padded row, labels -100 at the padding and at a prompt."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (rows, length), generator=g)
+    mask = torch.ones(rows, length, dtype=torch.int64)
+    mask[-1, -4:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[0, :5] = -100  # a prompt: no loss on its tokens
+    return ids, mask, labels
+
+
+def library_loss_in_fp64(*args, **kwargs):
+    """transformers' ForCausalLMLoss with its ``logits.float()`` leaving fp64 logits in fp64."""
+    upcast = torch.Tensor.float
+
+    def keep_fp64(self, *more, **options):
+        return self if self.dtype == torch.float64 else upcast(self, *more, **options)
+
+    with mock.patch.object(torch.Tensor, "float", keep_fp64):
+        return ForCausalLMLoss(*args, **kwargs)
+
+
+def fp64_library(model):
+    reference = copy.deepcopy(model)
+    reference.loss_function = library_loss_in_fp64
+    return reference
+
+
+def gradients(model) -> dict[str, torch.Tensor]:
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def step(model, *args, **kwargs):
+    """One forward with ``kwargs`` and its backward; returns the output and every parameter's gradient."""
+    model.zero_grad(set_to_none=True)
+    out = model(*args, **kwargs)
+    out.loss.backward()
+    return out, gradients(model)
+
+
+class Spy:
+    """Records the arguments of every lce.linear_cross_entropy call the integration makes."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list[dict] = []
+        real = integration.linear_cross_entropy
+
+        def spy(input, linear_weight, target, **kwargs):
+            self.calls.append(dict(kwargs, input=input, linear_weight=linear_weight))
+            return real(input, linear_weight, target, **kwargs)
+
+        monkeypatch.setattr(integration, "linear_cross_entropy", spy)
+
+
+# ---- fp64: the library's loss and every gradient ------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fp64_loss_and_every_gradient_equal_the_librarys(family, monkeypatch):
+    model = tiny(family)
+    reference = fp64_library(model)
+    spy = Spy(monkeypatch)
+    integration.patch(model)
+    ids, mask, labels = batch()
+    out, grads = step(model, ids, attention_mask=mask, labels=labels)
+    expected, expected_grads = step(reference, ids, attention_mask=mask, labels=labels)
+    assert out.logits is None and out.loss.dtype == torch.float64
+    assert abs(out.loss.item() - expected.loss.item()) <= 1e-10
+    assert grads.keys() == expected_grads.keys() and len(grads) > 5
+    for name, grad in grads.items():
+        assert (grad - expected_grads[name]).abs().max() <= 1e-10, name
+    assert len(spy.calls) == 1 and spy.calls[0]["softcap"] == (SOFTCAP if "softcap" in family else None)
+    if family == "mixtral-router-loss":  # the model's own router loss is in the loss it returns
+        assert out.aux_loss is not None and out.aux_loss.item() > 0
+
+
+def test_a_tied_head_gets_the_gradient_of_both_uses():
+    model = tiny("qwen2-tied")
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    reference = fp64_library(model)
+    integration.patch(model)
+    ids, mask, labels = batch(1)
+    _, grads = step(model, ids, attention_mask=mask, labels=labels)
+    _, expected = step(reference, ids, attention_mask=mask, labels=labels)
+    rows = ids.unique()  # the embedding's share lands on the rows of the tokens seen, the head's on every row
+    unseen = torch.ones(VOCAB, dtype=torch.bool).index_fill_(0, rows, False)
+    assert grads["model.embed_tokens.weight"][unseen].abs().max() > 0
+    assert (grads["model.embed_tokens.weight"] - expected["model.embed_tokens.weight"]).abs().max() <= 1e-10
+
+
+def test_gradient_accumulation_with_num_items_in_batch_equals_one_large_batch():
+    model = tiny("llama")
+    ids, mask, labels = batch(2, rows=4)
+    whole = copy.deepcopy(model)
+    integration.patch(model)
+    integration.patch(whole)
+    items = (labels[:, 1:] != -100).sum()
+    model.zero_grad()
+    total = 0.0
+    for part in (slice(0, 1), slice(1, 4)):  # unequal micro-batches, as the Trainer's last ones can be
+        out = model(ids[part], attention_mask=mask[part], labels=labels[part], num_items_in_batch=items)
+        out.loss.backward()
+        total += out.loss.item()
+    expected, expected_grads = step(whole, ids, attention_mask=mask, labels=labels)
+    assert abs(total - expected.loss.item()) <= 1e-12
+    for name, grad in gradients(model).items():
+        assert (grad - expected_grads[name]).abs().max() <= 1e-12, name
+    library, _ = step(fp64_library(whole), ids, attention_mask=mask, labels=labels, num_items_in_batch=items)
+    assert abs(total - library.loss.item()) <= 1e-12
+
+
+def test_shift_labels_and_logits_to_keep_as_the_library():
+    model = tiny("mistral")
+    reference = fp64_library(model)
+    integration.patch(model)
+    ids, mask, labels = batch(3)
+    shifted = F.pad(labels, (0, 1), value=-100)[:, 1:].contiguous()  # transformers views it
+    kept = shifted[:, -5:].contiguous()
+    for kwargs in (dict(shift_labels=shifted), dict(logits_to_keep=5, shift_labels=kept)):
+        out, grads = step(model, ids, attention_mask=mask, labels=labels, **kwargs)
+        expected, expected_grads = step(reference, ids, attention_mask=mask, labels=labels, **kwargs)
+        assert abs(out.loss.item() - expected.loss.item()) <= 1e-10
+        assert all((g - expected_grads[n]).abs().max() <= 1e-10 for n, g in grads.items())
+    with pytest.raises(ValueError, match=r"36 label positions for 15 rows of hidden states \(logits_to_keep"):
+        model(ids, labels=labels, logits_to_keep=5)
+
+
+def test_all_ignored_labels_give_the_librarys_nan_mean_and_zero_sum():
+    model = tiny("llama")
+    reference = fp64_library(model)
+    integration.patch(model)
+    ids, mask, _ = batch()
+    labels = torch.full_like(ids, -100)
+    assert torch.isnan(model(ids, labels=labels).loss) and torch.isnan(reference(ids, labels=labels).loss)
+    out, grads = step(model, ids, labels=labels, num_items_in_batch=torch.tensor(7))
+    assert out.loss.item() == 0.0 == reference(ids, labels=labels, num_items_in_batch=torch.tensor(7)).loss.item()
+    assert all(float(g.abs().max()) == 0.0 for g in grads.values())
+
+
+# ---- the forward without labels, tuples, eval, copies, unpatch ---------------------------------------------
+
+def test_without_labels_the_forward_is_the_models_own():
+    model = tiny("gemma2-softcap")
+    twin = copy.deepcopy(model)
+    integration.patch(model)
+    ids, mask, _ = batch()
+    assert torch.equal(model(ids, attention_mask=mask).logits, twin(ids, attention_mask=mask).logits)
+    loss, *rest = model(ids, labels=ids, return_dict=False)  # a tuple without the logits, as for logits=None
+    assert loss.dim() == 0 and not any(isinstance(item, torch.Tensor) and item.shape[-1:] == (0,) for item in rest)
+    with torch.no_grad():
+        assert model(ids, labels=ids).loss.item() == pytest.approx(fp64_library(twin)(ids, labels=ids).loss.item(),
+                                                                   abs=1e-10)
+
+
+def test_unpatch_restores_the_original_forward_and_a_copy_stays_patched_on_itself():
+    model = tiny("qwen3")
+    twin = copy.deepcopy(model)
+    integration.patch(model)
+    duplicate = copy.deepcopy(model)
+    assert integration.is_patched(duplicate) and duplicate.forward.__self__ is duplicate
+    assert integration.unpatch(model) is model and not integration.is_patched(model)
+    assert "forward" not in model.__dict__
+    ids, mask, labels = batch()
+    out, expected = model(ids, labels=labels), twin(ids, labels=labels)
+    assert torch.equal(out.logits, expected.logits) and torch.equal(out.loss, expected.loss)
+    with pytest.raises(ValueError, match="is not patched"):
+        integration.unpatch(model)
+    assert duplicate(ids, labels=labels).logits is None
+
+
+# ---- bf16 and autocast: accuracy against fp64 ---------------------------------------------------------------
+
+def errors_against_fp64(model, reference, ids, mask, labels, *, autocast: bool = False, **kwargs):
+    """Against ``reference`` (fp64): every gradient's relative Frobenius error (all parameters together, and
+    lm_head's), and the loss's absolute error against the fp64 loss of the same final hidden states (the head's
+    own error: against the fp64 model, the trunk's rounding of the hidden states dominates the loss's error)."""
+    seen = {}
+    hook = model.lm_head.register_forward_pre_hook(lambda module, args: seen.update(hidden=args[0]))
+    context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.autocast("cpu", enabled=False)
+    with context:
+        out, grads = step(model, ids, attention_mask=mask, labels=labels, **kwargs)
+    hook.remove()
+    expected, expected_grads = step(reference, ids, attention_mask=mask, labels=labels, **kwargs)
+    every = torch.cat([grads[name].double().flatten() for name in expected_grads])
+    exact = torch.cat([grad.flatten() for grad in expected_grads.values()])
+    head = next(name for name, p in model.named_parameters() if p is model.lm_head.weight)
+    with torch.no_grad():
+        logits = reference.lm_head(seen["hidden"].double())
+        cap = getattr(reference.config, "final_logit_softcapping", None)
+        logits = logits if cap is None else cap * torch.tanh(logits / cap)
+        head_loss = library_loss_in_fp64(logits, labels, VOCAB, **kwargs)
+    return dict(loss=abs(out.loss.item() - head_loss.item()),
+                gradients=float((every - exact).norm() / exact.norm()),
+                lm_head=float((grads[head].double() - expected_grads[head]).norm() / expected_grads[head].norm()),
+                model_loss=abs(out.loss.item() - expected.loss.item()),
+                loss_dtype=out.loss.dtype, grad_dtypes={grad.dtype for grad in grads.values()})
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2-softcap", "qwen2-tied"])
+@pytest.mark.parametrize("accumulate", [False, True], ids=["mean", "num_items_in_batch"])
+def test_bf16_errors_against_fp64_are_no_larger_than_the_librarys(family, accumulate):
+    library = tiny(family, torch.bfloat16)
+    reference = fp64_library(copy.deepcopy(library).double())
+    patched = integration.patch(copy.deepcopy(library))
+    ids, mask, labels = batch(4, rows=4, length=32)
+    kwargs = dict(num_items_in_batch=3 * (labels[:, 1:] != -100).sum()) if accumulate else {}
+    ours = errors_against_fp64(patched, reference, ids, mask, labels, **kwargs)
+    theirs = errors_against_fp64(library, reference, ids, mask, labels, **kwargs)
+    assert ours["loss_dtype"] == theirs["loss_dtype"] == torch.float32
+    for measure in ("loss", "gradients", "lm_head"):
+        assert ours[measure] <= theirs[measure], (measure, ours, theirs)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2-softcap"])
+def test_under_autocast_the_head_computes_in_bf16_and_the_gradient_reaches_the_fp32_weight(family, monkeypatch):
+    library = tiny(family, torch.float32)
+    reference = fp64_library(copy.deepcopy(library).double())
+    patched = integration.patch(copy.deepcopy(library))
+    spy = Spy(monkeypatch)
+    ids, mask, labels = batch(5, rows=4, length=32)
+    ours = errors_against_fp64(patched, reference, ids, mask, labels, autocast=True)
+    theirs = errors_against_fp64(library, reference, ids, mask, labels, autocast=True)
+    assert [call["input"].dtype for call in spy.calls] == [torch.bfloat16]
+    assert spy.calls[0]["linear_weight"].dtype == torch.bfloat16
+    assert ours["loss_dtype"] == torch.float32 and ours["grad_dtypes"] == {torch.float32}
+    assert patched.lm_head.weight.grad.abs().max() > 0
+    for measure in ("loss", "gradients", "lm_head"):
+        assert ours[measure] <= theirs[measure], (measure, ours, theirs)
+    patched(ids, labels=labels)  # without autocast: the fp32 model's own dtype
+    assert spy.calls[-1]["input"].dtype == torch.float32
+
+
+def test_the_bf16_loss_is_fp32_not_rounded_to_bf16():
+    """The value comes from lce's fp32 log-sum-exp: within 1e-5 of the fp64 loss of the same hidden states and
+    head, where a loss rounded to bf16 would be off by up to 2**-6 at 4-8 nats."""
+    model = integration.patch(tiny("llama", torch.bfloat16))
+    seen = {}
+    model.lm_head.register_forward_pre_hook(lambda module, args: seen.update(hidden=args[0]))
+    ids, mask, labels = batch(6)
+    loss = model(ids, attention_mask=mask, labels=labels).loss
+    shifted = F.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1)
+    logits = seen["hidden"].detach().double().reshape(-1, HIDDEN) @ model.lm_head.weight.detach().double().T
+    exact = F.cross_entropy(logits, shifted)
+    assert loss.dtype == torch.float32 and abs(loss.item() - exact.item()) <= 1e-5
+    assert abs(float(exact.to(torch.bfloat16)) - float(exact)) > 1e-4  # a bf16 loss would have failed above
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_the_narrow_dtypes_loss_value_is_lces_loss(softcap, with_bias):
+    """The fp32 value the integration returns for bf16/fp16 input, from lce's log-sum-exp and the target logits,
+    is lce's own loss, z-loss and soft-cap included: in fp64, to the rounding of the fp32 log-sum-exp lce returns
+    (a term left out or counted twice would be off by 1e-2 or more)."""
+    g = torch.Generator().manual_seed(7)
+    x, weight = torch.randn(40, 16, generator=g, dtype=torch.float64), torch.randn(50, 16, generator=g,
+                                                                                   dtype=torch.float64)
+    bias = torch.randn(50, generator=g, dtype=torch.float64) if with_bias else None
+    target = torch.randint(0, 50, (40,), generator=g).masked_fill_(torch.arange(40) % 7 == 0, -100)
+    options = lce.LinearCrossEntropyOptions()
+    loss, lse = lce.linear_cross_entropy(x, weight, target, linear_bias=bias, options=options, softcap=softcap,
+                                         z_loss=1e-2, return_lse=True)
+    value = integration._loss_value(x, weight, bias, target, lse, ignore_index=-100, softcap=softcap, z_loss=1e-2)
+    assert abs(float(value) - float(loss)) <= 1e-7 * abs(float(loss))
+
+
+# ---- options and lce keywords -------------------------------------------------------------------------------
+
+def test_options_recommend_asks_lce_recommend_for_the_batch_shape(monkeypatch):
+    spy = Spy(monkeypatch)
+    ids, mask, labels = batch()
+    integration.patch(tiny("llama", torch.float32), options="recommend")(ids, labels=labels)
+    expected = lce.recommend(ids.numel(), HIDDEN, VOCAB, torch.float32, "cpu").options
+    assert spy.calls[-1]["options"] == expected
+    explicit = lce.LinearCrossEntropyOptions(acc_policy="accurate", batch_chunk_size=5)
+    integration.patch(tiny("llama", torch.float32), options=explicit)(ids, labels=labels)
+    assert spy.calls[-1]["options"] is explicit
+
+
+def test_a_memory_budget_tiles_the_vocabulary_and_keeps_the_librarys_loss(monkeypatch):
+    model = tiny("gemma2-softcap")
+    reference = fp64_library(model)
+    spy = Spy(monkeypatch)
+    ids, mask, labels = batch()
+    budget = int(1.05 * (ids.numel() + VOCAB) * HIDDEN * 8)  # just above the fp64 gradients' own bytes
+    integration.patch(model, options=integration.Recommended(memory_budget=budget))
+    out, grads = step(model, ids, attention_mask=mask, labels=labels)
+    expected, expected_grads = step(reference, ids, attention_mask=mask, labels=labels)
+    assert spy.calls[-1]["options"].class_chunk_size is not None
+    assert abs(out.loss.item() - expected.loss.item()) <= 1e-10
+    assert all((g - expected_grads[n]).abs().max() <= 1e-10 for n, g in grads.items())
+
+
+def test_z_loss_adds_lces_term_to_the_models_loss():
+    model = tiny("llama")
+    reference = fp64_library(model)
+    integration.patch(model, z_loss=1e-3)
+    ids, mask, labels = batch()
+    shifted = F.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1)
+    lse = reference(ids, attention_mask=mask).logits.reshape(-1, VOCAB).logsumexp(-1)[shifted != -100]
+    expected = reference(ids, attention_mask=mask, labels=labels).loss.item() + 1e-3 * lse.square().mean().item()
+    assert abs(model(ids, attention_mask=mask, labels=labels).loss.item() - expected) <= 1e-10
+
+
+# ---- bad use -------------------------------------------------------------------------------------------------
+
+def _tiny_other(name: str):
+    torch.manual_seed(0)
+    if name == "LlamaForSequenceClassification":
+        return transformers.LlamaForSequenceClassification(transformers.LlamaConfig(**_COMMON, num_labels=3))
+    if name == "BartForConditionalGeneration":
+        return transformers.BartForConditionalGeneration(transformers.BartConfig(
+            vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64))
+    if name == "RobertaForMaskedLM":
+        return transformers.RobertaForMaskedLM(transformers.RobertaConfig(
+            vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64))
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize(("name", "error", "message"), [
+    ("LlamaForSequenceClassification", ValueError, "LlamaForSequenceClassification has no lm_head"),
+    ("BartForConditionalGeneration", ValueError, "BartForConditionalGeneration is an encoder-decoder model"),
+    ("RobertaForMaskedLM", TypeError, "RobertaForMaskedLM.lm_head must be a torch.nn.Linear, got RobertaLMHead"),
+])
+def test_models_that_are_not_decoder_only_causal_lms_are_refused_by_name(name, error, message):
+    with pytest.raises(error, match=message):
+        integration.patch(_tiny_other(name))
+
+
+def test_a_module_that_is_not_a_transformers_model_is_refused():
+    with pytest.raises(TypeError, match="model must be a transformers PreTrainedModel .*got Linear"):
+        integration.patch(torch.nn.Linear(2, 3))
+
+
+def test_a_transform_of_the_logits_lce_cannot_map_is_refused_at_the_call():
+    torch.manual_seed(0)
+    model = transformers.CohereForCausalLM(transformers.CohereConfig(**_COMMON, logit_scale=0.25))
+    integration.patch(model)
+    ids, _, labels = batch()
+    with pytest.raises(ValueError, match=r"CohereForCausalLM's forward applies mul to the logits after lm_head"):
+        model(ids, labels=labels)
+    assert model(ids).logits.shape == (*ids.shape, VOCAB)  # without labels the model's own forward runs
+
+
+@pytest.mark.parametrize(("options", "keywords", "error", "message"), [
+    (3, {}, TypeError, "options must be None, 'recommend', a LinearCrossEntropyOptions .* got int"),
+    ("fast", {}, ValueError, "options must be None, 'recommend'.* got the string 'fast'"),
+    (None, {"softcap": 30.0}, ValueError, r"passes only \('z_loss',\).*softcap comes from the model's config"),
+    (None, {"reduction": "sum"}, ValueError, "reduction comes from the model's loss"),
+    (None, {"z_loss": -1.0}, ValueError, "z_loss must be a finite float >= 0, got -1.0"),
+    (None, {"z_loss": "1e-4"}, TypeError, "z_loss must be a float >= 0, got str"),
+])
+def test_bad_options_and_keywords_are_refused_by_name(options, keywords, error, message):
+    model = tiny("llama")
+    with pytest.raises(error, match=message):
+        integration.patch(model, options, **keywords)
+    assert not integration.is_patched(model)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    (dict(memory_budget=-1), "Recommended.memory_budget must be a positive int"),
+    (dict(memory_budget=1.5e9), "Recommended.memory_budget must be a positive int .* got 1500000000.0"),
+    (dict(max_error=0.5), "Recommended.max_error must be a number of floors >= 1"),
+])
+def test_bad_recommendation_settings_are_refused_by_name(fields, message):
+    with pytest.raises(ValueError, match=message):
+        integration.Recommended(**fields)
+
+
+def test_patching_twice_is_refused():
+    model = integration.patch(tiny("llama"))
+    with pytest.raises(ValueError, match="this LlamaForCausalLM is patched already"):
+        integration.patch(model)
+
+
+def test_torchs_options_are_accepted():
+    torch_options = getattr(torch.nn, "LinearCrossEntropyOptions", None)
+    if torch_options is None:
+        pytest.skip("torch has no nn.LinearCrossEntropyOptions (added in 2.13)")
+    model = integration.patch(tiny("llama"), torch_options(acc_policy="accurate"))
+    assert model.__dict__["_lce_patch"].options == lce.LinearCrossEntropyOptions(acc_policy="accurate")
+
+
+# ---- the Trainer ---------------------------------------------------------------------------------------------
+
+def _dataset(rows: int = 8, length: int = 16) -> list[dict[str, torch.Tensor]]:
+    """Examples with prompts of different lengths masked with -100, so the micro-batches' label counts differ."""
+    g = torch.Generator().manual_seed(9)
+    examples = []
+    for row in range(rows):
+        ids = torch.randint(0, VOCAB, (length,), generator=g)
+        labels = ids.clone()
+        labels[: 2 + row % 5] = -100
+        examples.append(dict(input_ids=ids, attention_mask=torch.ones(length, dtype=torch.int64), labels=labels))
+    return examples
+
+
+def _train(model, folder, *, bf16: bool):
+    arguments = transformers.TrainingArguments(
+        output_dir=str(folder), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=2,
+        learning_rate=0.05, optim="sgd", lr_scheduler_type="constant", logging_steps=1, report_to=[],
+        save_strategy="no", use_cpu=True, seed=0, bf16=bf16, disable_tqdm=True, dataloader_num_workers=0)
+    trainer = transformers.Trainer(model=model, args=arguments, train_dataset=_dataset(),
+                                   data_collator=transformers.default_data_collator)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return trainer, losses, {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+def test_the_trainer_with_gradient_accumulation_trains_as_the_unpatched_model(bf16, tmp_path, monkeypatch):
+    """Two optimizer steps of two micro-batches each (SGD, so parameters differ by the gradients' differences):
+    the Trainer passes num_items_in_batch (the window's labelled tokens) to every micro-batch; with fp32
+    parameters and bf16=True (autocast) the loss it logs is fp32 and the parameters stay fp32."""
+    seen = []
+    real = integration._lce_loss
+    monkeypatch.setattr(integration, "_lce_loss", lambda *a, **k: seen.append(k["num_items_in_batch"]) or real(*a, **k))
+    library = tiny("llama", torch.float32)
+    start = {name: p.detach().clone() for name, p in library.named_parameters()}
+    patched = integration.patch(copy.deepcopy(library))
+    trainer, losses, params = _train(patched, tmp_path / "lce", bf16=bf16)
+    _, expected_losses, expected = _train(library, tmp_path / "library", bf16=bf16)
+    assert trainer.model_accepts_loss_kwargs
+    # the two steps' windows hold the 8 examples once: each window's count reaches both of its micro-batches
+    counts = [int(n) for n in seen]
+    assert len(counts) == 4 and counts[0] == counts[1] and counts[2] == counts[3]
+    assert counts[0] + counts[2] == sum(int((e["labels"][1:] != -100).sum()) for e in _dataset())
+    # fp32: both heads round to fp32; bf16: lce's head runs fp32 GEMMs where the library's rounds its logits to bf16
+    loss_tolerance, step_tolerance = (2e-3, 0.03) if bf16 else (1e-6, 1e-4)
+    assert losses == pytest.approx(expected_losses, rel=loss_tolerance) and len(losses) == 2
+    for name, value in params.items():
+        assert value.dtype == torch.float32 and not torch.equal(value, start[name]), name
+        moved = (expected[name] - start[name]).norm()
+        assert (value - expected[name]).norm() <= step_tolerance * moved, name
+
+
+@pytest.mark.slow
+def test_import_lce_and_the_integration_leave_transformers_unimported():
+    import subprocess
+    import sys
+
+    code = ("import sys, lce, lce.integrations.transformers\n"
+            "assert 'transformers' not in sys.modules and 'accelerate' not in sys.modules, sorted(sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_fine_tuning_example_trains_both_models_on_the_repos_corpus(tmp_path):
+    """examples/hf_finetune.py, a few steps on a slice of the corpus: in fp32 the two curves start together."""
+    import csv
+    import subprocess
+    import sys
+
+    from analysis.paths import ROOT
+
+    curves = tmp_path / "curves.csv"
+    done = subprocess.run([sys.executable, "examples/hf_finetune.py", "--steps", "4", "--every", "2", "--batch", "2",
+                           "--corpus-mb", "0.5", "--vocab", "1024", "--csv", str(curves)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the curves agreed to 1e-4 nats up to step 4" in done.stdout
+    with open(curves, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(row["step"], row["split"]) for row in rows] == [("2", "train"), ("2", "heldout"), ("4", "train"),
+                                                             ("4", "heldout")]
