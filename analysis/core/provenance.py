@@ -15,7 +15,7 @@ from analysis.paths import ROOT
 from lce.cpu_gemms import describe as describe_cpu_gemms
 
 __all__ = ["PROVENANCE_COLUMNS", "NOT_RECORDED", "ISA_CAPS", "cpu_gemms", "provenance", "cpu_model", "git_revision",
-           "device_name", "bf16_gemms", "cpu_kind"]
+           "device_name", "bf16_gemms", "cpu_kind", "cpu_kinds"]
 
 PROVENANCE_COLUMNS: tuple[str, ...] = ("lce_version", "torch_version", "device_name", "cpu_model", "cpu_gemms",
                                        "num_threads", "git_revision", "date")
@@ -106,3 +106,20 @@ def cpu_kind(cpu_model_value: str, cpu_gemms_value: str, inferred: str | None = 
         support = inferred or "not recorded"
     stand_in = ", AVX2 stand-in" if "ISA capped" in str(cpu_gemms_value) else ""
     return f"{cpu_model_value}{stand_in} (bf16 GEMMs {support})"
+
+
+def cpu_kinds(table, bench=None):
+    """Each row's :func:`cpu_kind` as a Series on ``table``'s index. Rows from before the capability was recorded
+    take it from the ``bench`` rows of their CPU model that did not record it either: bf16 GEMMs native where their
+    bf16 3-GEMM floor beat fp32's (otherwise "not recorded")."""
+    import pandas as pd
+
+    inferred: dict[str, str] = {}
+    if bench is not None and not bench.empty:
+        old = bench[(bench["cpu_gemms"] == NOT_RECORDED) & (bench["impl"] == "3-GEMM floor")
+                    & (bench["metric"] == "time_s")]
+        floor = old.groupby(["cpu_model", "dtype"])["value"].median()
+        inferred = {model: "native, by its bf16 GEMM floor" for model in old["cpu_model"].unique()
+                    if floor.get((model, "bfloat16"), float("inf")) < floor.get((model, "float32"), 0.0)}
+    return pd.Series([cpu_kind(model, gemms, inferred.get(model)) for model, gemms
+                      in zip(table["cpu_model"], table["cpu_gemms"], strict=True)], index=table.index, dtype=object)

@@ -161,7 +161,7 @@ def draw_all(table: pd.DataFrame, *, memory_breakdown: pd.DataFrame | None = Non
     drawn += [plot_buffer_breakdown(breakdown), plot_memory_trace(empty if memory_trace is None else memory_trace,
                                                                   breakdown)]
     drawn.append(plot_bench_scaling(empty if bench is None else bench))
-    drawn.append(plot_chunk_sweep(empty if chunk_sweep is None else chunk_sweep))
+    drawn.append(plot_chunk_sweep(empty if chunk_sweep is None else chunk_sweep, bench))
     drawn.append(plot_families(empty if family_stats is None else family_stats))
     drawn.append(plot_margins(empty if margins is None else margins))
     drawn.append(plot_rare_rows(empty if rare_rows is None else rare_rows))

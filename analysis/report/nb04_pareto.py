@@ -11,6 +11,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib import ticker
 
+from analysis.core.provenance import cpu_kinds
 from analysis.core.results_io import latest
 from analysis.judge.pareto import (
     ERROR,
@@ -119,10 +120,11 @@ def plot_bench_scaling(bench: pd.DataFrame) -> CaptionedFigure | None:
     if bench.empty or not {"N", "C", "metric"} <= set(bench.columns):
         return None
     apply_style()
-    # One CPU's data: the CPU measured at the most shapes (timings of different CPUs never share a line).
-    shapes_per_cpu = bench.groupby("cpu_model")[["N", "C"]].apply(lambda rows: len(rows.drop_duplicates()))
+    # One CPU kind's data: the kind measured at the most shapes (timings of different kinds never share a line).
+    bench = bench.assign(cpu_kind=cpu_kinds(bench, bench))
+    shapes_per_cpu = bench.groupby("cpu_kind")[["N", "C"]].apply(lambda rows: len(rows.drop_duplicates()))
     cpu = shapes_per_cpu.idxmax()
-    bench = bench[bench["cpu_model"] == cpu]
+    bench = bench[bench["cpu_kind"] == cpu]
     base_n, base_c = bench["N"].max(), bench["C"].max()
     data = bench[bench["impl"].isin(["lce", "torch", "unfused", "3-GEMM floor"])].copy()
     data = latest(data, ["impl", "dtype", "N", "D", "C", "metric"])
@@ -154,21 +156,25 @@ def plot_bench_scaling(bench: pd.DataFrame) -> CaptionedFigure | None:
                            "analysis/results/bench.csv (python -m analysis bench --scaling).")
 
 
-def plot_chunk_sweep(chunks: pd.DataFrame) -> CaptionedFigure | None:
-    """lce's time per chunk size, per policy, one panel per (dtype, CPU model), auto's row floor marked."""
+def plot_chunk_sweep(chunks: pd.DataFrame, bench: pd.DataFrame | None = None) -> CaptionedFigure | None:
+    """lce's time per chunk size, per policy, one panel per (dtype, CPU kind), auto's row floor marked (``bench``:
+    what names the kinds of rows from before the capability was recorded, see
+    :func:`analysis.core.provenance.cpu_kinds`)."""
     if chunks.empty:
         return None
     from analysis.core.problem import DTYPES
     from lce.policies import CPU_MIN_ROWS
 
     apply_style()
-    data = latest(chunks[chunks["metric"] == "time_s"], ["cpu_model", "impl", "dtype", "N", "D", "C", "chunk_size"])
-    panels = data[["dtype", "cpu_model"]].drop_duplicates().sort_values(["dtype", "cpu_model"])
+    data = chunks[chunks["metric"] == "time_s"]
+    data = latest(data.assign(cpu_kind=cpu_kinds(data, bench)), ["cpu_kind", "impl", "dtype", "N", "D", "C",
+                                                                  "chunk_size"])
+    panels = data[["dtype", "cpu_kind"]].drop_duplicates().sort_values(["dtype", "cpu_kind"])
     fig, axes = panel_grid(len(panels), columns=2)
     series = sorted(data["impl"].unique())
     colours = dict(zip(series, sns.color_palette("colorblind", len(series)), strict=True))
     for ax, panel in zip(axes.flat, panels.itertuples(index=False), strict=False):
-        group = data[(data["dtype"] == panel.dtype) & (data["cpu_model"] == panel.cpu_model)]
+        group = data[(data["dtype"] == panel.dtype) & (data["cpu_kind"] == panel.cpu_kind)]
         for impl, points in group.groupby("impl", sort=True):
             points = points.sort_values("chunk_size")
             label = "lce default options" if impl == "lce" else f"{impl} (explicit)"
@@ -180,13 +186,14 @@ def plot_chunk_sweep(chunks: pd.DataFrame) -> CaptionedFigure | None:
         log_axes(ax, y=False, x_base=2)
         ax.set_ylim(bottom=0)
         first = group.iloc[0]
-        ax.set_title(f"{panel.dtype}, {panel.cpu_model}\nN={first.N} D={first.D} C={first.C}", fontsize=9)
+        ax.set_title(f"{panel.dtype}, {panel.cpu_kind}\nN={first.N} D={first.D} C={first.C}, "
+                     f"{int(first.num_threads)} thread(s)", fontsize=8)
         ax.set_xlabel("rows per chunk")
     fig.supylabel("time of forward+backward (s)", fontsize=9)
     legend_below(fig, axes)
     return CaptionedFigure(fig, "chunk_sweep",
-                           "Time of one forward+backward against the rows per chunk, per policy and CPU (median of "
-                           "interleaved repeats, 2 threads; the spreads are in the data). The dashed "
+                           "Time of one forward+backward against the rows per chunk, per policy and CPU kind (median "
+                           "of interleaved repeats; threads in each title, the spreads are in the data). The dashed "
                            "line is the floor lce's CPU \"auto\" chunking keeps (CPU_MIN_ROWS); torch's aspect-ratio "
                            "rule gives 32-64 rows at this shape. Data: the chunk_sweep results "
                            "(python -m analysis bench --chunk-sweep).")

@@ -14,15 +14,12 @@ test requires the committed READMEs to be up to date.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 
-import pandas as pd
-
 from analysis.core.problem import BENCH_SHAPE, DTYPES
-from analysis.core.provenance import bf16_gemms, cpu_kind
+from analysis.core.provenance import bf16_gemms, cpu_kind, cpu_kinds
 from analysis.core.results_io import BENCH, CHUNK_SWEEP, REPRODUCE, latest, load_kind
 from analysis.paths import RESULTS_DIR, ROOT
 from analysis.report.hf_step import readme_hf_step
@@ -74,31 +71,21 @@ _BENCH_COLUMNS = {"lce": "lce (default)", "lce balanced": "lce balanced, acc fp3
                   "unfused": "unfused reference", "3-GEMM floor": "3-GEMM floor"}
 
 
-def _kinds(table: pd.DataFrame, bench: pd.DataFrame) -> pd.Series:
-    """Each row's CPU kind (:func:`analysis.core.provenance.cpu_kind`). Rows from before the capability was
-    recorded take it from their CPU model's bench rows: bf16 GEMMs native where its bf16 3-GEMM floor beat fp32's."""
-    floors = bench[(bench["impl"] == "3-GEMM floor") & (bench["metric"] == "time_s")]
-    floor = floors.groupby(["cpu_model", "dtype"])["value"].median()
-    inferred = {model: "native, by its bf16 GEMM floor" for model in floors["cpu_model"].unique()
-                if floor.get((model, "bfloat16"), math.inf) < floor.get((model, "float32"), 0.0)}
-    return pd.Series([cpu_kind(model, gemms, inferred.get(model)) for model, gemms
-                      in zip(table["cpu_model"], table["cpu_gemms"], strict=True)], index=table.index)
-
-
 def bench_table(results: Path) -> str:
     """Time and peak memory at the bench shape, one table per CPU kind ("not run" where it emulates the dtype's
     GEMMs and a peer would call them: :mod:`analysis.core.emulated_gemms`)."""
     _, bench = load_kind(results, BENCH.name)
     shape = BENCH_SHAPE
     bench = bench[(bench["N"] == shape.N) & (bench["D"] == shape.D) & (bench["C"] == shape.C)]
-    bench = bench.assign(cpu_kind=_kinds(bench, bench))
+    bench = bench.assign(cpu_kind=cpu_kinds(bench, bench))
     bench = latest(bench, ["cpu_kind", "impl", "dtype", "metric"])
     parts = []
     for kind, rows in bench.groupby("cpu_kind", sort=True):
         value = {(r.impl, r.dtype, r.metric): r.value for r in rows.itertuples()}
         when = str(rows["date"].max())[:10]
         emulated = bf16_gemms(rows["cpu_gemms"].iloc[0]) == "emulated"
-        lines = [f"{kind}, {int(rows['num_threads'].iloc[0])} threads, {when}:", "",
+        threads = int(rows["num_threads"].iloc[0])
+        lines = [f"{kind}, {threads} thread{'s' if threads > 1 else ''}, {when}:", "",
                  "| dtype | " + " | ".join(_BENCH_COLUMNS.values()) + " |",
                  "|---" * (len(_BENCH_COLUMNS) + 1) + "|"]
         for dtype in ("float32", "bfloat16"):
@@ -121,10 +108,10 @@ def cpu_chunking(results: Path) -> str:
     _, chunks = load_kind(results, CHUNK_SWEEP.name)
     _, bench = load_kind(results, BENCH.name)
     chunks = chunks[chunks["metric"] == "time_s"]
-    chunks = latest(chunks.assign(cpu_kind=_kinds(chunks, bench)), ["cpu_kind", "impl", "dtype", "chunk_size"])
-    lines = ["| CPU kind | dtype, policy | 32 rows | 64 rows | auto's floor (spread) | best (rows) | floor / best |",
-             "|---|---|---|---|---|---|---|"]
-    floor_ratios, narrow_ratios, spreads = [], [], []
+    chunks = latest(chunks.assign(cpu_kind=cpu_kinds(chunks, bench)), ["cpu_kind", "impl", "dtype", "chunk_size"])
+    lines = ["| CPU kind | threads | dtype, policy | 32 rows | 64 rows | auto's floor (spread) | best (rows) | "
+             "floor / best |", "|---|---|---|---|---|---|---|---|"]
+    floor_ratios, narrow_ratios, spreads, repeats = [], [], [], {}
     for (cpu, dtype, impl), rows in chunks.groupby(["cpu_kind", "dtype", "impl"], sort=True):
         time = dict(zip(rows["chunk_size"].astype(int), rows["value"], strict=True))
         spread = dict(zip(rows["chunk_size"].astype(int), rows["spread_s"], strict=True))
@@ -132,16 +119,18 @@ def cpu_chunking(results: Path) -> str:
         best_rows = min(time, key=time.get)
         policy = "default (auto)" if impl == "lce" else impl.removeprefix("lce ")
         floor_spread = "" if spread[floor] != spread[floor] else f" (±{spread[floor] / 2:.2f})"
-        lines.append(f"| {cpu} | {dtype}, {policy} | {time.get(32, float('nan')):.2f} s | "
+        lines.append(f"| {cpu} | {int(rows['num_threads'].iloc[0])} | {dtype}, {policy} | "
+                     f"{time.get(32, float('nan')):.2f} s | "
                      f"{time.get(64, float('nan')):.2f} s | {time[floor]:.2f} s{floor_spread} ({floor}) | "
                      f"{time[best_rows]:.2f} s ({best_rows}) | {time[floor] / time[best_rows]:.2f} |")
         floor_ratios.append(time[floor] / time[best_rows])
         narrow_ratios += [time[rows_] / time[best_rows] for rows_ in (32, 64) if rows_ in time]
         spreads += [value for value in spread.values() if value == value]
+        repeats[cpu] = int(rows["repeats"].max())
     summary = (f"\nOver these rows the floor takes at most {max(floor_ratios):.2f}x the fastest size's time (the "
                f"repeats of one size spread by up to {max(spreads):.2f} s), while 32 or 64 rows take "
                f"{min(narrow_ratios):.2f}-{max(narrow_ratios):.2f}x it. Spread: half the range of a size's "
-               "repeats; AMD rows from 2 repeats, Intel rows from 3.\n")
+               "repeats (" + "; ".join(f"{kind}: {count}" for kind, count in repeats.items()) + ").\n")
     return "\n".join(lines) + "\n" + summary
 
 

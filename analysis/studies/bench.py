@@ -130,7 +130,9 @@ def run_bench(shape: Shape, dtypes: tuple[str, ...] = ("float32", "bfloat16"), *
 
 def _not_run_here(op: str, dtype: str) -> str | None:
     """Why a peer is not timed on this CPU (it emulates the dtype's GEMMs: minutes per call at the bench shape)."""
-    return emulated_peer_note(op, dtype, "cpu") or emulated_peer_skip(op, dtype, "cpu")
+    if emulated_peer_note(op, dtype, "cpu") is None and emulated_peer_skip(op, dtype, "cpu") is None:
+        return None
+    return f"this CPU emulates {dtype} GEMMs (lce.cpu_gemms) and {op} would call them: minutes per call here"
 
 
 SCALING_IMPLS: tuple[str, ...] = ("lce", "torch", "unfused")

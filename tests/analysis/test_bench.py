@@ -54,14 +54,23 @@ def _synthetic():
                 if n != 512 and c != 2048:
                     continue
                 rows.append(dict(impl=impl, dtype="float32", N=n, D=8, C=c, metric="time_s",
-                                 value=speed * n * c * 1e-6, date="2026-01-01", cpu_model="CPU A"))
+                                 value=speed * n * c * 1e-6, date="2026-01-01", cpu_model="CPU A",
+                                 cpu_gemms=NATIVE))
                 if impl != "3-GEMM floor":
                     rows.append(dict(impl=impl, dtype="float32", N=n, D=8, C=c, metric="peak_bytes",
-                                     value=speed * c * 1e3, date="2026-01-01", cpu_model="CPU A"))
-    # A second CPU measured at the base shape only, and later: it must not join CPU A's lines.
+                                     value=speed * c * 1e3, date="2026-01-01", cpu_model="CPU A",
+                                     cpu_gemms=NATIVE))
+    # A second CPU, and CPU A under an AVX2 stand-in (another CPU kind), measured at the base shape only, and later:
+    # neither must join CPU A's lines.
     rows.append(dict(impl="lce", dtype="float32", N=512, D=8, C=2048, metric="time_s", value=99.0,
-                     date="2026-02-01", cpu_model="CPU B"))
+                     date="2026-02-01", cpu_model="CPU B", cpu_gemms=NATIVE))
+    rows.append(dict(impl="lce", dtype="float32", N=512, D=8, C=2048, metric="time_s", value=98.0,
+                     date="2026-02-01", cpu_model="CPU A", cpu_gemms=STAND_IN))
     return pd.DataFrame(rows)
+
+
+NATIVE = "bfloat16 native, float16 native"
+STAND_IN = "bfloat16 emulated, float16 emulated; ISA capped: ONEDNN_MAX_CPU_ISA=AVX2"
 
 
 def test_bench_figure_builds(tmp_path):
@@ -69,21 +78,24 @@ def test_bench_figure_builds(tmp_path):
     assert figure is not None and len(figure.figure.axes) == 4
     assert "CPU A" in figure.caption and "CPU B" not in figure.caption
     plotted = [value for ax in figure.figure.axes for line in ax.get_lines() for value in line.get_ydata()]
-    assert 99.0 not in plotted, "a time from another CPU was drawn"
+    assert 99.0 not in plotted and 98.0 not in plotted, "a time from another CPU kind was drawn"
     png, svg = save(figure, tmp_path)
     assert png.stat().st_size > 0 and svg.name == "bench_scaling.svg"
     assert plot_bench_scaling(pd.DataFrame()) is None
 
 
-def test_chunk_sweep_figure_has_a_panel_per_dtype_and_cpu_and_marks_the_row_floor():
+def test_chunk_sweep_figure_has_a_panel_per_dtype_and_cpu_kind_and_marks_the_row_floor():
     rows = [dict(impl=impl, dtype=dtype, N=64, D=8, C=256, metric="time_s", value=value, spread_s=0.0,
-                 chunk_size=size, date="2026-01-01", cpu_model=cpu)
-            for cpu in ("CPU A", "CPU B") for dtype in ("float32", "bfloat16") for impl in ("lce", "lce balanced")
+                 chunk_size=size, date="2026-01-01", cpu_model=cpu, cpu_gemms=gemms, num_threads=1)
+            for cpu, gemms in (("CPU A", NATIVE), ("CPU B", NATIVE), ("CPU A", STAND_IN))
+            for dtype in ("float32", "bfloat16") for impl in ("lce", "lce balanced")
             for size, value in ((32, 3.0), (256, 1.0), (512, 1.1))]
     figure = plot_chunk_sweep(pd.DataFrame(rows))
     panels = [ax for ax in figure.figure.axes if ax.get_visible()]
     titles = [ax.get_title() for ax in panels]
-    assert len(panels) == 4 and sum("CPU A" in t for t in titles) == 2 and sum("CPU B" in t for t in titles) == 2
+    assert len(panels) == 6 and sum("CPU B" in t for t in titles) == 2
+    assert sum("CPU A (bf16 GEMMs native)" in t for t in titles) == 2
+    assert sum("CPU A, AVX2 stand-in (bf16 GEMMs emulated)" in t for t in titles) == 2
     floors = {ax.get_title().split(",")[0]: [line.get_xdata()[0] for line in ax.get_lines()
                                             if line.get_linestyle() == "--"] for ax in panels}
     assert floors == {"float32": [512], "bfloat16": [256]}

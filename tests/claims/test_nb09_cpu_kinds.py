@@ -84,3 +84,27 @@ def test_the_blind_estimate_overshoots_by_a_bounded_factor_where_it_was_also_mea
     assert len(both) >= 2
     assert (both["blind_estimate_s"] >= 0.8 * both["blind_time_s"]).all()
     assert nb09.estimate_overshoot(blind) <= 5.0
+
+
+def test_the_cpu_row_floors_stay_near_the_fastest_size_and_32_rows_are_slower_on_every_kind():
+    """README, "auto" chunking on CPU: "On the two native kinds the row floors are within the noise of the fastest chunk
+    size and 32 or 64 rows are clearly slower; on the stand-in ... the floors take at most [the quoted ratio] over the
+    fastest size tried, and 32 rows are slower for every policy"."""
+    from analysis.core.problem import DTYPES
+    from analysis.core.provenance import cpu_kinds
+    from analysis.core.results_io import BENCH, CHUNK_SWEEP, latest
+    from lce.policies import CPU_MIN_ROWS
+
+    chunks = _kind(CHUNK_SWEEP.name)
+    chunks = chunks[chunks["metric"] == "time_s"]
+    chunks = latest(chunks.assign(kind=cpu_kinds(chunks, _kind(BENCH.name))), ["kind", "impl", "dtype", "chunk_size"])
+    assert chunks["kind"].str.contains("stand-in").any() and chunks["kind"].str.contains("native").any()
+    for (kind, dtype, _), rows in chunks.groupby(["kind", "dtype", "impl"]):
+        time = dict(zip(rows["chunk_size"].astype(int), rows["value"], strict=True))
+        spread = dict(zip(rows["chunk_size"].astype(int), rows["spread_s"].fillna(0.0), strict=True))
+        floor, best = CPU_MIN_ROWS[DTYPES[dtype]], min(time.values())
+        assert time[32] > time[floor], (kind, dtype)
+        if "stand-in" in kind:
+            assert time[floor] <= 1.3 * best, (kind, dtype)
+        else:
+            assert time[floor] <= best * 1.15 + spread[floor] / 2, (kind, dtype)
