@@ -13,7 +13,9 @@ weights alone in ``weights-step-NNNNNN.pt``, for the head dumps.
 
 The head's loss is pluggable: ``head_loss(hidden (N, D), weight (C, D), targets (N,)) -> scalar``;
 :func:`fp32_head_loss` (the unfused fp32 formula) is the default. Held-out evaluation always uses
-the fp32 formula, so runs with different head losses are compared on the same yardstick. A head
+the fp32 formula, so runs with different head losses are compared on the same yardstick; beside the
+mean it logs the mean over the held-out positions whose next token is a frequent, middle or rare class
+(:mod:`analysis.core.buckets`, buckets from the class counts of the *training* stream). A head
 loss in fp16 needs ``loss_scaling=True``: a dynamic loss scale (``torch.amp.GradScaler``) keeps the
 small gradients of rare classes above fp16's underflow, and steps whose gradients overflow are
 skipped and logged (``skipped`` column).
@@ -36,15 +38,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from analysis.core.buckets import BUCKETS, bucket_losses, class_buckets
 from analysis.lm.model import ModelConfig, TinyLM
 
 __all__ = ["HeadLoss", "fp32_head_loss", "TrainConfig", "TrainResult", "train", "heldout_windows",
-           "heldout_loss", "position_losses", "learning_rate", "load_snapshot", "LOG_COLUMNS"]
+           "heldout_loss", "heldout_losses", "training_buckets", "position_losses", "learning_rate", "load_snapshot",
+           "LOG_COLUMNS", "BUCKET_COLUMNS"]
 
 HeadLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-LOG_COLUMNS = ("step", "learning_rate", "train_loss", "heldout_loss", "elapsed_s", "skipped")
-"""Columns of ``log.csv`` in the run folder; ``heldout_loss`` is empty on steps without an evaluation."""
+BUCKET_COLUMNS: tuple[str, ...] = tuple(f"heldout_{bucket}" for bucket in BUCKETS)
+"""The per-bucket held-out losses of ``log.csv``: ``heldout_frequent``, ``heldout_middle``, ``heldout_rare``."""
+LOG_COLUMNS = ("step", "learning_rate", "train_loss", "heldout_loss", "elapsed_s", "skipped", *BUCKET_COLUMNS)
+"""Columns of ``log.csv`` in the run folder; the held-out ones are empty on steps without an evaluation (and the
+per-bucket ones in logs written before they existed: a resumed old log keeps its rows, with those cells empty)."""
 
 
 def fp32_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -147,6 +154,19 @@ def heldout_loss(model: TinyLM, windows: torch.Tensor) -> float:
     return position_losses(model, windows).mean().item()
 
 
+def training_buckets(train_tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``(vocab_size,)`` bucket index per class (:func:`analysis.core.buckets.class_buckets`) from how often it
+    occurs in the training stream (every training token is some window's target)."""
+    return class_buckets(torch.bincount(train_tokens, minlength=vocab_size))
+
+
+def heldout_losses(model: TinyLM, windows: torch.Tensor, buckets: torch.Tensor) -> dict[str, float]:
+    """The held-out row of ``log.csv``: ``heldout_loss`` (mean over every position of ``windows``) and
+    ``heldout_<bucket>`` (mean over the positions whose next token is in that bucket of ``buckets``; NaN if none)."""
+    means = bucket_losses(position_losses(model, windows).flatten(), windows[:, 1:].flatten(), buckets)
+    return {"heldout_loss": means["all"], **{f"heldout_{bucket}": means[bucket] for bucket in BUCKETS}}
+
+
 def _new_model(config: ModelConfig, seed: int) -> TinyLM:
     with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG as it was
         torch.manual_seed(seed)
@@ -235,6 +255,7 @@ def train(model_config: ModelConfig, config: TrainConfig, train_tokens: torch.Te
         step, elapsed = state["step"], state["elapsed_s"]
     rows: list[dict[str, object]] = list(_read_log(log_path, step))
     windows = heldout_windows(heldout_tokens, model_config.context, config.eval_windows)
+    buckets = training_buckets(train_tokens, model_config.vocab_size)
     snapshots = {s: run_dir / f"weights-step-{s:06d}.pt" for s in (*config.snapshot_steps, config.steps)}
 
     def checkpoint() -> None:
@@ -244,7 +265,7 @@ def train(model_config: ModelConfig, config: TrainConfig, train_tokens: torch.Te
         _write_log(log_path, rows)
 
     if step == 0 and not rows:
-        rows.append({"step": 0, "learning_rate": "", "train_loss": "", "heldout_loss": heldout_loss(model, windows),
+        rows.append({"step": 0, "learning_rate": "", "train_loss": "", **heldout_losses(model, windows, buckets),
                      "elapsed_s": 0.0, "skipped": ""})
     end = config.steps if stop_after is None else min(config.steps, stop_after)
     started = time.perf_counter() - elapsed
@@ -271,7 +292,7 @@ def train(model_config: ModelConfig, config: TrainConfig, train_tokens: torch.Te
                                   "skipped": skipped}
         if step % config.eval_every == 0 or step in snapshots:
             model.eval()
-            row["heldout_loss"] = heldout_loss(model, windows)
+            row.update(heldout_losses(model, windows, buckets))
             model.train()
             last_heldout = f"{row['heldout_loss']:.3f}"
         elapsed = time.perf_counter() - started

@@ -7,6 +7,7 @@ import json
 import platform
 from dataclasses import replace
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -227,3 +228,37 @@ def test_committed_dumps_load_and_match_their_metadata():
     assert error < 0.1 and abs(losses["final"] - heldout) < 3 * error
     assert heldout < meta["unigram_entropy"] - 1.0 and losses["final"] < losses["early"] - 0.5
     json.dumps(meta)  # the metadata is plain JSON
+
+
+def test_heldout_losses_per_bucket_match_a_direct_computation(tmp_path):
+    # training counts chosen so the buckets are known by hand: class 0 alone holds 50% of the targets
+    # (frequent); 1-4 and 9 the next 40% (middle); the rest, from class 10 at 92% on, are rare
+    model = ModelConfig(16, d_model=16, n_layers=1, n_heads=2, context=8)
+    counts = [500, 150, 100, 80, 50, 10, 5, 3, 2, 40, 20, 15, 10, 8, 5, 2]
+    train_tokens = torch.cat([torch.full((n,), c) for c, n in enumerate(counts)])
+    train_tokens = train_tokens[torch.randperm(len(train_tokens), generator=torch.Generator().manual_seed(0))]
+    heldout = torch.randint(0, 16, (400,), generator=torch.Generator().manual_seed(1))
+    config = TrainConfig(steps=2, batch_size=2, eval_every=2, eval_windows=5, checkpoint_every=2)
+    result = train(model, config, train_tokens, heldout, tmp_path, progress=False)
+
+    # independently: rank by count (ties by class), cumulative share of the targets before each class
+    ranked = sorted(range(16), key=lambda c: (-counts[c], c))
+    total, before, bucket = sum(counts), 0, {}
+    for c in ranked:
+        bucket[c] = "frequent" if before / total < 0.5 else "rare" if before / total >= 0.9 else "middle"
+        before += counts[c]
+    assert [c for c in range(16) if bucket[c] == "frequent"] == [0]
+    assert [c for c in range(16) if bucket[c] == "rare"] == [5, 6, 7, 8, 10, 11, 12, 13, 14, 15]
+    starts = torch.linspace(0, len(heldout) - 9, 5).round().long()
+    windows = torch.stack([heldout[s:s + 9] for s in starts.tolist()])
+    with torch.no_grad():
+        logits = load_snapshot(result.snapshots[2])(windows[:, :-1]).double()
+    nll = -logits.log_softmax(-1).gather(-1, windows[:, 1:, None]).squeeze(-1)
+    names = [bucket[c] for c in windows[:, 1:].flatten().tolist()]
+    want = {name: float(nll.flatten()[[n == name for n in names]].mean()) for name in ("frequent", "middle", "rare")}
+
+    last = pd.read_csv(result.log_path).set_index("step").loc[2]
+    assert last["heldout_loss"] == pytest.approx(float(nll.mean()), rel=1e-9)
+    for name, value in want.items():
+        assert last[f"heldout_{name}"] == pytest.approx(value, rel=1e-9), name
+    assert len(set(want.values())) == 3  # each bucket had positions, and they differ
