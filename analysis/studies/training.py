@@ -9,7 +9,8 @@ the same batches (both follow the seed, :mod:`analysis.lm.train`); only the head
   an explicit policy would otherwise keep the input dtype) on hidden states and weight rounded to bf16
   or fp16 (fp16 with a dynamic loss scale), chunked with ``aspect_ratio:2``: at the study's 2048 rows,
   D=128 and C=16384 that is 256 chunks of 8 rows, the chunk count of LLM heads (64-256) and where
-  compact's once-per-chunk rounding of the weight gradient is largest.
+  compact's once-per-chunk rounding of the weight gradient is largest. The ``long`` setting's arms
+  (:func:`chunked_arms`) instead fix the chunk count itself, 256 chunks of ``rows:K`` at its batch rows.
 
 The body of the model stays fp32 and its master weights too (the rounding happens in the head
 op, as under autocast). lce runs its **CUDA** layouts: on a CPU they are emulated
@@ -18,14 +19,18 @@ cuBLAS kernels. The CUDA table is where torch's claim that compact matches balan
 (on the CPU table compact with an fp32 ``acc_dtype`` runs balanced's arithmetic).
 
 Each run writes ``log.csv`` in its folder under ``cache/``; :func:`collect` turns the logs into
-tidy rows (arm, dtype, policy, seed, step, split, loss) for a ``training`` results file. Runs are
-resumable (the trainer's checkpoints), so an interrupted study continues where it stopped.
+tidy rows (arm, dtype, policy, seed, step, split, loss) for a ``training`` results file: split ``train``,
+``heldout`` and, where the log has them, ``heldout:frequent``, ``heldout:middle`` and ``heldout:rare`` (the
+held-out positions whose next token is in that target-frequency bucket, :mod:`analysis.core.buckets`; the
+buckets' edges are in ``buckets.json`` beside the runs, :func:`bucket_edges_of`). Runs are resumable (the
+trainer's checkpoints), so an interrupted study continues where it stopped.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -35,16 +40,19 @@ import torch
 import torch.nn.functional as F
 
 import lce
+from analysis.core.buckets import BUCKETS, bucket_edges
 from analysis.core.emulated_gemms import low_precision_linear
+from analysis.core.implementations import ROWS_PREFIX, ImplSpec
 from analysis.core.problem import DTYPES
 from analysis.lm.model import ModelConfig
-from analysis.lm.train import HeadLoss, TrainConfig, fp32_head_loss, train
+from analysis.lm.train import BUCKET_COLUMNS, HeadLoss, TrainConfig, fp32_head_loss, train
 from analysis.paths import LM_CACHE_DIR
 from lce.options import EXPLICIT_POLICIES
 from lce.testing import emulate_device_kind
 
 __all__ = ["Arm", "ARMS", "Setting", "SETTINGS", "head_loss_of", "run_arm", "collect", "run_study",
-           "STUDY_CHUNKING"]
+           "STUDY_CHUNKING", "chunked_arms", "arm_options", "BUCKET_SPLITS", "bucket_rows", "write_bucket_edges",
+           "bucket_edges_of"]
 
 STUDY_CHUNKING = "aspect_ratio:2"
 """The chunking of every lce arm: torch 2.13's CUDA default, and lce's since notebook 05."""
@@ -52,12 +60,19 @@ STUDY_CHUNKING = "aspect_ratio:2"
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """One way of computing the head's loss: ``op`` "unfused" or "lce", in ``dtype``, with ``policy`` (lce)."""
+    """One way of computing the head's loss: ``op`` "unfused" or "lce", in ``dtype``, with ``policy`` and
+    ``chunking`` (lce: a ``chunking_method`` such as ``aspect_ratio:2``, or ``rows:K`` for chunks of K rows)."""
 
     name: str
     dtype: str
     op: str
     policy: str = ""
+    chunking: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.op == "lce") != bool(self.chunking):
+            raise ValueError(f"Arm {self.name!r}: an lce arm needs a chunking and an unfused one none, got op="
+                             f"{self.op!r} chunking={self.chunking!r}")
 
     @property
     def loss_scaling(self) -> bool:
@@ -73,10 +88,22 @@ class Arm:
 ARMS: tuple[Arm, ...] = (
     Arm("fp32", "float32", "unfused"),
     Arm("bf16 unfused", "bfloat16", "unfused"),
-    *(Arm(f"bf16 {policy}", "bfloat16", "lce", policy) for policy in EXPLICIT_POLICIES),
-    *(Arm(f"fp16 {policy}", "float16", "lce", policy) for policy in EXPLICIT_POLICIES),
+    *(Arm(f"bf16 {policy}", "bfloat16", "lce", policy, STUDY_CHUNKING) for policy in EXPLICIT_POLICIES),
+    *(Arm(f"fp16 {policy}", "float16", "lce", policy, STUDY_CHUNKING) for policy in EXPLICIT_POLICIES),
 )
 ARM_NAMES: dict[str, Arm] = {arm.name: arm for arm in ARMS}
+
+CONTEXT: int = ModelConfig.context
+"""Tokens per window (the model's default context): a step's batch is ``batch_size * CONTEXT`` head rows."""
+
+
+def chunked_arms(names: Sequence[str], batch_rows: int, chunks: int) -> tuple[Arm, ...]:
+    """The arms of :data:`ARMS` called ``names``, their lce ones cut into exactly ``chunks`` chunks of
+    ``rows:K`` (``K = batch_rows / chunks``, which must divide evenly) instead of :data:`STUDY_CHUNKING`."""
+    if batch_rows % chunks:
+        raise ValueError(f"batch_rows={batch_rows} must be a multiple of chunks={chunks} for equal chunks")
+    return tuple(dataclasses.replace(ARM_NAMES[name], chunking=f"{ROWS_PREFIX}{batch_rows // chunks}")
+                 if ARM_NAMES[name].op == "lce" else ARM_NAMES[name] for name in names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +117,19 @@ class Setting:
     eval_every: int
     eval_windows: int = 16
     snapshot_steps: tuple[int, ...] = ()
+    arms: tuple[Arm, ...] = ARMS
+
+    @property
+    def batch_rows(self) -> int:
+        """Head rows per step: ``batch_size`` windows of :data:`CONTEXT` tokens."""
+        return self.batch_size * CONTEXT
+
+    def arm(self, name: str) -> Arm:
+        """This setting's arm called ``name`` (its chunking may differ from :data:`ARMS`')."""
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise ValueError(f"setting {self.name!r} has no arm {name!r}; it has {[arm.name for arm in self.arms]}")
 
     def train_config(self, seed: int) -> TrainConfig:
         return TrainConfig(steps=self.steps, batch_size=self.batch_size, seed=seed, eval_every=self.eval_every,
@@ -97,12 +137,26 @@ class Setting:
                            snapshot_steps=self.snapshot_steps)
 
 
+LONG_CHUNKS = 256
+"""The long setting's chunk count: the top of LLM heads' 64-256, where compact's rounding is largest."""
+LONG_BATCH = 4
+"""The long setting's windows per step (512 rows, 2 per chunk). Measured with 1 thread on this 2-core machine
+(shared, so about 1/3 slower than alone), seconds per step at 4 and 16 windows: fp32 0.4 and 1.1, bf16
+balanced 2.6 and 2.7, bf16 compact 1.8 and 2.7. The lce arms' step costs about the same at any batch: the
+emulated CUDA layouts work on the whole (C, D) weight gradient once per chunk, and there are 256 chunks
+whatever the rows. So no batch fits the hour hoped for: 3000 steps of the three arms take about 4 h on one
+core at 4 windows (about 5 h at 16)."""
+
 SETTINGS: dict[str, Setting] = {
     # what CI and the notebook run: every arm, 2 seeds, a few steps of 4 windows (512 rows)
     "quick": Setting("quick", steps=10, batch_size=4, seeds=(0, 1), eval_every=5, eval_windows=4),
     # the committed study: 16 windows of 128 tokens (2048 rows) per step, 3 seeds
     "full": Setting("full", steps=300, batch_size=16, seeds=(0, 1, 2), eval_every=50,
                     snapshot_steps=(25, 100, 300)),
+    # 10x the full run's length, with the per-bucket held-out losses (issue 22): fp32 and the two policies torch's
+    # claim is about, at exactly 256 chunks whatever the batch; one seed, as each run takes hours (LONG_BATCH)
+    "long": Setting("long", steps=3000, batch_size=LONG_BATCH, seeds=(0,), eval_every=100,
+                    arms=chunked_arms(("fp32", "bf16 balanced", "bf16 compact"), LONG_BATCH * CONTEXT, LONG_CHUNKS)),
 }
 
 
@@ -119,16 +173,22 @@ def head_loss_of(arm: Arm) -> HeadLoss:
 
         unfused_head_loss.__qualname__ = f"unfused_head_loss[{arm.dtype}]"
         return unfused_head_loss
-    # an explicit policy keeps acc_dtype = input dtype unless told (the options contract): fp32, as "auto" resolves
-    options = lce.LinearCrossEntropyOptions(acc_policy=arm.policy, chunking_method=STUDY_CHUNKING,
-                                            acc_dtype=torch.float32)
+    options = arm_options(arm)
 
     def lce_head_loss(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         with _cuda_layouts(hidden.device):
             return lce.linear_cross_entropy(hidden.to(dtype), weight.to(dtype), targets, options=options)
 
-    lce_head_loss.__qualname__ = f"lce_head_loss[{arm.dtype},{arm.policy},{STUDY_CHUNKING},acc=float32]"
+    lce_head_loss.__qualname__ = f"lce_head_loss[{arm.dtype},{arm.policy},{arm.chunking},acc=float32]"
     return lce_head_loss
+
+
+def arm_options(arm: Arm) -> lce.LinearCrossEntropyOptions:
+    """lce's options of an lce ``arm``: its policy and chunking (``rows:K`` = ``batch_chunk_size=K``)."""
+    if arm.op != "lce":
+        raise ValueError(f"arm {arm.name!r} is {arm.op}, not lce: it has no lce options")
+    # an explicit policy keeps acc_dtype = input dtype unless told (the options contract): fp32, as "auto" resolves
+    return ImplSpec("lce", arm.policy, arm.chunking, "float32").options()
 
 
 def _cuda_layouts(device: torch.device) -> contextlib.AbstractContextManager:
@@ -140,6 +200,8 @@ def run_arm(arm: Arm, seed: int, setting: Setting, streams: tuple[torch.Tensor, 
             model_config: ModelConfig, cache: Path, *, device: str = "cpu", progress: bool = False,
             stop_after: int | None = None) -> Path:
     """Train (or resume) one run; returns its folder (``cache/<setting>/<device>/<arm>/seed-<seed>``)."""
+    if model_config.context != CONTEXT:
+        raise ValueError(f"the study's settings count rows with context {CONTEXT}, got {model_config.context}")
     run_dir = cache / setting.name / device / arm.slug / f"seed-{seed}"
     train(model_config, setting.train_config(seed), *streams, run_dir, head_loss=head_loss_of(arm),
           progress=progress, stop_after=stop_after, loss_scaling=arm.loss_scaling, device=device)
@@ -154,9 +216,9 @@ def runs(arms: Sequence[Arm], setting: Setting) -> Iterator[tuple[Arm, int]]:
 
 
 def _logs(cache: Path, setting: Setting, device: str) -> Iterator[tuple[Arm, int, Path]]:
-    """``(arm, seed, log path)`` of every run of ``setting`` on ``device`` in ``cache``, in :data:`ARMS` and seed
-    order, whichever call trained it (a study can be trained in parts: some arms or seeds at a time)."""
-    for arm in ARMS:
+    """``(arm, seed, log path)`` of every run of ``setting`` on ``device`` in ``cache``, in the setting's arm and
+    seed order, whichever call trained it (a study can be trained in parts: some arms or seeds at a time)."""
+    for arm in setting.arms:
         folder = cache / setting.name / device / arm.slug
         seeds = sorted(int(path.name.removeprefix("seed-")) for path in folder.glob("seed-*"))
         for seed in seeds:
@@ -164,25 +226,71 @@ def _logs(cache: Path, setting: Setting, device: str) -> Iterator[tuple[Arm, int
                 yield arm, seed, folder / f"seed-{seed}" / "log.csv"
 
 
+BUCKET_SPLITS: tuple[str, ...] = tuple(f"heldout:{bucket}" for bucket in BUCKETS)
+"""The per-bucket held-out splits of :func:`collect`'s rows: ``heldout:frequent``, ``heldout:middle``,
+``heldout:rare``."""
+_SPLIT_OF_COLUMN = {"train_loss": "train", "heldout_loss": "heldout",
+                    **dict(zip(BUCKET_COLUMNS, BUCKET_SPLITS, strict=True))}
+
+
 def collect(cache: Path, setting: Setting, device: str = "cpu") -> pd.DataFrame:
-    """Tidy rows of every finished or partial run's log of ``setting``: one row per (arm, seed, step, split)."""
+    """Tidy rows of every finished or partial run's log of ``setting``: one row per (arm, seed, step, split),
+    ``split`` one of ``train``, ``heldout`` and :data:`BUCKET_SPLITS` (those only from logs that have them)."""
     frames = []
     for arm, seed, log in _logs(cache, setting, device):
         table = pd.read_csv(log)
-        long = table.melt(id_vars=["step", "elapsed_s"], value_vars=["train_loss", "heldout_loss"],
-                          var_name="split", value_name="loss").dropna(subset=["loss"])
-        long["split"] = long["split"].str.removesuffix("_loss")
+        columns = [column for column in _SPLIT_OF_COLUMN if column in table]  # older logs lack the buckets
+        long = table.melt(id_vars=["step", "elapsed_s"], value_vars=columns, var_name="split",
+                          value_name="loss").dropna(subset=["loss"])
+        long["split"] = long["split"].map(_SPLIT_OF_COLUMN)
         skipped = table.set_index("step")["skipped"] if "skipped" in table else None
         long["skipped_steps"] = (0 if skipped is None else
                                  long["step"].map(skipped.fillna(0).cumsum()).fillna(0).astype(int))
         frames.append(long.assign(arm=arm.name, dtype=arm.dtype, op=arm.op, policy=arm.policy,
-                                  chunking=STUDY_CHUNKING if arm.op == "lce" else "", seed=seed,
-                                  setting=setting.name, steps=setting.steps, batch_rows=0))
+                                  chunking=arm.chunking, seed=seed, setting=setting.name, steps=setting.steps,
+                                  batch_rows=setting.batch_rows))
     if not frames:
         return pd.DataFrame()
-    table = pd.concat(frames, ignore_index=True)
-    table["batch_rows"] = setting.batch_size * 128
-    return table
+    return pd.concat(frames, ignore_index=True)
+
+
+def bucket_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The per-bucket held-out rows of a ``training`` table (:func:`collect`'s or a results file's), with a
+    ``bucket`` column (frequent, middle, rare) beside their ``split``."""
+    rows = table[table["split"].isin(BUCKET_SPLITS)]
+    return rows.assign(bucket=rows["split"].str.removeprefix("heldout:")).reset_index(drop=True)
+
+
+BUCKET_EDGES_FILE = "buckets.json"
+
+
+def write_bucket_edges(folder: Path, train_tokens: torch.Tensor, vocab_size: int) -> Path:
+    """Write ``folder/buckets.json``: per bucket, the classes, their smallest and largest training count and
+    their share of the training targets (:func:`analysis.core.buckets.bucket_edges`), with the stream's size."""
+    from analysis.lm.train import training_buckets
+
+    counts = torch.bincount(train_tokens, minlength=vocab_size)
+    edges = bucket_edges(counts, training_buckets(train_tokens, vocab_size))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / BUCKET_EDGES_FILE
+    payload = {"train_tokens": int(train_tokens.numel()), "vocab_size": vocab_size, "buckets": edges}
+    path.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def bucket_edges_of(where: Path | str | None = None, setting: str = "long", device: str = "cpu") -> pd.DataFrame:
+    """The bucket edges a setting's per-bucket losses were measured with: one row per bucket (index frequent,
+    middle, rare) with ``classes``, ``min_count``, ``max_count``, ``target_share``. ``where`` is a
+    ``buckets.json`` (or a results file, whose ``<stem>_buckets.json`` beside it is read), else the run
+    folder of ``setting`` on ``device`` in the default study cache."""
+    if where is None:
+        path = LM_CACHE_DIR / "study" / setting / device / BUCKET_EDGES_FILE
+    else:
+        path = Path(where)
+        if path.suffix != ".json":
+            path = path.with_name(f"{path.stem}_buckets.json")
+    edges = json.loads(path.read_text(encoding="utf-8"))["buckets"]
+    return pd.DataFrame.from_dict(edges, orient="index").loc[list(BUCKETS)]
 
 
 def _run_in_worker(arm: Arm, seed: int, setting: Setting, model_config: ModelConfig, cache: Path,
@@ -191,13 +299,14 @@ def _run_in_worker(arm: Arm, seed: int, setting: Setting, model_config: ModelCon
     run_arm(arm, seed, setting, load_streams(token_cache, tokens_file), model_config, cache)
 
 
-def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms: Sequence[Arm] = ARMS,
+def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms: Sequence[Arm] | None = None,
               device: str = "cpu", workers: int = 1, token_cache: Path = LM_CACHE_DIR,
               tokens_file: Path | None = None, progress: bool = True,
               on_run_done: Callable[[pd.DataFrame], None] | None = None,
               deadline: float | None = None) -> pd.DataFrame:
     """Train every (arm, seed) of ``setting`` (resuming finished or partial runs) and return :func:`collect`'s
     rows: of every run of the setting in ``cache``, those of earlier calls with other arms or seeds too.
+    ``arms`` defaults to the setting's; the buckets' edges are written to ``buckets.json`` beside the runs.
 
     ``cache`` is the study's folder; the token streams come from ``tokens_file`` or the pipeline's cache
     ``token_cache``. On the CPU, ``workers`` processes train runs side by side with one thread each; on a
@@ -209,7 +318,10 @@ def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms:
 
     from tqdm import tqdm  # the plain bar: no ipywidgets warning inside a notebook
 
-    pending = list(runs(arms, setting))
+    pending = list(runs(setting.arms if arms is None else arms, setting))
+    # built once here (from the corpus if not cached, about 30 s) before any worker reads them
+    streams = load_streams(token_cache, tokens_file)
+    write_bucket_edges(cache / setting.name / device, streams[0], model_config.vocab_size)
     bar = tqdm(total=len(pending), desc=f"train {setting.name} on {device}", unit="run", disable=not progress,
                dynamic_ncols=True)
 
@@ -222,15 +334,14 @@ def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms:
         return deadline is not None and time.monotonic() > deadline
 
     if device != "cpu" or workers <= 1:
-        streams = load_streams(token_cache, tokens_file)
         for arm, seed in pending:
             if out_of_time():
                 break
             bar.set_postfix(arm=arm.name, seed=seed, refresh=True)
-            run_arm(arm, seed, setting, streams, model_config, cache, device=device)
+            # one run at a time: its own bar shows the steps and their ETA
+            run_arm(arm, seed, setting, streams, model_config, cache, device=device, progress=progress)
             finished()
     else:
-        load_streams(token_cache, tokens_file)  # build the cached streams once, before the workers read them
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
             running = set()
             while pending or running:
@@ -332,7 +443,8 @@ DESCRIPTION = ("Arms: the fp32 head, the unfused bf16 head, lce accurate/balance
                "initialisation and batches per seed. Writes training.csv (train and held-out loss per step) "
                "as runs finish, and noise_checkpoints.csv (gradient error vs noise on the fp32 arm's "
                "snapshots). Resumable (checkpoints in analysis/cache/lm/study). --quick: about 2 minutes (CI, "
-               "notebook); full: about 100 minutes on 2 cores.")
+               "notebook); full: about 100 minutes on 2 cores; --setting long (fp32, bf16 balanced and compact at 256 "
+               "chunks, 3000 steps, held-out loss per target-frequency bucket): hours, see LONG_BATCH.")
 
 
 def arm_names(text: str) -> tuple[Arm, ...]:
@@ -352,8 +464,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seeds", type=int, default=None, metavar="K", help="seeds 0..K-1 (default: the setting's)")
     parser.add_argument("--seed-list", type=argument(seed_list), default=None, metavar="S[,S]",
                         help="exactly these seeds (e.g. 1,2 to add seeds to a study whose seed 0 is done)")
-    parser.add_argument("--arms", type=argument(arm_names), default=ARMS, metavar="NAME[,NAME]",
-                        help="arms to train (default: all): " + ",".join(arm.name for arm in ARMS))
+    parser.add_argument("--arms", type=argument(arm_names), default=None, metavar="NAME[,NAME]",
+                        help="arms to train (default: the setting's; quick and full have all): "
+                             + ",".join(arm.name for arm in ARMS))
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to train (default: cpu)")
     workers_option(parser)
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads of the main process (default: 1)")
@@ -394,21 +507,29 @@ def run(args) -> None:
     model_config = ModelConfig(DEFAULT_VOCAB)
     set_aside(path)
 
+    edges = path.with_name(f"{path.stem}_buckets.json")  # beside the results, where bucket_edges_of(path) looks
+
     def write(table) -> None:
         partial = path.with_name(path.name + ".partial")
         partial.unlink(missing_ok=True)
         append_rows(partial, TRAINING.rows(table.assign(device=args.device, **provenance(args.device))))
         partial.replace(path)
+        edges.write_text((cache / setting.name / args.device / BUCKET_EDGES_FILE).read_text(encoding="utf-8"),
+                         encoding="utf-8")
 
     deadline = None if args.budget_s is None else started + args.budget_s
     workers = args.workers or (len(os.sched_getaffinity(0)) if args.device == "cpu" else 1)
-    table = run_study(setting, model_config, cache, arms=args.arms, device=args.device, workers=workers,
+    arms = None if args.arms is None else tuple(setting.arm(arm.name) for arm in args.arms)
+    table = run_study(setting, model_config, cache, arms=arms, device=args.device, workers=workers,
                       token_cache=args.cache, tokens_file=args.tokens, progress=not args.no_progress,
                       on_run_done=write, deadline=deadline)
     if not table.empty:
         write(table)
         print(summary(table).to_string(float_format="%.4f"))
     print(f"{display_path(path)}: {len(table)} rows, {time.monotonic() - started:.0f} s")
+    if edges.exists():
+        print(f"{display_path(edges)}: the target-frequency buckets of the per-bucket held-out losses")
+        print(bucket_edges_of(edges).to_string(float_format="%.4g"))
     if setting.snapshot_steps and not args.no_checkpoint_errors:
         errors = checkpoint_errors(cache, setting, load_streams(args.cache, args.tokens), model_config,
                                    device=args.device)
