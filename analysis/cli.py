@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rare-rows": ("analysis.studies.rare_rows", "grad_weight's per-row error binned by class target count"),
     "noise": ("analysis.studies.noise", "gradient error against the sampling noise of the same batch"),
     "train": ("analysis.studies.training", "train the small language model with each head arm, several seeds"),
+    "head-train": ("analysis.studies.head_training",
+                   "train a head alone for 10^4 steps per precision arm: held-out loss per frequency bucket"),
     "error-model": ("analysis.studies.error_model", "fit lce's gradient error model and validate it on held-out data"),
     "budgets": ("analysis.studies.budgets", "lce.recommend per memory budget, measured; class tiling's cost"),
     "features": ("analysis.studies.features", "error, time and memory of soft-capping, z-loss and lse"),

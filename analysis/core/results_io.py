@@ -41,7 +41,7 @@ from analysis.core.run_config import RunConfig
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
            "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "FEATURES",
            "FEATURE_COST", "VOCAB_PARALLEL", "CPU_GEMM_RATES", "RECOMMEND_CHECK", "GPU_BENCH", "GPU_MEMORY",
-           "HF_STEP", "COLUMNS",
+           "HF_STEP", "HEAD_TRAINING", "COLUMNS",
            "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
            "load_kind", "done_keys", "latest", "load_results"]
 
@@ -206,6 +206,14 @@ HF_STEP = Kind("hf_step", tuple(["kind", "arm", "model", "optimizer", "device", 
                "peak memory (a fresh process), median time over alternating rounds, ratios to the unpatched "
                "model (python -m analysis hf-step)")
 
+HEAD_TRAINING = Kind("head_training", tuple(["kind", "setting", "optimizer", "arm", "dtype", "op", "policy",
+                                             "num_chunks", "rule", "seed", "step", "steps", "batch_rows", "pool_rows",
+                                             "heldout_rows", "D", "C", "metric", "bucket", "value",
+                                             *PROVENANCE_COLUMNS]),
+                     "head-only training of a calibrated teacher's head per arm, optimizer, seed and step: held-out "
+                     "loss per target-frequency bucket, distance to the fp32 arm's head, bias/noise along the run "
+                     "(python -m analysis head-train)")
+
 REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s", "memory_study_s", "figures_s",
                                      "total_s", *PROVENANCE_COLUMNS]),
                  "the wall time of one whole `python -m analysis reproduce` (the READMEs quote it)")
@@ -214,7 +222,7 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
                                                        TRAINING, BUDGETS, CLASS_TILING, FEATURES, FEATURE_COST,
                                                        VOCAB_PARALLEL, CPU_GEMM_RATES, RECOMMEND_CHECK, GPU_BENCH,
-                                                       GPU_MEMORY, HF_STEP)}
+                                                       GPU_MEMORY, HF_STEP, HEAD_TRAINING)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

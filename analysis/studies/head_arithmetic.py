@@ -1,0 +1,152 @@
+"""The weight gradient of lce's CUDA layouts, restated in a few vectorised tensor ops for long head-only runs.
+
+The head-only study (:mod:`analysis.studies.head_training`) takes 10^4 steps per arm and seed, and
+lce's CUDA layouts, emulated on CPU tensors, cost about 4 ms per chunk at a (2048, 64) head (a
+compact step at 256 chunks: about 1 s). This module computes the *same arithmetic* in a handful
+of whole-batch ops: for input dtype ``t`` (bf16 or fp16), fp32 ``acc_dtype`` and a mean over ``N``
+rows cut into ``num_chunks`` contiguous chunks of ``ceil(N / num_chunks)`` rows,
+
+* logits ``z = x_t @ W_t.T`` with exact products and fp32 sums (the layouts' mixed-precision GEMM);
+  ``dz = softmax(z) - onehot(y)`` in fp32;
+* ``accurate``: ``grad_W = round_t(s * dz.T @ x_t)``, one fp32 GEMM, one rounding;
+* ``balanced``: ``dz`` rounded to ``t`` first, then the same fp32 sum and one rounding;
+* ``compact``: ``dz`` rounded to ``t``; each chunk's product ``s * dz_j.T @ x_j`` (fp32) is added to
+  the gradient *in* ``t``: ``g = round_t(g + product_j)``, once per chunk, in chunk order;
+
+where ``s = loss_scale / N`` multiplies the products (lce applies the reduction's scale and the
+incoming gradient -- a loss scale -- to the products, after ``dz`` is rounded). The result is
+returned unscaled in fp32, with a flag saying whether it is finite (a loss-scaled step overflows).
+
+The restatement differs from lce only in the order of fp32 sums inside a GEMM. That it is lce's
+arithmetic is checked, not assumed: :func:`check_against_lce` runs lce itself on the same inputs and
+the tests require the two gradients to agree to within a small fraction of the gradient's own
+rounding error, and the study re-measures the bias ratio with lce at every checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+import lce
+from lce.testing import emulate_device_kind
+
+__all__ = ["POLICIES", "HeadStep", "head_step", "grad_logits_scale", "chunk_rows", "lce_weight_gradient",
+           "check_against_lce"]
+
+POLICIES: tuple[str, ...] = ("accurate", "balanced", "compact")
+
+
+class HeadStep:
+    """One forward and weight-gradient of the head: ``loss`` (fp32 scalar, mean over rows), ``grad_weight``
+    ((C, D) fp32, unscaled) and ``finite`` (False when the scaled gradient overflowed its dtype)."""
+
+    __slots__ = ("loss", "grad_weight", "finite")
+
+    def __init__(self, loss: torch.Tensor, grad_weight: torch.Tensor, finite: bool):
+        self.loss, self.grad_weight, self.finite = loss, grad_weight, finite
+
+
+def chunk_rows(num_rows: int, num_chunks: int) -> int:
+    """Rows per chunk when ``num_rows`` are cut into ``num_chunks`` (the last chunk may be shorter)."""
+    if num_chunks < 1 or num_chunks > num_rows:
+        raise ValueError(f"num_chunks must lie in 1..{num_rows} (the rows), got {num_chunks}")
+    return -(-num_rows // num_chunks)
+
+
+def grad_logits_scale(num_rows: int, dtype: torch.dtype) -> tuple[float, float]:
+    """``(row_scale, rescale)``: the mean's ``1 / N``, and the power of two lce divides ``dz`` by before rounding
+    it to fp16 (``dz`` then peaks near 2**13, far from fp16's subnormals; 1.0 for bf16, whose range is fp32's)."""
+    row_scale = 1.0 / num_rows
+    if dtype != torch.float16:
+        return row_scale, 1.0
+    return row_scale, 2.0 ** (math.ceil(math.log2(2.0 * row_scale)) - 14)
+
+
+def head_step(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype: torch.dtype, policy: str,
+              num_chunks: int, loss_scale: float = 1.0) -> HeadStep:
+    """lce's CUDA-layout loss and weight gradient for fp32 ``x`` (N, D) and ``weight`` (C, D), both rounded to
+    ``dtype`` first (see the module docstring). ``loss_scale`` only decides ``finite``: lce rounds the gradient
+    before the incoming gradient (the loss scale) multiplies it, so the rounding is the unscaled one."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+    n = x.shape[0]
+    rows = chunk_rows(n, num_chunks)
+    row_scale, rescale = grad_logits_scale(n, dtype)
+    x_t = x.to(dtype).float()  # exact: the rounded values, held in fp32 for the fp32-sum GEMMs
+    z = x_t @ weight.to(dtype).float().T
+    log_p = torch.log_softmax(z, dim=1)
+    loss = -log_p.gather(1, target[:, None]).mean()
+    dz = log_p.exp_()
+    dz[torch.arange(n), target] -= 1.0
+    dz.mul_(row_scale / rescale)
+    if policy != "accurate":
+        dz = dz.to(dtype).float()
+    if policy == "compact":
+        grad = _compact_sum(dz, x_t, rows, rescale, dtype)
+    else:
+        grad = (dz.T @ x_t).mul_(rescale).to(dtype)
+    finite = bool(torch.isfinite(grad.float().mul_(loss_scale)).all()) and \
+        float(grad.float().abs().max()) * loss_scale <= torch.finfo(dtype).max
+    return HeadStep(loss, grad.float(), finite)
+
+
+def _compact_sum(dz: torch.Tensor, x: torch.Tensor, rows: int, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """``g = round(g + scale * dz_j.T @ x_j)`` over the chunks ``j`` of ``rows`` rows, in order: each chunk's
+    product is added to the fp32 copy of the rounded sum by one ``addmm_`` and the sum rounded again."""
+    total = torch.zeros(dz.shape[1], x.shape[1], dtype=torch.float32)
+    rounded = torch.empty(total.shape, dtype=dtype)
+    for start in range(0, dz.shape[0], rows):
+        total.addmm_(dz[start:start + rows].T, x[start:start + rows], alpha=scale)
+        rounded.copy_(total)
+        total.copy_(rounded)
+    return rounded
+
+
+def lce_weight_gradient(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype: torch.dtype,
+                        policy: str, num_chunks: int, loss_scale: float = 1.0) -> torch.Tensor:
+    """lce's own weight gradient (its CUDA layout, emulated on CPU tensors) for the same inputs as
+    :func:`head_step`, unscaled, in fp32: the arithmetic :func:`head_step` restates."""
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, chunking_method=None,
+                                            batch_chunk_size=chunk_rows(x.shape[0], num_chunks),
+                                            acc_dtype=torch.float32)
+    w = weight.to(dtype).requires_grad_(True)
+    with emulate_device_kind("cuda"):
+        loss = lce.linear_cross_entropy(x.to(dtype), w, target, options=options)
+    (loss * loss_scale).backward() if loss_scale != 1.0 else loss.backward()
+    return w.grad.float().div_(loss_scale)
+
+
+def check_against_lce(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype: torch.dtype,
+                      policy: str, num_chunks: int, loss_scale: float = 1.0) -> dict[str, float]:
+    """How far :func:`head_step`'s gradient is from lce's, against the gradient's rounding error.
+
+    ``mismatch_over_error``: ``||g_restated - g_lce|| / ||g_lce - g_fp64||`` (the fp64 gradient of the rounded
+    inputs); ``elements_differing``: the share of elements that differ at all; ``ulps_max``: the largest
+    difference in units of ``dtype``'s spacing at that element.
+    """
+    restated = head_step(x, weight, target, dtype, policy, num_chunks, loss_scale).grad_weight
+    own = lce_weight_gradient(x, weight, target, dtype, policy, num_chunks, loss_scale)
+    x64, w64 = x.to(dtype).double(), weight.to(dtype).double()
+    p = torch.softmax(x64 @ w64.T, dim=1)
+    p[torch.arange(x.shape[0]), target] -= 1.0
+    exact = p.T @ x64 / x.shape[0]
+    error = torch.linalg.vector_norm(own.double() - exact).item()
+    difference = restated.double() - own.double()
+    spacing = _spacing(own, dtype)
+    return {"mismatch_over_error": torch.linalg.vector_norm(difference).item() / error if error else math.inf,
+            "elements_differing": float((difference != 0).double().mean()),
+            "ulps_max": float((difference.abs() / spacing).max())}
+
+
+def _spacing(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype`` at each of ``values`` (its smallest subnormal spacing at zero), in fp64."""
+    info = torch.finfo(dtype)
+    exponent = torch.floor(torch.log2(values.double().abs().clamp_min(info.tiny)))
+    return torch.exp2(exponent - _MANTISSA_BITS[dtype])
+
+
+_MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}

@@ -1,0 +1,170 @@
+"""The head-only study: its restated arithmetic is lce's, its buckets, its lockstep runs and their resumption."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+
+from analysis.core.buckets import BUCKETS, bucket_edges, bucket_losses, class_buckets
+from analysis.core.families import draw
+from analysis.core.problem import Shape
+from analysis.studies import head_arithmetic as arithmetic
+from analysis.studies import head_training as study
+
+TINY = study.Setting("tiny", steps=20, batch_rows=256, pool_rows=2048, heldout_rows=128, D=8, C=64, seeds=(0,),
+                     eval_every=10, bias_steps=(0, 20))
+
+
+def _head(n: int = 128, d: int = 16, c: int = 256, seed: int = 0):
+    drawn = draw("calibrated", Shape(n, d, c), seed=seed, bias=False)
+    return drawn.x, drawn.weight * 0.5, drawn.target
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("policy", ["accurate", "balanced", "compact"])
+@pytest.mark.parametrize("num_chunks", [1, 7, 64])
+def test_restated_arithmetic_is_lces_own(dtype, policy, num_chunks):
+    """The restatement's gradient differs from lce's (its CUDA layout, emulated) only by fp32 summation order:
+    on under 1% of the elements, by under 5% of the gradient's own rounding error against fp64."""
+    x, w, y = _head()
+    check = arithmetic.check_against_lce(x, w, y, dtype, policy, num_chunks)
+    assert check["elements_differing"] < 0.01, check
+    assert check["mismatch_over_error"] < 0.05, check
+
+
+def test_restated_arithmetic_with_rows_not_a_power_of_two_and_a_loss_scale():
+    x, w, y = _head(n=100)
+    check = arithmetic.check_against_lce(x, w, y, torch.float16, "compact", 9, loss_scale=1024.0)
+    assert check["elements_differing"] < 0.01 and check["mismatch_over_error"] < 0.05, check
+
+
+def test_lce_rounds_the_fp16_gradient_before_the_loss_scale_multiplies_it():
+    """The fact the fp16 arms' arithmetic rests on: lce computes a scalar loss's gradients in forward and
+    multiplies them by the incoming gradient in backward, so a loss scale does not change their rounding."""
+    x, w, y = _head()
+    unscaled = arithmetic.lce_weight_gradient(x, w, y, torch.float16, "accurate", 4)
+    scaled = arithmetic.lce_weight_gradient(x, w, y, torch.float16, "accurate", 4, loss_scale=2.0**12)
+    assert torch.equal(unscaled, scaled)
+    # and the rounding is coarse where the unscaled gradient is subnormal in fp16 (below 2**-14)
+    assert bool((unscaled.abs() < 2.0**-14).any())
+
+
+def test_compact_error_grows_with_chunks_against_fp64():
+    """A check against fp64, not against itself: compact's weight-gradient error grows with the chunk count,
+    balanced's does not."""
+    x, w, y = _head(n=256)
+    x64, w64 = x.bfloat16().double(), w.bfloat16().double()
+    p = torch.softmax(x64 @ w64.T, 1)
+    p[torch.arange(256), y] -= 1
+    exact = p.T @ x64 / 256
+
+    def error(policy, chunks):
+        return float(torch.linalg.vector_norm(arithmetic.head_step(x, w, y, torch.bfloat16, policy, chunks).grad_weight
+                                              .double() - exact))
+
+    assert error("compact", 256) > 3 * error("compact", 1)
+    assert error("balanced", 256) == pytest.approx(error("balanced", 1), rel=0.05)
+    assert error("accurate", 64) < error("balanced", 64)
+
+
+def test_head_step_rejects_bad_arguments():
+    x, w, y = _head(n=16)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        arithmetic.head_step(x, w, y, torch.bfloat16, "fast", 1)
+    with pytest.raises(TypeError, match="dtype must be"):
+        arithmetic.head_step(x, w, y, torch.float32, "compact", 1)
+    with pytest.raises(ValueError, match="num_chunks must lie in 1..16"):
+        arithmetic.chunk_rows(16, 17)
+    assert arithmetic.chunk_rows(100, 9) == 12
+    assert arithmetic.grad_logits_scale(256, torch.bfloat16) == (1 / 256, 1.0)
+    row_scale, rescale = arithmetic.grad_logits_scale(256, torch.float16)
+    assert row_scale / rescale == 2.0**13
+
+
+def test_a_loss_scale_that_overflows_fp16_is_reported_not_finite():
+    x, w, y = _head(n=16)
+    assert arithmetic.head_step(x, w, y, torch.float16, "balanced", 1, loss_scale=1.0).finite
+    assert not arithmetic.head_step(x, w, y, torch.float16, "balanced", 1, loss_scale=2.0**40).finite
+
+
+def test_buckets_split_the_targets_by_share_of_occurrences():
+    counts = torch.tensor([100.0, 1, 50, 0, 30, 5, 5])
+    buckets = class_buckets(counts)
+    assert buckets.tolist() == [0, 2, 1, 2, 1, 2, 2]
+    edges = bucket_edges(counts, buckets)
+    assert edges["frequent"]["classes"] == 1 and edges["rare"]["max_count"] == 5.0
+    assert sum(edge["target_share"] for edge in edges.values()) == pytest.approx(1.0)
+    losses = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    means = bucket_losses(losses, torch.tensor([0, 2, 1, 6]), buckets)
+    assert means == {"all": 2.5, "frequent": 1.0, "middle": 2.0, "rare": 3.5}
+    with pytest.raises(ValueError, match="non-negative"):
+        class_buckets(torch.tensor([-1.0, 2.0]))
+    with pytest.raises(ValueError, match="1-D"):
+        class_buckets(torch.ones(2, 2))
+
+
+def test_arm_gradient_of_the_fp32_arm_is_the_fp64_gradient_to_fp32_precision():
+    x, w, y = _head(n=64)
+    loss, grad, finite = study.arm_gradient(study.FP32, x, w, y)
+    x64, w64 = x.double(), w.double()
+    p = torch.softmax(x64 @ w64.T, 1)
+    p[torch.arange(64), y] -= 1
+    exact = p.T @ x64 / 64
+    assert finite
+    assert float(torch.linalg.vector_norm(grad.double() - exact) / torch.linalg.vector_norm(exact)) < 1e-5
+    assert float(loss) == pytest.approx(float(torch.nn.functional.cross_entropy(x64 @ w64.T, y)), rel=1e-5)
+
+
+@pytest.mark.slow
+def test_a_group_trains_every_arm_in_lockstep_and_writes_its_metrics(tmp_path):
+    pool = study.make_pool(TINY)
+    study.run_group(TINY, "sgd", 0, pool, tmp_path)
+    table = study.collect(tmp_path, TINY)
+    assert set(table["arm"]) == {arm.name for arm in study.SGD_ARMS}
+    assert sorted(table["step"].unique()) == [0, 10, 20]
+    held = table[(table["metric"] == "heldout_loss") & (table["bucket"] == "all")]
+    start, end = held[held["step"] == 0]["value"], held[held["step"] == 20]["value"]
+    assert start.nunique() == 1 and float(end.max()) < float(start.iloc[0])  # same start, every arm learns
+    assert set(table[table["metric"] == "heldout_loss"]["bucket"]) == {"all", *BUCKETS}
+    assert table[(table["metric"] == "w_distance") & (table["arm"] == "fp32")].empty
+    bias = table[table["metric"] == "bias_over_noise"]
+    assert sorted(bias["step"].unique()) == [0, 20]
+    lce_bias = table[table["metric"] == "bias_over_noise_lce"].set_index(["step", "arm"])["value"]
+    own = bias.set_index(["step", "arm"])["value"]
+    assert ((own - lce_bias).abs() / lce_bias).max() < 0.05  # the restatement agrees with lce along the run
+
+
+@pytest.mark.slow
+def test_an_interrupted_group_resumes_to_the_same_numbers(tmp_path):
+    pool = study.make_pool(TINY)
+    study.run_group(TINY, "sgd", 0, pool, tmp_path / "whole")
+    study.run_group(TINY, "sgd", 0, pool, tmp_path / "parts", stop_after=10)
+    assert study._done_steps(tmp_path / "parts", TINY, "sgd", 0) == 10
+    study.run_group(TINY, "sgd", 0, pool, tmp_path / "parts")
+    whole, parts = (study.collect(tmp_path / name, TINY) for name in ("whole", "parts"))
+    pd.testing.assert_frame_equal(whole, parts)
+
+
+@pytest.mark.slow
+def test_fp16_arms_keep_a_dynamic_loss_scale(tmp_path):
+    setting = dataclasses.replace(TINY, steps=10, eval_every=10, bias_steps=())
+    pool = study.make_pool(setting)
+    study.run_group(setting, "adamw", 0, pool, tmp_path)
+    table = study.collect(tmp_path, setting)
+    scales = table[(table["metric"] == "loss_scale") & (table["step"] == 10)].set_index("arm")["value"]
+    assert scales["fp32"] == 1.0 and scales["fp16 balanced@64"] <= 2.0**16
+
+
+def test_the_study_rules_name_lce_and_torch_chunk_counts_at_the_first_llm_shape():
+    """The arms' chunk counts are those the rules give at 16384x4096x128256 in bf16 (analysis.studies.noise)."""
+    from analysis.core.problem import LLM_SHAPES
+    from analysis.studies.noise import chunk_rules
+
+    rules = chunk_rules(LLM_SHAPES[0], torch.bfloat16)
+    by_rule = {arm.rule: arm for arm in study.ADAMW_ARMS if arm.rule and arm.dtype == "bfloat16"}
+    assert by_rule["lce auto"].num_chunks == rules["lce auto"][1]
+    assert (by_rule["torch 2.13 auto"].policy, by_rule["torch 2.13 auto"].num_chunks) == rules["torch 2.13 auto"]
+    assert (by_rule["torch 2.14 rule"].policy, by_rule["torch 2.14 rule"].num_chunks) == rules["torch #187838"]
