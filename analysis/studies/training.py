@@ -140,12 +140,12 @@ class Setting:
 LONG_CHUNKS = 256
 """The long setting's chunk count: the top of LLM heads' 64-256, where compact's rounding is largest."""
 LONG_BATCH = 4
-"""The long setting's windows per step (512 rows, 2 per chunk). Measured with 1 thread on this 2-core machine
-(shared, so about 1/3 slower than alone), seconds per step at 4 and 16 windows: fp32 0.4 and 1.1, bf16
-balanced 2.6 and 2.7, bf16 compact 1.8 and 2.7. The lce arms' step costs about the same at any batch: the
-emulated CUDA layouts work on the whole (C, D) weight gradient once per chunk, and there are 256 chunks
-whatever the rows. So no batch fits the hour hoped for: 3000 steps of the three arms take about 4 h on one
-core at 4 windows (about 5 h at 16)."""
+"""The long setting's windows per step (512 rows, 2 per chunk): the cheapest batch measured, not one that fits
+the hour hoped for. Seconds per step with 1 thread (this machine's Xeon; the process's CPU time equalled its
+wall time) at 4 and 16 windows: fp32 0.24 and 0.88, bf16 balanced 2.4 and 2.3, bf16 compact 2.5 and 3.0; an
+evaluation about 1 s. The lce arms cost about the same at any batch because the emulated CUDA layouts work on
+the whole (C, D) = (16384, 128) weight gradient once per chunk, and there are 256 chunks whatever the rows. So
+3000 steps of the three arms take about 4.4 h on one core at 4 windows (5.2 h at 16), not 1 h."""
 
 SETTINGS: dict[str, Setting] = {
     # what CI and the notebook run: every arm, 2 seeds, a few steps of 4 windows (512 rows)
@@ -509,13 +509,16 @@ def run(args) -> None:
 
     edges = path.with_name(f"{path.stem}_buckets.json")  # beside the results, where bucket_edges_of(path) looks
 
+    def copy_edges() -> None:
+        edges.write_text((cache / setting.name / args.device / BUCKET_EDGES_FILE).read_text(encoding="utf-8"),
+                         encoding="utf-8")
+
     def write(table) -> None:
         partial = path.with_name(path.name + ".partial")
         partial.unlink(missing_ok=True)
         append_rows(partial, TRAINING.rows(table.assign(device=args.device, **provenance(args.device))))
         partial.replace(path)
-        edges.write_text((cache / setting.name / args.device / BUCKET_EDGES_FILE).read_text(encoding="utf-8"),
-                         encoding="utf-8")
+        copy_edges()
 
     deadline = None if args.budget_s is None else started + args.budget_s
     workers = args.workers or (len(os.sched_getaffinity(0)) if args.device == "cpu" else 1)
@@ -527,9 +530,9 @@ def run(args) -> None:
         write(table)
         print(summary(table).to_string(float_format="%.4f"))
     print(f"{display_path(path)}: {len(table)} rows, {time.monotonic() - started:.0f} s")
-    if edges.exists():
-        print(f"{display_path(edges)}: the target-frequency buckets of the per-bucket held-out losses")
-        print(bucket_edges_of(edges).to_string(float_format="%.4g"))
+    copy_edges()
+    print(f"{display_path(edges)}: the target-frequency buckets of the per-bucket held-out losses")
+    print(bucket_edges_of(edges).to_string(float_format="%.4g"))
     if setting.snapshot_steps and not args.no_checkpoint_errors:
         errors = checkpoint_errors(cache, setting, load_streams(args.cache, args.tokens), model_config,
                                    device=args.device)
