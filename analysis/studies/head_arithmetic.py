@@ -32,20 +32,22 @@ import torch
 import lce
 from lce.testing import emulate_device_kind
 
-__all__ = ["POLICIES", "HeadStep", "head_step", "grad_logits_scale", "chunk_rows", "lce_weight_gradient",
-           "check_against_lce"]
+__all__ = ["POLICIES", "HeadStep", "head_step", "restated_loss", "grad_logits_scale", "chunk_rows",
+           "lce_weight_gradient", "check_against_lce"]
 
 POLICIES: tuple[str, ...] = ("accurate", "balanced", "compact")
 
 
 class HeadStep:
     """One forward and weight-gradient of the head: ``loss`` (fp32 scalar, mean over rows), ``grad_weight``
-    ((C, D) fp32, unscaled) and ``finite`` (False when the scaled gradient overflowed its dtype)."""
+    ((C, D) fp32, unscaled), ``finite`` (False when the scaled gradient overflowed its dtype) and, when asked for,
+    ``grad_input`` ((N, D) in the input dtype, as lce returns it)."""
 
-    __slots__ = ("loss", "grad_weight", "finite")
+    __slots__ = ("loss", "grad_weight", "finite", "grad_input")
 
-    def __init__(self, loss: torch.Tensor, grad_weight: torch.Tensor, finite: bool):
-        self.loss, self.grad_weight, self.finite = loss, grad_weight, finite
+    def __init__(self, loss: torch.Tensor, grad_weight: torch.Tensor, finite: bool,
+                 grad_input: torch.Tensor | None = None):
+        self.loss, self.grad_weight, self.finite, self.grad_input = loss, grad_weight, finite, grad_input
 
 
 def chunk_rows(num_rows: int, num_chunks: int) -> int:
@@ -65,10 +67,12 @@ def grad_logits_scale(num_rows: int, dtype: torch.dtype) -> tuple[float, float]:
 
 
 def head_step(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype: torch.dtype, policy: str,
-              num_chunks: int, loss_scale: float = 1.0) -> HeadStep:
+              num_chunks: int, loss_scale: float = 1.0, *, with_input: bool = False) -> HeadStep:
     """lce's CUDA-layout loss and weight gradient for fp32 ``x`` (N, D) and ``weight`` (C, D), both rounded to
     ``dtype`` first (see the module docstring). ``loss_scale`` only decides ``finite``: lce rounds the gradient
-    before the incoming gradient (the loss scale) multiplies it, so the rounding is the unscaled one."""
+    before the incoming gradient (the loss scale) multiplies it, so the rounding is the unscaled one.
+    ``with_input`` also forms the input gradient, ``round_t(s * dz @ W_t)`` with fp32 sums (``dz`` rounded
+    first except in accurate), whose rows do not depend on the chunking."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
     if dtype not in (torch.bfloat16, torch.float16):
@@ -77,7 +81,8 @@ def head_step(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype
     rows = chunk_rows(n, num_chunks)
     row_scale, rescale = grad_logits_scale(n, dtype)
     x_t = x.to(dtype).float()  # exact: the rounded values, held in fp32 for the fp32-sum GEMMs
-    z = x_t @ weight.to(dtype).float().T
+    w_t = weight.to(dtype).float()
+    z = x_t @ w_t.T
     log_p = torch.log_softmax(z, dim=1)
     loss = -log_p.gather(1, target[:, None]).mean()
     dz = log_p.exp_()
@@ -89,9 +94,39 @@ def head_step(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype
         grad = _compact_sum(dz, x_t, rows, rescale, dtype)
     else:
         grad = (dz.T @ x_t).mul_(rescale).to(dtype)
+    grad_input = (dz @ w_t).mul_(rescale).to(dtype) if with_input else None
     finite = bool(torch.isfinite(grad.float().mul_(loss_scale)).all()) and \
         float(grad.float().abs().max()) * loss_scale <= torch.finfo(dtype).max
-    return HeadStep(loss, grad.float(), finite)
+    return HeadStep(loss, grad.float(), finite, grad_input)
+
+
+class _RestatedLoss(torch.autograd.Function):
+    """The restated op as an autograd function: gradients formed in forward, scaled by the incoming gradient in
+    backward (as lce does for a scalar loss)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, target, dtype, policy, num_chunks):
+        step = head_step(hidden.detach().float(), weight.detach().float(), target, dtype, policy, num_chunks,
+                         with_input=True)
+        ctx.grads = (step.grad_input, step.grad_weight.to(dtype))
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        return step.loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_input, grad_weight = ctx.grads
+        ctx.grads = None
+        scale = grad_loss.to(grad_input.dtype)
+        return ((grad_input * scale).to(ctx.dtypes[0]), (grad_weight * scale).to(ctx.dtypes[1]),
+                None, None, None, None)
+
+
+def restated_loss(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype: torch.dtype, policy: str,
+                  num_chunks: int) -> torch.Tensor:
+    """The mean loss of lce's CUDA layout ``policy`` at ``num_chunks`` chunks on ``hidden`` and ``weight`` rounded
+    to ``dtype``, differentiable: the input and weight gradients are lce's (rounded to ``dtype``), restated. For
+    training runs whose lce arms would spend hours in the emulated layouts."""
+    return _RestatedLoss.apply(hidden, weight, target, dtype, policy, num_chunks)
 
 
 def _compact_sum(dz: torch.Tensor, x: torch.Tensor, rows: int, scale: float, dtype: torch.dtype) -> torch.Tensor:

@@ -168,3 +168,39 @@ def test_the_study_rules_name_lce_and_torch_chunk_counts_at_the_first_llm_shape(
     assert by_rule["lce auto"].num_chunks == rules["lce auto"][1]
     assert (by_rule["torch 2.13 auto"].policy, by_rule["torch 2.13 auto"].num_chunks) == rules["torch 2.13 auto"]
     assert (by_rule["torch 2.14 rule"].policy, by_rule["torch 2.14 rule"].num_chunks) == rules["torch #187838"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("policy", ["accurate", "balanced", "compact"])
+def test_restated_loss_gives_lces_input_and_weight_gradients(dtype, policy):
+    """The differentiable restatement the language model's long run trains with: both gradients within a tenth of
+    their own error against fp64 of lce's (fp16 accurate's error is its rounding floor, where fp32 summation
+    order alone flips the last bit of a few elements), returned in fp32 as autocast's upcast would."""
+    import lce
+    from lce.testing import emulate_device_kind
+
+    x, w, y = _head(n=128, d=16, c=256)
+    ours = [x.clone().requires_grad_(True), w.clone().requires_grad_(True)]
+    arithmetic.restated_loss(*ours, y, dtype, policy, 64).backward()
+    theirs = [x.clone().requires_grad_(True), w.clone().requires_grad_(True)]
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, chunking_method=None, batch_chunk_size=2,
+                                            acc_dtype=torch.float32)
+    with emulate_device_kind("cuda"):
+        lce.linear_cross_entropy(theirs[0].to(dtype), theirs[1].to(dtype), y, options=options).backward()
+    x64, w64 = x.to(dtype).double(), w.to(dtype).double()
+    p = torch.softmax(x64 @ w64.T, 1)
+    p[torch.arange(128), y] -= 1
+    exact = (p @ w64 / 128, p.T @ x64 / 128)
+    for mine, lces, fp64 in zip((t.grad for t in ours), (t.grad for t in theirs), exact, strict=True):
+        error = torch.linalg.vector_norm(lces.double() - fp64)
+        assert float(torch.linalg.vector_norm(mine.double() - lces.double()) / error) < 0.1
+        assert mine.dtype == torch.float32
+
+
+def test_the_long_lm_setting_trains_its_lce_arms_on_the_restated_arithmetic():
+    from analysis.studies import training
+
+    long = training.SETTINGS["long"]
+    lce_arms = [arm for arm in long.arms if arm.op == "lce"]
+    assert lce_arms and all(arm.restated for arm in lce_arms)
+    assert all(training.head_loss_of(arm).__qualname__.startswith("restated_head_loss") for arm in lce_arms)
