@@ -24,6 +24,7 @@ from analysis.core.results_io import (
     CPU_GEMM_RATES,
     FAMILY_STATS,
     FEATURES,
+    HEAD_TRAINING,
     HF_STEP,
     MARGINS,
     MEMORY_BREAKDOWN,
@@ -45,6 +46,7 @@ from analysis.report import (
     nb07_choosing_options,
     nb08_beyond_torch,
     nb09_cpu_kinds,
+    nb10_long_horizon,
 )
 from analysis.report.nb02_accuracy import plot_error_vs_chunks
 from analysis.report.nb03_memory import plot_buffer_breakdown, plot_memory_model, plot_memory_trace
@@ -106,13 +108,15 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
                        family_stats=family_stats, margins=margins, rare_rows=rare)
     matter = [load_kind(results, kind.name)
               for kind in (NOISE, TRAINING, BUDGETS, CLASS_TILING, FEATURES, VOCAB_PARALLEL, CPU_GEMM_RATES,
-                           RECOMMEND_CHECK, HF_STEP)]
+                           RECOMMEND_CHECK, HF_STEP, HEAD_TRAINING)]
     figures += nb06_does_it_matter.draw_all(matter[0][1], matter[1][1])
     figures += nb07_choosing_options.draw_budget_figures(matter[2][1], matter[3][1])
     figures += nb08_beyond_torch.draw_feature_figures(matter[4][1])
     figures += nb08_beyond_torch.draw_vocab_parallel_figures(matter[5][1])
     figures += nb09_cpu_kinds.draw_cpu_kind_figures(matter[6][1], matter[7][1])
     figures += hf_step.draw_hf_step_figures(matter[8][1])
+    head = matter[9][1]
+    figures += nb10_long_horizon.draw_long_horizon_figures(head[head["setting"] == "full"] if not head.empty else head)
     figures += nb04_pareto.draw_gpu_figures(table)
     validation_path = results / VALIDATION_FILE
     if validation_path.exists():

@@ -29,6 +29,7 @@ from analysis.report.nb06_does_it_matter import readme_does_it_matter
 from analysis.report.nb07_choosing_options import readme_budgets, readme_error_model, readme_recommend
 from analysis.report.nb08_beyond_torch import readme_features, readme_vocab_parallel
 from analysis.report.nb09_cpu_kinds import readme_cpu_kinds
+from analysis.report.nb10_long_horizon import readme_long_horizon
 from analysis.sweep.grids import GRIDS
 from lce.policies import CPU_MIN_ROWS
 
@@ -194,6 +195,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "vocab-parallel": readme_vocab_parallel,
     "cpu-kinds": readme_cpu_kinds,
     "hf-step": readme_hf_step,
+    "long-horizon": readme_long_horizon,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""
 

@@ -59,7 +59,8 @@ HEAD_TRAINING_FILE = "head_training.csv"
 TEACHER_SEED = 0
 INIT_STD = 0.02
 METRICS = ("heldout_loss", "train_loss", "w_distance", "head_norm", "skipped_steps", "loss_scale",
-           "bias_over_noise", "error_over_noise", "bias_over_noise_lce", "error_over_noise_lce")
+           "bias_over_noise", "error_over_noise", "error_over_gradient", "bias_over_noise_lce", "error_over_noise_lce",
+           "error_over_gradient_lce")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,32 +263,55 @@ def _row_distance(weight: torch.Tensor, reference: torch.Tensor, buckets: torch.
 
 
 def bias_rows(arms: Sequence[Arm], weight: torch.Tensor, x: torch.Tensor, target: torch.Tensor,
-              with_lce: bool = True) -> list[dict[str, object]]:
+              buckets: torch.Tensor | None = None, with_lce: bool = True) -> list[dict[str, object]]:
     """Per low-precision arm: its weight gradient's bias and error against the batch's sampling noise, at the
-    fp32 ``weight`` (:mod:`analysis.studies.noise`), by the restated arithmetic and (``with_lce``) by lce."""
-    from analysis.core.fp64 import reference_outputs
-    from analysis.core.inputs import Inputs
-    from analysis.studies.noise import sampling_noise
-
+    fp32 ``weight``, by the restated arithmetic and (``with_lce``) by lce; over the whole gradient (bucket "all",
+    the noise study's ratios, :mod:`analysis.studies.noise`) and, given the classes' ``buckets``, over each
+    bucket's rows of it alone: ``bias_over_noise`` = ``|<E_b, u_b>| / noise along u_b`` (``u_b`` the exact
+    gradient's rows of the bucket, normalised) and ``error_over_gradient`` = ``||E_b|| / ||G_b||``."""
     rows = []
     for arm in arms:
         if arm.op == "fp32":
             continue
         dtype = DTYPES[arm.dtype]
-        exact_inputs = Inputs(x.to(dtype).double(), weight.to(dtype).double(), None, target)
-        exact = reference_outputs(exact_inputs)
-        noise = sampling_noise(exact_inputs, exact)
-        direction = exact.grad_weight / torch.linalg.vector_norm(exact.grad_weight)
+        x_t, w_t = x.to(dtype).double(), weight.to(dtype).double()
+        residual = torch.softmax(x_t @ w_t.T, dim=1)
+        residual[torch.arange(x.shape[0]), target] -= 1.0
+        exact = residual.T @ x_t / x.shape[0]
         gradients = {"": arm_gradient(arm, x, weight, target)[1]}
         if with_lce and arm.op == "lce":
             gradients["_lce"] = lce_weight_gradient(x, weight, target, dtype, arm.policy, arm.num_chunks)
-        for suffix, gradient in gradients.items():
-            error = gradient.double() - exact.grad_weight
-            rows.append({"arm": arm.name, "metric": f"bias_over_noise{suffix}", "bucket": "all",
-                         "value": abs(float((error * direction).sum())) / noise.weight_along})
-            rows.append({"arm": arm.name, "metric": f"error_over_noise{suffix}", "bucket": "all",
-                         "value": float(torch.linalg.vector_norm(error)) / noise.weight})
+        groups = {"all": slice(None)}
+        if buckets is not None:
+            groups.update({name: buckets == index for index, name in enumerate(BUCKETS)})
+        for bucket, chosen in groups.items():
+            part = exact[chosen]
+            direction = part / torch.linalg.vector_norm(part)
+            along = (residual[:, chosen] * (x_t @ direction.T)).sum(1)  # each row's gradient along u_b
+            noise_along = float(along.std()) / math.sqrt(x.shape[0])
+            spread = ((residual[:, chosen].square().sum(1) * x_t.square().sum(1)).sum()
+                      - x.shape[0] * part.square().sum()).clamp_min(0.0) / (x.shape[0] - 1)
+            noise = math.sqrt(float(spread) / x.shape[0])
+            for suffix, gradient in gradients.items():
+                error = gradient.double()[chosen] - part
+                values = {"bias_over_noise": abs(float((error * direction).sum())) / noise_along,
+                          "error_over_noise": float(torch.linalg.vector_norm(error)) / noise,
+                          "error_over_gradient": float(torch.linalg.vector_norm(error))
+                          / float(torch.linalg.vector_norm(part))}
+                rows.extend({"arm": arm.name, "metric": f"{metric}{suffix}", "bucket": bucket, "value": value}
+                            for metric, value in values.items())
     return rows
+
+
+def bucket_bias_at_end(setting: Setting, cache: Path, optimizer: str, seed: int, pool: Pool) -> list[dict]:
+    """The per-bucket rows of :func:`bias_rows` at a finished group's last step (its saved fp32 weight and that
+    step's batch), for a run made before the per-bucket ratios were measured along it."""
+    saved = torch.load(_group_dir(cache, setting, optimizer, seed) / "state.pt", weights_only=False)
+    step = saved["step"]
+    chosen = batch_rows(setting, seed, step)
+    rows = bias_rows(ARMS_BY_OPTIMIZER[optimizer], saved["arms"][FP32.name]["weight"], pool.train_x[chosen],
+                     pool.train_target[chosen], pool.buckets, with_lce=False)
+    return [{"step": step, **row} for row in rows if row["bucket"] != "all"]
 
 
 LOG_COLUMNS = ("step", "arm", "metric", "bucket", "value")
@@ -341,7 +365,7 @@ def run_group(setting: Setting, optimizer: str, seed: int, pool: Pool, cache: Pa
         if at in setting.bias_steps:
             chosen = batch_rows(setting, seed, at)
             rows.extend({"step": at, **row} for row in bias_rows(
-                [s.arm for s in states], reference, pool.train_x[chosen], pool.train_target[chosen]))
+                [s.arm for s in states], reference, pool.train_x[chosen], pool.train_target[chosen], pool.buckets))
         _save(state_path, log_path, at, states, rows)
         if on_eval is not None:
             on_eval()
@@ -374,6 +398,19 @@ def _save(state_path: Path, log_path: Path, step: int, states: list[_ArmState], 
         writer.writerows(rows)
     os.replace(log_partial, log_path)
     os.replace(partial, state_path)
+
+
+def _add_bucket_bias(setting: Setting, cache: Path, optimizer: str, seed: int, pool: Pool) -> None:
+    """Append :func:`bucket_bias_at_end`'s rows to a finished group's log unless it has per-bucket ratios there."""
+    folder = _group_dir(cache, setting, optimizer, seed)
+    if _done_steps(cache, setting, optimizer, seed) < setting.steps:
+        return
+    log = pd.read_csv(folder / "log.csv")
+    at_end = log[(log["step"] == setting.steps) & (log["metric"] == "bias_over_noise")]
+    if (at_end["bucket"] != "all").any():
+        return
+    added = pd.DataFrame(bucket_bias_at_end(setting, cache, optimizer, seed, pool))
+    pd.concat([log, added[list(LOG_COLUMNS)]], ignore_index=True).to_csv(folder / "log.csv", index=False)
 
 
 def collect(cache: Path, setting: Setting) -> pd.DataFrame:
@@ -475,6 +512,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--optimizers", default="adamw,sgd", help="adamw, sgd or both (default: adamw,sgd)")
     parser.add_argument("--cache", type=Path, default=CACHE_DIR, help="run folders (resumable state)")
     parser.add_argument("--file", default=None, metavar="NAME", help="results file name")
+    parser.add_argument("--bucket-bias-at-end", action="store_true",
+                        help="add the per-bucket bias ratios at the last step to finished groups whose run did not "
+                             "measure them along the way (then rewrite the results file)")
     workers_option(parser)
     results_option(parser)
     progress_option(parser)
@@ -503,6 +543,13 @@ def run(args) -> None:
         append_rows(partial, HEAD_TRAINING.rows(table.assign(**{**stamp, "num_threads": "1"})))
         partial.replace(path)
 
+    if args.bucket_bias_at_end:
+        pool = make_pool(setting)
+        for optimizer in optimizers:
+            for seed in setting.seeds:
+                _add_bucket_bias(setting, args.cache, optimizer, seed, pool)
+        write(collect(args.cache, setting))
+        return
     workers = args.workers or 1
     table = run_study(setting, args.cache, optimizers=optimizers, workers=workers, progress=not args.no_progress,
                       on_eval=write)

@@ -132,8 +132,9 @@ def test_a_group_trains_every_arm_in_lockstep_and_writes_its_metrics(tmp_path):
     assert table[(table["metric"] == "w_distance") & (table["arm"] == "fp32")].empty
     bias = table[table["metric"] == "bias_over_noise"]
     assert sorted(bias["step"].unique()) == [0, 20]
-    lce_bias = table[table["metric"] == "bias_over_noise_lce"].set_index(["step", "arm"])["value"]
-    own = bias.set_index(["step", "arm"])["value"]
+    assert set(bias["bucket"]) == {"all", *BUCKETS}
+    lce_bias = table[table["metric"] == "bias_over_noise_lce"].set_index(["step", "arm", "bucket"])["value"]
+    own = bias.set_index(["step", "arm", "bucket"])["value"]
     assert ((own - lce_bias).abs() / lce_bias).max() < 0.05  # the restatement agrees with lce along the run
 
 
@@ -204,3 +205,26 @@ def test_the_long_lm_setting_trains_its_lce_arms_on_the_restated_arithmetic():
     lce_arms = [arm for arm in long.arms if arm.op == "lce"]
     assert lce_arms and all(arm.restated for arm in lce_arms)
     assert all(training.head_loss_of(arm).__qualname__.startswith("restated_head_loss") for arm in lce_arms)
+
+
+def test_the_whole_gradient_ratios_are_the_noise_studys():
+    """Bucket "all" of the head-only study's ratios is the noise study's computation (analysis.studies.noise)."""
+    from analysis.core.fp64 import reference_outputs
+    from analysis.core.inputs import Inputs
+    from analysis.studies.noise import sampling_noise
+
+    x, w, y = _head(n=128, d=16, c=256)
+    arm = study.ADAMW_ARMS[6]  # bf16 compact@256 ... at 128 rows: 128 chunks of one row
+    arm = dataclasses.replace(arm, num_chunks=128)
+    rows = study.bias_rows([arm], w, x, y, class_buckets(torch.bincount(y, minlength=256)), with_lce=False)
+    got = {(row["metric"], row["bucket"]): row["value"] for row in rows}
+    exact_inputs = Inputs(x.bfloat16().double(), w.bfloat16().double(), None, y)
+    exact = reference_outputs(exact_inputs)
+    noise = sampling_noise(exact_inputs, exact)
+    error = study.arm_gradient(arm, x, w, y)[1].double() - exact.grad_weight
+    direction = exact.grad_weight / torch.linalg.vector_norm(exact.grad_weight)
+    assert got[("bias_over_noise", "all")] == pytest.approx(abs(float((error * direction).sum())) / noise.weight_along,
+                                                            rel=1e-6)
+    assert got[("error_over_noise", "all")] == pytest.approx(float(torch.linalg.vector_norm(error)) / noise.weight,
+                                                             rel=1e-6)
+    assert {bucket for _, bucket in got} == {"all", *BUCKETS}

@@ -1,0 +1,176 @@
+"""Notebook 10 (does a gradient bias change training over a long horizon?): its figures and the README block, from
+``head_training.csv`` (``python -m analysis head-train``) and the language model's long run in ``training_long.csv``
+(``python -m analysis train --setting long``); the numbers come from :mod:`analysis.judge.horizon`. Nothing here
+measures.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.core.buckets import BUCKETS
+from analysis.judge.horizon import CONFIDENCE, arm_summary, gaps
+from analysis.report.style import CaptionedFigure, apply_style, new_figure
+from analysis.report.tables import markdown_table
+
+__all__ = ["plot_gap_vs_step", "plot_gap_vs_bias", "plot_row_distance", "draw_long_horizon_figures",
+           "readme_long_horizon", "lm_long_gaps"]
+
+
+# ---- figures -------------------------------------------------------------------------------------------------
+
+ARM_COLOURS = {"bf16 unfused": "tab:gray", "bf16 accurate@64": "tab:cyan", "bf16 balanced@64": "tab:blue",
+               "bf16 compact@32": "gold", "bf16 compact@64": "tab:orange", "bf16 compact@256": "tab:red",
+               "fp16 balanced@64": "tab:purple", "fp16 compact@64": "tab:pink"}
+
+
+def plot_gap_vs_step(table: pd.DataFrame, optimizer: str = "adamw") -> CaptionedFigure | None:
+    """Held-out gap to the fp32 head vs step, one panel per bucket (and overall), mean over seeds with the
+    seeds' range as a band."""
+    gap_rows = gaps(table)
+    gap_rows = gap_rows[gap_rows["optimizer"] == optimizer]
+    if gap_rows.empty:
+        return None
+    apply_style()
+    panels = ["all", *BUCKETS]
+    fig = new_figure(12.0, 3.4)
+    axes = fig.subplots(1, len(panels), sharex=True)
+    for ax, bucket in zip(axes, panels, strict=True):
+        here = gap_rows[gap_rows["bucket"] == bucket]
+        for arm, group in here.groupby("arm", sort=False):
+            by_step = group.groupby("step")["gap"]
+            steps = by_step.mean().index
+            colour = ARM_COLOURS.get(arm, "k")
+            ax.plot(steps, by_step.mean() * 1e3, color=colour, lw=1.2, label=arm)
+            ax.fill_between(steps, by_step.min() * 1e3, by_step.max() * 1e3, color=colour, alpha=0.15, lw=0)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xscale("symlog", linthresh=100)
+        ax.set_title(f"{bucket} classes" if bucket != "all" else "all held-out rows", fontsize=8)
+        ax.set_xlabel("step")
+    axes[0].set_ylabel("held-out loss - fp32 head's (millinats)")
+    axes[-1].legend(fontsize=6, loc="upper left")
+    first = table.iloc[0]
+    caption = (f"Head-only training ({optimizer}), calibrated teacher, D={int(first.D)}, C={int(first.C)}, "
+               f"{int(first.batch_rows)} rows per step from a pool of {int(first.pool_rows)}: each arm's held-out "
+               f"loss minus the fp32 arm's of the same seed (same start, same batches), mean over "
+               f"{table['seed'].nunique()} seeds, band = the seeds' range. Buckets: classes whose targets make up the "
+               f"first 50% of the pool's targets (frequent), the next 40% (middle), the last 10% (rare). "
+               f"lce arms: CUDA layouts, fp32 acc_dtype, '@k' = k chunks (python -m analysis head-train).")
+    return CaptionedFigure(fig, f"head_gap_vs_step_{optimizer}", caption)
+
+
+def plot_gap_vs_bias(table: pd.DataFrame) -> CaptionedFigure | None:
+    """Final rare-bucket gap (with its interval) against the arm's bias/noise ratio, both optimizers; the steps
+    after which a ratio r stands out by the ratio^-2 reading drawn as the top axis."""
+    summary = arm_summary(table)
+    summary = summary[summary["bias_over_noise"].notna() & summary["gap_rare"].notna()]
+    if summary.empty:
+        return None
+    apply_style()
+    fig = new_figure(6.4, 4.2)
+    ax = fig.add_subplot()
+    markers = {"adamw": "o", "sgd": "s"}
+    for row in summary.itertuples():
+        colour = ARM_COLOURS.get(row.arm, "k")
+        ax.errorbar(row.bias_over_noise, row.gap_rare * 1e3,
+                    yerr=[[(row.gap_rare - row.gap_rare_low) * 1e3], [(row.gap_rare_high - row.gap_rare) * 1e3]],
+                    xerr=[[row.bias_over_noise - row.bias_low], [row.bias_high - row.bias_over_noise]],
+                    fmt=markers.get(row.optimizer, "o"), color=colour, ms=5, capsize=2, lw=0.8,
+                    label=f"{row.arm} ({row.optimizer})")
+    ax.axhline(0, color="k", lw=0.6)
+    horizon = int(summary["step"].max())
+    ax.axvline(horizon ** -0.5, color="tab:green", lw=0.8, ls="--", label=f"1/sqrt({horizon:,} steps)")
+    ax.set_xscale("log")
+    ax.set_xlabel("bias / sampling noise of the weight gradient (median along the run; bars: range)")
+    ax.set_ylabel(f"rare classes' held-out gap at step {horizon:,} (millinats)")
+    ax.legend(fontsize=5.5, loc="upper left")
+    caption = (f"What a bias does to the rarely targeted classes: each arm's final held-out gap to the fp32 head on "
+               f"the rare bucket (the classes holding the last 10% of the pool's targets; error bars: "
+               f"{CONFIDENCE:.0%} t-interval over the seeds' paired gaps) against its weight gradient's bias/noise "
+               f"ratio measured at the fp32 arm's weights along the run (bars: range over seeds and checkpoints). "
+               f"Dashed: the ratio a steady bias needs to stand out of the noise within the run by the ratio^-2 "
+               f"reading. Circles AdamW, squares SGD.")
+    return CaptionedFigure(fig, "head_gap_vs_bias", caption)
+
+
+def plot_row_distance(table: pd.DataFrame, optimizer: str = "adamw") -> CaptionedFigure | None:
+    """Relative distance of each arm's class rows to the fp32 head's, per bucket, vs step (mean over seeds)."""
+    rows = table[(table["metric"] == "w_distance") & (table["optimizer"] == optimizer)]
+    if rows.empty:
+        return None
+    apply_style()
+    fig = new_figure(9.0, 3.2)
+    axes = fig.subplots(1, len(BUCKETS), sharey=True)
+    for ax, bucket in zip(axes, BUCKETS, strict=True):
+        here = rows[rows["bucket"] == bucket]
+        for arm, group in here.groupby("arm", sort=False):
+            mean = group.groupby("step")["value"].mean()
+            ax.plot(mean.index[1:], mean.to_numpy()[1:], color=ARM_COLOURS.get(arm, "k"), lw=1.1, label=arm)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"{bucket} classes' rows of W", fontsize=8)
+        ax.set_xlabel("step")
+    axes[0].set_ylabel("||W - W_fp32|| / ||W_fp32|| (mean over seeds)")
+    axes[-1].legend(fontsize=6)
+    caption = (f"How far each arm's head drifts from the fp32 arm's ({optimizer}, same start and batches): the "
+               f"relative distance of the class rows of W, per target-frequency bucket. Rounding alone moves every "
+               f"arm by about the same amount; a bias adds a drift that grows with the steps, largest on the rows "
+               f"of the rare classes.")
+    return CaptionedFigure(fig, f"head_row_distance_{optimizer}", caption)
+
+
+def draw_long_horizon_figures(table: pd.DataFrame) -> list[CaptionedFigure]:
+    """Every figure this module draws that has data."""
+    if table.empty:
+        return []
+    candidates = (plot_gap_vs_step(table, "adamw"), plot_gap_vs_step(table, "sgd"), plot_gap_vs_bias(table),
+                  plot_row_distance(table, "adamw"))
+    return [figure for figure in candidates if figure is not None]
+
+
+# ---- the language model's long run ---------------------------------------------------------------------------
+
+def lm_long_gaps(training: pd.DataFrame) -> pd.DataFrame:
+    """The ``long`` setting's held-out gap to the fp32 run of the same seed per arm, bucket and evaluated step."""
+    rows = training[(training["setting"] == "long") & training["split"].str.startswith("heldout")]
+    if rows.empty:
+        return pd.DataFrame(columns=["arm", "seed", "step", "bucket", "gap"])
+    rows = rows.assign(bucket=rows["split"].str.partition(":")[2].replace("", "all"))
+    keys = ["seed", "step", "bucket"]
+    reference = rows[rows["arm"] == "fp32"].set_index(keys)["loss"].rename("fp32")
+    joined = rows[rows["arm"] != "fp32"].join(reference, on=keys).dropna(subset=["fp32"])
+    return joined.assign(gap=joined["loss"] - joined["fp32"])[["arm", "seed", "step", "bucket", "gap", "chunking"]]
+
+
+# ---- README --------------------------------------------------------------------------------------------------
+
+def readme_long_horizon(results) -> str:
+    """The README's "long-horizon" block: per arm, its bias/noise and its final held-out gaps with intervals."""
+    from analysis.core.results_io import HEAD_TRAINING, load_kind
+
+    _, table = load_kind(results, HEAD_TRAINING.name)
+    table = table[table["setting"] == "full"] if not table.empty else table
+    if table.empty:
+        return "The head-only study has not been run yet (`python -m analysis head-train`).\n"
+    summary = arm_summary(table)
+
+    def gap(row, bucket):
+        mean, low, high = (row[f"gap_{bucket}{s}"] * 1e3 for s in ("", "_low", "_high"))
+        mark = " ✱" if row[f"separates_{bucket}"] else ""
+        return f"{mean:+.2f} [{low:+.2f}, {high:+.2f}]{mark}"
+
+    out = pd.DataFrame({
+        "optimizer": summary["optimizer"], "arm": summary["arm"], "stands for": summary["rule"].replace("", "—"),
+        "steps": summary["step"], "seeds": summary["seeds"],
+        "bias/noise (median, range)": [f"{r.bias_over_noise:.2g} ({r.bias_low:.2g}–{r.bias_high:.2g})"
+                                       for r in summary.itertuples()],
+        "gap, all rows (mnats)": [gap(row, "all") for _, row in summary.iterrows()],
+        "gap, rare classes (mnats)": [gap(row, "rare") for _, row in summary.iterrows()],
+        "rare gap separates from step": [f"{s:,.0f}" if s == s else "never"
+                                         for s in summary["rare_separates_from"]]})
+    first = table.iloc[0]
+    head = (f"Head-only training (`python -m analysis head-train`; calibrated teacher, D={int(first.D)}, "
+            f"C={int(first.C)}, {int(first.batch_rows)} rows per step, CUDA layouts' arithmetic on the CPU, "
+            f"{first.cpu_model}): held-out gap to the fp32 head of the same seed, mean and {CONFIDENCE:.0%} "
+            f"t-interval over seeds; ✱ = the interval excludes zero.\n\n")
+    return head + markdown_table(out)
