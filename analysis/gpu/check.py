@@ -84,10 +84,11 @@ class Step:
 
 
 STEPS: tuple[Step, ...] = (
-    Step("tests", 0.12, "pytest -m cuda: lce on CUDA tensors"),
-    Step("grid", 0.43, "the cuda grid: families, LLM heads, TF32 off and on (cuda.csv)"),
+    Step("bench", 0.25, "lce, unfused eager and compiled, Liger, CCE at 8192x2304x256000 bf16 (gpu_bench.csv)"),
+    Step("head", 0.30, "the head-only study at D=2048, C=131072 on real cuBLAS (head_training_cuda.csv)"),
     Step("memory", 0.10, "measured CUDA peaks against lce's memory model, per policy (gpu_memory.csv)"),
-    Step("bench", 0.30, "lce, unfused eager and compiled, Liger, CCE at 8192x2304x256000 bf16 (gpu_bench.csv)"),
+    Step("tests", 0.10, "pytest -m cuda: lce on CUDA tensors"),
+    Step("grid", 0.20, "the cuda grid: families, LLM heads, TF32 off and on (cuda.csv)"),
     Step("noise", 0.30, "error against the sampling noise on real cuBLAS kernels (noise_cuda.csv)"),
     Step("train", 0.65, "the training study's arms on the GPU (training_cuda.csv; carry .gpu/tokens.pt)"),
     Step("hf", 0.25, "one training step of a transformers Llama: unpatched, lce's patch, Liger's (hf_step_cuda.csv)"),
@@ -95,9 +96,12 @@ STEPS: tuple[Step, ...] = (
 """Every step, in the order they run. ``--steps`` picks some (:data:`DEFAULT_STEPS` otherwise) and their
 shares are scaled to add up to :data:`BUDGET_SHARE` of the budget."""
 
-DEFAULT_STEPS: tuple[str, ...] = ("tests", "grid", "memory", "bench")
-"""What a plain ``gpu-check`` runs; ``noise`` and ``train`` (the does-it-matter study on real kernels) and ``hf``
-(the transformers integration's training step) run when ``--steps`` names them."""
+DEFAULT_STEPS: tuple[str, ...] = ("bench", "head", "memory", "tests", "grid")
+"""What a plain ``gpu-check`` runs, ordered by what only the hardware can tell: the time and memory bench beside
+Liger-Kernel and Cut Cross-Entropy, the head-only training study on real kernels, the allocator's peaks, the CUDA
+tests, and the error grid last (the CPU emulation of the layouts already matches the H200's floors closely);
+``noise`` and ``train`` (the does-it-matter study on real kernels) and ``hf`` (the transformers integration's
+training step) run when ``--steps`` names them."""
 
 BUDGET_SHARE = 0.95
 """The steps' shares of the budget; the rest pays for starting each step's process (torch's import, CUDA's
@@ -517,6 +521,22 @@ def run_train_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
     return {}
 
 
+def run_head_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
+                  echo: Callable[[str], None] = print) -> dict:
+    """Step ``head``: ``python -m analysis head-train --setting gpu --device cuda`` (AdamW, seed 0, as many steps as
+    the share allows) into ``out/head_training_cuda.csv``; the dry run: the quick setting on the CPU, SGD only."""
+    from analysis.studies import head_training
+
+    cache = Path(tempfile.mkdtemp(prefix="lce-head-"))
+    arguments = (["--quick", "--optimizers", "sgd", "--workers", "1"] if dry_run else
+                 ["--setting", "gpu", "--device", "cuda", "--optimizers", "adamw",
+                  "--budget-s", f"{max(deadline.left() - 90, 1):.0f}"])
+    echo("head: " + " ".join(arguments))
+    _study_command(head_training, [*arguments, "--cache", str(cache), "--results", str(out), "--file",
+                                   "head_training_cuda.csv", "--no-progress"])
+    return {}
+
+
 def run_hf_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
                 echo: Callable[[str], None] = print) -> dict:
     """Step ``hf``: ``python -m analysis hf-step --device cuda`` -- one training step of a transformers Llama with a
@@ -531,8 +551,8 @@ def run_hf_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
     return {}
 
 
-_STEP_RUNNERS = {"tests": run_tests_step, "grid": run_grid_step, "memory": run_memory_step, "bench": run_bench_step,
-                 "noise": run_noise_step, "train": run_train_step, "hf": run_hf_step}
+_STEP_RUNNERS = {"bench": run_bench_step, "head": run_head_step, "memory": run_memory_step, "tests": run_tests_step,
+                 "grid": run_grid_step, "noise": run_noise_step, "train": run_train_step, "hf": run_hf_step}
 
 
 def run_step(name: str, out: Path, seconds: float, *, dry_run: bool = False) -> int:

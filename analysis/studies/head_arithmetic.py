@@ -142,17 +142,22 @@ def _compact_sum(dz: torch.Tensor, x: torch.Tensor, rows: int, scale: float, dty
 
 
 def lce_weight_gradient(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype: torch.dtype,
-                        policy: str, num_chunks: int, loss_scale: float = 1.0) -> torch.Tensor:
-    """lce's own weight gradient (its CUDA layout, emulated on CPU tensors) for the same inputs as
-    :func:`head_step`, unscaled, in fp32: the arithmetic :func:`head_step` restates."""
+                        policy: str, num_chunks: int, loss_scale: float = 1.0, *,
+                        with_loss: bool = False) -> torch.Tensor | HeadStep:
+    """lce's own weight gradient (its CUDA layout: emulated on CPU tensors, real on CUDA ones) for the same inputs
+    as :func:`head_step`, unscaled, in fp32: the arithmetic :func:`head_step` restates. ``with_loss``: a
+    :class:`HeadStep` (loss, gradient, finite) instead."""
     options = lce.LinearCrossEntropyOptions(acc_policy=policy, chunking_method=None,
                                             batch_chunk_size=chunk_rows(x.shape[0], num_chunks),
                                             acc_dtype=torch.float32)
-    w = weight.to(dtype).requires_grad_(True)
+    w = weight.detach().to(dtype, copy=True).requires_grad_(True)
     with emulate_device_kind("cuda"):
         loss = lce.linear_cross_entropy(x.to(dtype), w, target, options=options)
     (loss * loss_scale).backward() if loss_scale != 1.0 else loss.backward()
-    return w.grad.float().div_(loss_scale)
+    grad = w.grad.float()
+    if not with_loss:
+        return grad.div_(loss_scale)
+    return HeadStep(loss.detach().float(), grad.div_(loss_scale), bool(torch.isfinite(grad).all()))
 
 
 def check_against_lce(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype: torch.dtype,

@@ -134,6 +134,9 @@ SETTINGS: dict[str, Setting] = {
     # the committed study: 10^4 steps of 256 rows (about 40 epochs of the pool), three seeds
     "full": Setting("full", steps=10_000, batch_rows=256, pool_rows=65536, heldout_rows=8192, D=32, C=2048,
                     seeds=(0, 1, 2), eval_every=500, bias_steps=(0, 1000, 3000, 10_000)),
+    # a lent GPU (gpu-check step "head"): an LLM-like head on real cuBLAS, as many steps as its budget allows
+    "gpu": Setting("gpu", steps=2000, batch_rows=4096, pool_rows=16384, heldout_rows=4096, D=2048, C=131072,
+                   seeds=(0,), eval_every=250, bias_steps=(0, 1000, 2000)),
 }
 
 
@@ -150,8 +153,8 @@ class Pool:
     counts: torch.Tensor
 
 
-def make_pool(setting: Setting) -> Pool:
-    """The teacher's pool for ``setting`` (the same on every machine: a seeded draw)."""
+def make_pool(setting: Setting, device: str = "cpu") -> Pool:
+    """The teacher's pool for ``setting`` (the same on every machine: a seeded draw on the CPU), on ``device``."""
     from analysis.core.families import draw
     from analysis.core.problem import Shape
 
@@ -159,8 +162,8 @@ def make_pool(setting: Setting) -> Pool:
                  seed=TEACHER_SEED, bias=False)
     train, held = slice(0, setting.pool_rows), slice(setting.pool_rows, None)
     counts = torch.bincount(drawn.target[train], minlength=setting.C)
-    return Pool(drawn.x[train].contiguous(), drawn.target[train].contiguous(), drawn.x[held].contiguous(),
-                drawn.target[held].contiguous(), class_buckets(counts), counts)
+    tensors = (drawn.x[train], drawn.target[train], drawn.x[held], drawn.target[held], class_buckets(counts), counts)
+    return Pool(*(tensor.contiguous().to(device) for tensor in tensors))
 
 
 def batch_rows(setting: Setting, seed: int, step: int) -> torch.Tensor:
@@ -182,6 +185,10 @@ def learning_rate(setting: Setting, optimizer: str, step: int) -> float:
 def arm_gradient(arm: Arm, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                  loss_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """``(loss, fp32 weight gradient, finite)`` of ``arm`` at fp32 master ``weight`` on rows ``x``."""
+    if arm.op == "lce" and x.is_cuda:  # lce itself on real cuBLAS
+        gradient = lce_weight_gradient(x, weight, target, DTYPES[arm.dtype], arm.policy, arm.num_chunks,
+                                       loss_scale, with_loss=True)
+        return gradient.loss, gradient.grad_weight, gradient.finite
     if arm.op == "lce":
         step = head_step(x, weight, target, DTYPES[arm.dtype], arm.policy, arm.num_chunks, loss_scale)
         return step.loss, step.grad_weight, step.finite
@@ -279,7 +286,7 @@ def bias_rows(arms: Sequence[Arm], weight: torch.Tensor, x: torch.Tensor, target
         residual[torch.arange(x.shape[0]), target] -= 1.0
         exact = residual.T @ x_t / x.shape[0]
         gradients = {"": arm_gradient(arm, x, weight, target)[1]}
-        if with_lce and arm.op == "lce":
+        if with_lce and arm.op == "lce" and not x.is_cuda:
             gradients["_lce"] = lce_weight_gradient(x, weight, target, dtype, arm.policy, arm.num_chunks)
         groups = {"all": slice(None)}
         if buckets is not None:
@@ -323,23 +330,24 @@ def _group_dir(cache: Path, setting: Setting, optimizer: str, seed: int) -> Path
 
 def run_group(setting: Setting, optimizer: str, seed: int, pool: Pool, cache: Path,
               on_step: Callable[[int], None] | None = None, on_eval: Callable[[], None] | None = None,
-              stop_after: int | None = None) -> Path:
+              stop_after: int | None = None, deadline: float | None = None) -> Path:
     """Train (or resume) every arm of ``optimizer`` for ``seed`` in lockstep; returns the group's folder.
 
     The folder holds ``state.pt`` (every arm at the last evaluation) and ``log.csv`` (the rows so far, up to
     that step); a resumed group truncates the log to its state's step and goes on identically. ``stop_after``
-    ends this call at the first evaluation at or after that step, as an interruption would.
+    ends this call at the first evaluation at or after that step, as an interruption would; so does ``deadline``
+    (a ``time.monotonic()`` value) once it has passed.
     """
     arms = ARMS_BY_OPTIMIZER[optimizer]
     folder = _group_dir(cache, setting, optimizer, seed)
     folder.mkdir(parents=True, exist_ok=True)
     state_path, log_path = folder / "state.pt", folder / "log.csv"
     generator = torch.Generator().manual_seed(10_000 + seed)
-    start = torch.randn(setting.C, setting.D, generator=generator) * INIT_STD
+    start = (torch.randn(setting.C, setting.D, generator=generator) * INIT_STD).to(pool.train_x.device)
     states = [_ArmState(arm, start, optimizer, setting) for arm in arms]
     step, rows = 0, []
     if state_path.exists():
-        saved = torch.load(state_path, weights_only=False)
+        saved = torch.load(state_path, weights_only=False, map_location=pool.train_x.device)
         step = saved["step"]
         for arm_state in states:
             arm_state.load(saved["arms"][arm_state.arm.name])
@@ -363,7 +371,7 @@ def run_group(setting: Setting, optimizer: str, seed: int, pool: Pool, cache: Pa
             rows.extend({"step": at, "arm": arm_state.arm.name, "metric": metric, "bucket": bucket, "value": value}
                         for metric, bucket, value in values)
         if at in setting.bias_steps:
-            chosen = batch_rows(setting, seed, at)
+            chosen = batch_rows(setting, seed, at).to(pool.train_x.device)
             rows.extend({"step": at, **row} for row in bias_rows(
                 [s.arm for s in states], reference, pool.train_x[chosen], pool.train_target[chosen], pool.buckets))
         _save(state_path, log_path, at, states, rows)
@@ -373,7 +381,7 @@ def run_group(setting: Setting, optimizer: str, seed: int, pool: Pool, cache: Pa
     if evals and evals[0] == 0:
         evaluate(0)
     while step < setting.steps:
-        chosen = batch_rows(setting, seed, step)
+        chosen = batch_rows(setting, seed, step).to(pool.train_x.device)
         x, target = pool.train_x[chosen], pool.train_target[chosen]
         rate = learning_rate(setting, optimizer, step)
         for arm_state in states:
@@ -383,7 +391,8 @@ def run_group(setting: Setting, optimizer: str, seed: int, pool: Pool, cache: Pa
             on_step(1)
         if step in setting.eval_steps:
             evaluate(step)
-            if stop_after is not None and step >= stop_after:
+            if (stop_after is not None and step >= stop_after) or (deadline is not None
+                                                                    and time.monotonic() > deadline):
                 break
     return folder
 
@@ -509,6 +518,12 @@ def add_arguments(parser) -> None:
     from analysis.core.arguments import progress_option, results_option, workers_option
 
     parser.add_argument("--quick", action="store_true", help="the quick setting (writes head_training_quick.csv)")
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default=None,
+                        help="a setting by name (default: full; gpu: an LLM-like head for a lent GPU)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one process on the GPU, lce's real kernels (default: cpu)")
+    parser.add_argument("--budget-s", type=float, default=None, metavar="S",
+                        help="stop each group at its first evaluation after S seconds (the rows so far are kept)")
     parser.add_argument("--optimizers", default="adamw,sgd", help="adamw, sgd or both (default: adamw,sgd)")
     parser.add_argument("--cache", type=Path, default=CACHE_DIR, help="run folders (resumable state)")
     parser.add_argument("--file", default=None, metavar="NAME", help="results file name")
@@ -526,21 +541,23 @@ def run(args) -> None:
     from analysis.paths import display_path
 
     started = time.monotonic()
-    setting = SETTINGS["quick" if args.quick else "full"]
+    setting = SETTINGS["quick" if args.quick else (args.setting or "full")]
     optimizers = tuple(name.strip() for name in args.optimizers.split(",") if name.strip())
     unknown = [name for name in optimizers if name not in ARMS_BY_OPTIMIZER]
     if unknown or not optimizers:
         raise ValueError(f"--optimizers must name some of {sorted(ARMS_BY_OPTIMIZER)}, got {args.optimizers!r}")
-    path = args.results / (args.file or ("head_training_quick.csv" if args.quick else HEAD_TRAINING_FILE))
+    suffix = ("_quick" if args.quick else "") + ("_cuda" if args.device == "cuda" else "")
+    path = args.results / (args.file or HEAD_TRAINING_FILE.replace(".csv", f"{suffix}.csv"))
     args.results.mkdir(parents=True, exist_ok=True)
-    stamp = provenance("cpu")
+    stamp = provenance(args.device)
 
     def write(table: pd.DataFrame) -> None:
         if table.empty:
             return
         partial = path.with_name(path.name + ".partial")
         partial.unlink(missing_ok=True)
-        append_rows(partial, HEAD_TRAINING.rows(table.assign(**{**stamp, "num_threads": "1"})))
+        threads = {"num_threads": "1"} if args.device == "cpu" else {}
+        append_rows(partial, HEAD_TRAINING.rows(table.assign(**{**stamp, **threads})))
         partial.replace(path)
 
     if args.bucket_bias_at_end:
@@ -549,6 +566,17 @@ def run(args) -> None:
             for seed in setting.seeds:
                 _add_bucket_bias(setting, args.cache, optimizer, seed, pool)
         write(collect(args.cache, setting))
+        return
+    if args.device == "cuda":  # one process, the groups in turn, each stopped at the budget
+        pool = make_pool(setting, "cuda")
+        deadline = None if args.budget_s is None else started + args.budget_s
+        for seed in setting.seeds:
+            for optimizer in optimizers:
+                run_group(setting, optimizer, seed, pool, args.cache, deadline=deadline,
+                          on_eval=lambda: write(collect(args.cache, setting)))
+        table = collect(args.cache, setting)
+        write(table)
+        print(f"{display_path(path)}: {len(table)} rows, {time.monotonic() - started:.0f} s")
         return
     workers = args.workers or 1
     table = run_study(setting, args.cache, optimizers=optimizers, workers=workers, progress=not args.no_progress,

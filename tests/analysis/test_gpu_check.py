@@ -37,8 +37,9 @@ def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
     assert "planned: " in log  # the real grid's problems, each with an estimate
     for shape in check.MEMORY_SHAPES:
         assert f"{shape} bf16:" in log  # lce's plan at the LLM heads, on meta tensors
-    assert {file_kind(tmp_path / name) for name in ("cuda.csv", "gpu_memory.csv", "gpu_bench.csv")} == {
-        "sweep", "gpu_memory", "gpu_bench"}
+    assert {file_kind(tmp_path / name) for name in ("cuda.csv", "gpu_memory.csv", "gpu_bench.csv",
+                                                    "head_training_cuda.csv")} == {
+        "sweep", "gpu_memory", "gpu_bench", "head_training"}
     grid = pd.read_csv(tmp_path / "cuda.csv")
     assert set(grid["status"]) == {"ok"} and set(grid["device"]) == {"cuda-emulated"}
     assert set(grid["family"]) == set(FAMILIES_IN_GRIDS)
@@ -50,7 +51,7 @@ def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
 
 def test_step_shares_leave_room_and_bad_budgets_are_named():
     shares = check.step_seconds(420)
-    assert list(shares) == list(check.DEFAULT_STEPS) == ["tests", "grid", "memory", "bench"]
+    assert list(shares) == list(check.DEFAULT_STEPS) == ["bench", "head", "memory", "tests", "grid"]
     assert 0.9 * 420 <= sum(shares.values()) < 420
     chosen = check.step_seconds(420, ["train", "noise"])
     assert list(chosen) == ["noise", "train"]  # the fixed run order, whatever the order asked
