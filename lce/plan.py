@@ -162,8 +162,18 @@ class Plan:
         return support is not None and (support.emulated or support.dtype == torch.float16)
 
     def gemm_in_fp32(self, name: GemmName) -> bool:
-        """Whether the named GEMM is one that :attr:`narrow_gemms_in_fp32` sends through fp32 copies."""
-        return self.narrow_gemms_in_fp32 and self.gemm_dtypes(name).operands == self.input_dtype
+        """Whether the named GEMM goes through fp32 copies of its operands' blocks (:mod:`lce.gemm`): every GEMM
+        on input-dtype operands where :attr:`narrow_gemms_in_fp32`, and, on the CPU layouts, the weight gradient's
+        GEMM when it adds into a sum of the input dtype (compact without a wider ``acc_dtype``): a CPU without
+        native bf16 accumulation (no AVX512-BF16 or AMX) makes an fp32 copy of the whole (C, D) target inside its
+        own ``addmm_``, once per chunk; a block at a time, the copy is one block, and the arithmetic the same."""
+        if self.cpu_gemms is None:
+            return False
+        operands, result = self.gemm_dtypes(name)
+        if self.narrow_gemms_in_fp32:
+            return operands == self.input_dtype
+        return (self.device_kind == "cpu" and name == "grad_weight"
+                and operands == result == self.weight_grad_sum_dtype == self.input_dtype)
 
     def upcasts_weight_for(self, gemm_name: Literal["logits", "grad_input"]) -> bool:
         """Whether the named GEMM reads the weight upcast to acc_dtype.
@@ -246,8 +256,10 @@ class Plan:
     def _cpu_gemms_text(self) -> str:
         support = self.cpu_gemms
         text = f"{dtype_name(support.dtype)} {support.support} on this CPU ({support.source})"
-        if any(self.gemm_in_fp32(name) for name in ("logits", "grad_input", "grad_weight")):
-            text += f"; lce runs the {dtype_name(support.dtype)} GEMMs on fp32 copies, rounding once"
+        in_fp32 = [name for name in ("logits", "grad_input", "grad_weight") if self.gemm_in_fp32(name)]
+        if in_fp32:
+            which = "GEMMs" if len(in_fp32) == 3 else "/".join(in_fp32) + " GEMM" + ("s" if len(in_fp32) > 1 else "")
+            text += f"; lce runs the {dtype_name(support.dtype)} {which} on fp32 copies, rounding once"
         return text
 
     def _gemm_text(self, name: GemmName) -> str:

@@ -213,3 +213,19 @@ def test_recommend_picks_bf16_gemms_only_where_they_are_native():
     assert emulated.chosen.seconds >= native.chosen.seconds
     assert "bfloat16 GEMMs emulated on this CPU" in emulated.explain()
     assert "bfloat16 GEMMs native on this CPU" in native.explain()
+
+
+def test_a_narrow_weight_gradient_sum_is_accumulated_on_fp32_blocks_on_any_cpu():
+    """compact with acc_dtype = bf16 adds each chunk's product into the bf16 gradient. A CPU without native bf16
+    accumulation (measured: an Intel Xeon with AVX512F but neither AVX512-BF16 nor AMX) makes an fp32 copy of the
+    whole (C, D) target inside torch's own addmm_ (a 16 MiB temporary at 16384x256, per chunk), so lce adds a
+    block of rows at a time on fp32 copies on every CPU: native bf16 otherwise, the same single rounding."""
+    x = torch.randn(64, 256).bfloat16().requires_grad_(True)
+    w = torch.randn(8192, 256).bfloat16().requires_grad_(True)
+    with cpu_gemms("native"):
+        plan = lce.plan(lce.LinearCrossEntropyOptions(acc_policy="compact"), x, w)
+        balanced = lce.plan(lce.LinearCrossEntropyOptions(acc_policy="balanced", acc_dtype=torch.float32), x, w)
+    assert [plan.gemm_in_fp32(name) for name in ("logits", "grad_input", "grad_weight")] == [False, False, True]
+    assert "lce runs the bfloat16 grad_weight GEMM on fp32 copies" in str(plan)
+    assert not any(balanced.gemm_in_fp32(name) for name in ("logits", "grad_input", "grad_weight"))
+    assert any(buffer.name == "weight_grad_block_fp32" for buffer in plan.buffers)
