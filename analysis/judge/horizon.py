@@ -4,7 +4,11 @@ nothing and reads ``head_training`` rows, :mod:`analysis.studies.head_training`)
 
 A *gap* is an arm's held-out loss minus the fp32 arm's of the same seed (same start, same batches), in
 nats; positive is worse. Its interval is Student's t at :data:`CONFIDENCE` over the seeds' paired gaps.
-A gap *separates* when that interval excludes zero.
+A gap is *systematic* when that interval excludes zero: the paired design detects sub-millinat effects,
+which every bf16 arm shows somewhere, accurate included (rounding to bf16 at all moves the trajectory).
+A gap *counts* -- the criterion of the verdicts -- when it is systematic and larger than the fp32 arm's own
+spread over the seeds at that step (max - min; the seeds differ in start and batch order): a difference a
+user comparing two runs could see.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ import math
 import numpy as np
 import pandas as pd
 
-__all__ = ["CONFIDENCE", "gaps", "interval_table", "final_gaps", "separation_steps", "bias_numbers", "arm_summary",
-           "horizon_fit", "rule_verdicts"]
+__all__ = ["CONFIDENCE", "gaps", "interval_table", "final_gaps", "count_steps", "bias_numbers", "arm_summary",
+           "bias_bracket", "rule_verdicts"]
 
 CONFIDENCE = 0.95
 T_QUANTILES = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
@@ -43,50 +47,51 @@ def _interval(values: pd.Series) -> tuple[float, float, float, int]:
 
 
 def interval_table(gap_rows: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Mean gap, its interval and the seeds, per ``by`` group; ``separates`` when the interval excludes zero."""
+    """Per ``by`` group (which must include optimizer, step and bucket): the mean gap, its interval, the seeds,
+    ``systematic`` (the interval excludes zero), the fp32 arm's ``seed_spread`` there, and ``counts``."""
     out = []
     for key, group in gap_rows.groupby(by, sort=False):
         mean, low, high, n = _interval(group["gap"])
+        fp32 = group.drop_duplicates("seed")["fp32"]
         out.append({**dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)), "gap": mean,
-                    "low": low, "high": high, "seeds": n, "separates": bool(low > 0 or high < 0)})
-    return pd.DataFrame(out)
+                    "low": low, "high": high, "seeds": n, "systematic": bool(low > 0 or high < 0),
+                    "seed_spread": float(fp32.max() - fp32.min())})
+    table = pd.DataFrame(out)
+    if table.empty:
+        return table
+    return table.assign(counts=table["systematic"] & (table["gap"].abs() > table["seed_spread"]))
 
 
 def final_gaps(table: pd.DataFrame) -> pd.DataFrame:
-    """Each arm's held-out gap at the last step every seed of its optimizer reached, per bucket, with the fp32
-    arm's own seed-to-seed spread there (``seed_spread``: max - min of its loss over the seeds, which differ in
-    start and batch order) and ``exceeds_spread``: the gap separates and its size exceeds that spread."""
+    """Each arm's held-out gap at the last step every seed of its optimizer reached, per bucket
+    (:func:`interval_table`'s columns)."""
     gap_rows = gaps(table)
     last = gap_rows.groupby(["optimizer", "seed"])["step"].max().groupby("optimizer").min()
     gap_rows = gap_rows[gap_rows["step"] == gap_rows["optimizer"].map(last)]
-    out = interval_table(gap_rows, ["optimizer", "arm", "bucket", "step"])
-    fp32 = gap_rows.drop_duplicates(["optimizer", "bucket", "seed"]).groupby(["optimizer", "bucket"])["fp32"]
-    spread = (fp32.max() - fp32.min()).rename("seed_spread")
-    out = out.join(spread, on=["optimizer", "bucket"])
-    return out.assign(exceeds_spread=out["separates"] & (out["gap"].abs() > out["seed_spread"]))
+    return interval_table(gap_rows, ["optimizer", "arm", "bucket", "step"])
 
 
-def separation_steps(table: pd.DataFrame, bucket: str = "rare") -> pd.DataFrame:
-    """Per (optimizer, arm): the first evaluated step from which the ``bucket`` gap separates at every later
-    evaluation (NaN if it never does), and the sign of the gap there."""
-    curves = interval_table(gaps(table)[lambda t: t["bucket"] == bucket], ["optimizer", "arm", "step"])
+def count_steps(table: pd.DataFrame, bucket: str = "rare") -> pd.DataFrame:
+    """Per (optimizer, arm): the first evaluated step from which the ``bucket`` gap counts at every later
+    evaluation (NaN if it never does), and the first from which it is systematic."""
+    curves = interval_table(gaps(table)[lambda t: t["bucket"] == bucket], ["optimizer", "arm", "step", "bucket"])
     out = []
     for (optimizer, arm), group in curves.groupby(["optimizer", "arm"], sort=False):
         group = group.sort_values("step")
-        separated = group["separates"].to_numpy()
-        later = np.flip(np.cumprod(np.flip(separated)))  # true where this and every later step separate
-        first = group["step"].to_numpy()[later.astype(bool)]
-        step = float(first[0]) if len(first) else math.nan
-        sign = float(np.sign(group.loc[group["step"] == step, "gap"].iloc[0])) if len(first) else math.nan
-        out.append({"optimizer": optimizer, "arm": arm, "bucket": bucket, "separates_from": step, "sign": sign,
-                    "last_step": int(group["step"].max())})
+        entry = {"optimizer": optimizer, "arm": arm, "bucket": bucket, "last_step": int(group["step"].max())}
+        for column in ("counts", "systematic"):
+            held = np.flip(np.cumprod(np.flip(group[column].to_numpy()))).astype(bool)  # this and every later one
+            steps = group["step"].to_numpy()[held]
+            entry[f"{column}_from"] = float(steps[0]) if len(steps) else math.nan
+        out.append(entry)
     return pd.DataFrame(out)
 
 
-def bias_numbers(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (optimizer, arm): the bias/noise ratio along the run (median over seeds and checkpoints, and its range),
-    the error/noise median, and how far the restated arithmetic's ratio is from lce's own (largest relative gap)."""
-    rows = table[table["metric"].str.startswith(("bias_over_noise", "error_over_noise"))]
+def bias_numbers(table: pd.DataFrame, bucket: str = "all") -> pd.DataFrame:
+    """Per (optimizer, arm): the bias/noise ratio along the run over ``bucket``'s rows of the gradient (median
+    over seeds and checkpoints, and its range), the error/noise median, and how far the restated arithmetic's
+    ratio is from lce's own (largest relative gap)."""
+    rows = table[table["metric"].str.startswith(("bias_over_noise", "error_over_noise")) & (table["bucket"] == bucket)]
     wide = rows.pivot_table(index=["optimizer", "arm", "seed", "step"], columns="metric", values="value")
     out = []
     for (optimizer, arm), group in wide.groupby(level=["optimizer", "arm"], sort=False):
@@ -103,80 +108,62 @@ def bias_numbers(table: pd.DataFrame) -> pd.DataFrame:
 
 def arm_summary(table: pd.DataFrame) -> pd.DataFrame:
     """One row per (optimizer, arm): what it stands for, steps and seeds, its bias/noise, its final gap overall
-    and on the rare bucket with intervals, and from which step its rare gap separates."""
+    and on the rare bucket with intervals, the buckets where the gap is systematic and where it counts."""
     final = final_gaps(table)
     bias = bias_numbers(table).set_index(["optimizer", "arm"])
-    horizon = separation_steps(table).set_index(["optimizer", "arm"])
-    arms = table.drop_duplicates(["optimizer", "arm"])[["optimizer", "arm", "rule", "policy", "num_chunks",
-                                                        "dtype"]]
+    arms = table.drop_duplicates(["optimizer", "arm"])[["optimizer", "arm", "rule", "dtype"]]
     out = []
     for row in arms.itertuples():
         if row.arm == "fp32":
             continue
-        entry = {"optimizer": row.optimizer, "arm": row.arm, "rule": row.rule if isinstance(row.rule, str) else ""}
+        mine = final[(final["optimizer"] == row.optimizer) & (final["arm"] == row.arm)].set_index("bucket")
+        if mine.empty:
+            continue
+        entry = {"optimizer": row.optimizer, "arm": row.arm, "dtype": row.dtype,
+                 "rule": row.rule if isinstance(row.rule, str) else "", "step": int(mine["step"].max()),
+                 "seeds": int(mine["seeds"].min())}
         for bucket in ("all", "rare"):
-            got = final[(final["optimizer"] == row.optimizer) & (final["arm"] == row.arm) & (final["bucket"] == bucket)]
-            if got.empty:
-                continue
-            got = got.iloc[0]
-            entry.update({"step": int(got["step"]), "seeds": int(got["seeds"]), f"gap_{bucket}": got["gap"],
-                          f"gap_{bucket}_low": got["low"], f"gap_{bucket}_high": got["high"],
-                          f"separates_{bucket}": got["separates"]})
+            entry.update({f"gap_{bucket}": mine.at[bucket, "gap"], f"gap_{bucket}_low": mine.at[bucket, "low"],
+                          f"gap_{bucket}_high": mine.at[bucket, "high"]})
+        entry["systematic_in"] = ", ".join(mine.index[mine["systematic"]])
+        entry["counts_in"] = ", ".join(mine.index[mine["counts"]])
         key = (row.optimizer, row.arm)
         if key in bias.index:
             entry.update(bias.loc[key, ["bias_over_noise", "bias_low", "bias_high"]].to_dict())
-        if key in horizon.index:
-            entry["rare_separates_from"] = horizon.loc[key, "separates_from"]
         out.append(entry)
     return pd.DataFrame(out)
 
 
-def horizon_fit(table: pd.DataFrame) -> dict[str, float]:
-    """The relation between an arm's bias/noise ``r`` and the step from which its rare-bucket gap separates:
-    a least-squares line ``log10(step) = a + b log10(r)`` over the separating arms (the ratio^-2 reading says
-    b = -2), and the ratio at which the fitted line reaches the study's last step -- the largest bias that
-    stays hidden for that many steps -- with the range over leave-one-arm-out fits. Also the largest ratio
-    among arms that never separate and the smallest among those that do."""
+def bias_bracket(table: pd.DataFrame, optimizer: str = "adamw", dtype: str = "bfloat16") -> dict[str, float]:
+    """Where the bias limit lies on this evidence, for ``dtype``'s arms of ``optimizer``: the largest bias/noise
+    of an arm whose gap counts in no bucket and the smallest of one whose gap counts somewhere; and the same with
+    "systematic beyond accurate's" (a gap systematic in a bucket where the accurate arm's is not) in place of
+    "counts"."""
     summary = arm_summary(table)
-    summary = summary[summary["bias_over_noise"].notna()]
-    separating = summary[summary["rare_separates_from"].notna() & (summary["rare_separates_from"] > 0)]
-    hidden = summary[summary["rare_separates_from"].isna()]
-    steps = int(summary["step"].max()) if len(summary) else 0
-    result = {"arms_separating": len(separating), "arms_hidden": len(hidden), "horizon": steps,
-              "largest_hidden_ratio": float(hidden["bias_over_noise"].max()) if len(hidden) else math.nan,
-              "smallest_separating_ratio": float(separating["bias_over_noise"].min()) if len(separating) else math.nan}
-    if len(separating) < 3:
-        return {**result, "slope": math.nan, "threshold": math.nan, "threshold_low": math.nan,
-                "threshold_high": math.nan}
-    x = np.log10(separating["bias_over_noise"].to_numpy())
-    y = np.log10(separating["rare_separates_from"].to_numpy())
-
-    def fit(xs, ys):
-        slope, intercept = np.polyfit(xs, ys, 1)
-        return slope, intercept, 10 ** ((math.log10(steps) - intercept) / slope)
-
-    slope, _, threshold = fit(x, y)
-    others = [fit(np.delete(x, i), np.delete(y, i))[2] for i in range(len(x))] if len(x) > 3 else [threshold]
-    return {**result, "slope": float(slope), "threshold": float(threshold),
-            "threshold_low": float(min(others)), "threshold_high": float(max(others))}
+    summary = summary[(summary["optimizer"] == optimizer) & (summary["dtype"] == dtype)]
+    counted = summary["counts_in"] != ""
+    accurate = summary[summary["arm"].str.contains("accurate")]
+    floor = set(accurate["systematic_in"].iloc[0].split(", ")) if len(accurate) else set()
+    beyond = summary["systematic_in"].map(lambda text: bool(set(filter(None, text.split(", "))) - floor))
+    ratio = summary["bias_over_noise"]
+    return {"hidden_max": float(ratio[~counted].max()), "shown_min": float(ratio[counted].min()),
+            "floor_max": float(ratio[~beyond].max()), "beyond_min": float(ratio[beyond].min())}
 
 
 def rule_verdicts(table: pd.DataFrame) -> pd.DataFrame:
-    """Per chunk-count rule the study stands for (lce auto, torch 2.13 auto, torch 2.14's rule), dtype and
-    optimizer: the arm, its bias/noise, and the buckets whose final held-out gap separates from the fp32 head's
-    (empty: none), with the largest separating gap. An "auto" pick passes when no bucket separates."""
+    """Per chunk-count rule the study stands for (lce auto, torch 2.13 auto, torch 2.14's rule, the harsh count),
+    dtype and optimizer: the arm, its bias/noise, the buckets where its final gap counts (empty: none) with the
+    largest such gap, and the buckets where it is only systematic. A pick passes when no bucket counts."""
+    summary = arm_summary(table)
     final = final_gaps(table)
-    bias = bias_numbers(table).set_index(["optimizer", "arm"])["bias_over_noise"]
-    arms = table[table["rule"].notna() & (table["rule"] != "")].drop_duplicates(["optimizer", "arm"])
     out = []
-    for row in arms.itertuples():
+    for row in summary[summary["rule"] != ""].itertuples():
         mine = final[(final["optimizer"] == row.optimizer) & (final["arm"] == row.arm)]
-        separating = mine[mine["separates"]]
-        worst = separating.loc[separating["gap"].abs().idxmax()] if len(separating) else None
+        counted = mine[mine["counts"]]
+        worst = counted.loc[counted["gap"].abs().idxmax()] if len(counted) else None
         out.append({"rule": row.rule, "dtype": row.dtype, "optimizer": row.optimizer, "arm": row.arm,
-                    "bias_over_noise": bias.get((row.optimizer, row.arm), math.nan),
-                    "separating_buckets": ", ".join(separating["bucket"]),
+                    "bias_over_noise": row.bias_over_noise, "counts_in": row.counts_in,
                     "largest_gap": float(worst["gap"]) if worst is not None else math.nan,
                     "largest_gap_bucket": str(worst["bucket"]) if worst is not None else "",
-                    "passes": separating.empty, "seeds": int(mine["seeds"].min()) if len(mine) else 0})
+                    "systematic_in": row.systematic_in, "passes": counted.empty, "seeds": row.seeds})
     return pd.DataFrame(out)
