@@ -213,9 +213,10 @@ would expose.
 entries), worst family, seed medians; memory: `lce.plan`'s predicted peak at bf16, `aspect_ratio:2`, fp32
 acc_dtype.
 
-*Limits:* the limits extrapolate the training study's reading of a bias (ratio⁻² steps to stand out) from
-{cpu.steps} to {rule.BIAS_LIMIT ** -2:,.0f} steps; the ratios are at N={NOISE_SHAPE.N} rows per batch, and grow
-with the batch.""")
+*Limits:* this notebook's training study reads a bias (ratio⁻² steps to stand out) over {cpu.steps} steps only;
+notebook 10 measures it over {rule.BIAS_LIMIT ** -2:,.0f} steps with the head alone, where the limit falls between
+the ratios that stayed hidden and those that separated, and adds a training condition the ratio alone misses. The
+ratios here are at N={NOISE_SHAPE.N} rows per batch, and grow with the batch.""")
 
 # %% [markdown]
 # ### Limits of this notebook
@@ -223,8 +224,8 @@ with the batch.""")
 #   vocabulary. Arms of one seed drift apart by a few hundredths of a nat whatever the
 #   rounding, so it can only show that no policy costs more than that here. It cannot show
 #   the effect of a bias acting over 10⁴–10⁶ steps at 128k–256k classes, nor on rare
-#   classes' embeddings over a long run; the rule's limits extrapolate from it (stated in
-#   `analysis.judge.rule`).
+#   classes' embeddings over a long run; notebook 10 trains the head alone for 10⁴ steps for
+#   that, and the rule's limits now rest on it (stated in `analysis.judge.rule`).
 # - **Noise depends on the batch.** The ratios are at 1024 rows per batch; the noise shrinks as
 #   1/sqrt(rows), so at an LLM's 0.5–4M tokens per step every ratio is 20–60x larger, and a
 #   policy near a limit here fails it there.
