@@ -20,11 +20,10 @@ def _load(kind: str):
 
 def test_the_model_predicts_every_sweep_run_within_the_band_and_never_above_it():
     """"predicts the measured peak within ±15% on ... of ... runs [all], and it never predicts more than was
-    measured"; "It is furthest off for bf16 input under an explicit policy without `acc_dtype`"."""
+    measured"; "the largest miss, {x}, is a small allocation the model leaves out" (under 2%)."""
     runs = nb03_memory.model_runs(_load("sweep"))
-    furthest = runs.loc[runs["ratio"].idxmax()]
     assert len(runs) and runs["within"].all() and (runs["ratio"] >= 1).all()
-    assert (furthest["dtype"], furthest["acc_dtype"]) == ("bfloat16", "default") and furthest["policy"] != "auto"
+    assert runs["ratio"].max() < 1.02
 
 
 def test_no_gpu_memory_data_is_committed():
