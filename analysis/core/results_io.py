@@ -42,8 +42,8 @@ __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN",
            "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "FEATURES",
            "FEATURE_COST", "VOCAB_PARALLEL", "CPU_GEMM_RATES", "RECOMMEND_CHECK", "GPU_BENCH", "GPU_MEMORY",
            "HF_STEP", "HEAD_TRAINING", "COLUMNS",
-           "append_rows", "append_row", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind",
-           "load_kind", "done_keys", "latest", "load_results"]
+           "append_rows", "append_row", "write_csv_atomically", "set_aside", "read_rows", "read_table", "file_kind",
+           "paths_of_kind", "load_kind", "done_keys", "latest", "load_results"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +314,17 @@ def append_rows(path: Path, rows: Iterable[Mapping[str, object]]) -> int:
 def append_row(path: Path, row: Mapping[str, object]) -> None:
     """Append one row to ``path`` (see :func:`append_rows`)."""
     append_rows(path, [row])
+
+
+def write_csv_atomically(path: Path, rows: Iterable[Mapping[str, object]], columns: Iterable[str]) -> None:
+    """Write ``rows`` (mappings over ``columns``) as a whole CSV at ``path``: through a ``.tmp`` file replaced in one
+    step, so a reader or a crash never sees half a file (a run's log, rewritten at every checkpoint)."""
+    partial = path.with_name(path.name + ".tmp")
+    with open(partial, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(columns))
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(partial, path)
 
 
 def set_aside(path: Path) -> Path | None:

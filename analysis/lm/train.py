@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from analysis.core.buckets import BUCKETS, bucket_losses, class_buckets
+from analysis.core.results_io import write_csv_atomically
 from analysis.lm.model import ModelConfig, TinyLM
 
 __all__ = ["HeadLoss", "fp32_head_loss", "TrainConfig", "TrainResult", "train", "heldout_windows",
@@ -202,12 +203,7 @@ def _read_log(path: Path, up_to_step: int) -> list[dict[str, str]]:
 
 
 def _write_log(path: Path, rows: list[dict[str, object]]) -> None:
-    partial = path.with_name(path.name + ".tmp")
-    with open(partial, "w", newline="", encoding="utf-8") as file:
-        writer = csv.DictWriter(file, fieldnames=LOG_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(partial, path)
+    write_csv_atomically(path, rows, LOG_COLUMNS)
 
 
 def _loss_name(head_loss: HeadLoss) -> str:

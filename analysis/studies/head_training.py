@@ -47,9 +47,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from analysis.core.buckets import BUCKETS, bucket_edges, class_buckets
+from analysis.core.buckets import BUCKETS, class_buckets
 from analysis.core.emulated_gemms import low_precision_linear
 from analysis.core.problem import DTYPES
+from analysis.core.results_io import write_csv_atomically
 from analysis.studies.head_arithmetic import head_step, lce_weight_gradient
 
 __all__ = ["Arm", "ADAMW_ARMS", "SGD_ARMS", "Setting", "SETTINGS", "METRICS", "Pool", "make_pool", "run_group",
@@ -78,10 +79,6 @@ class Arm:
     @property
     def loss_scaling(self) -> bool:
         return self.dtype == "float16"
-
-    @property
-    def slug(self) -> str:
-        return self.name.replace(" ", "-").replace("@", "at")
 
 
 FP32 = Arm("fp32", "float32", "fp32")
@@ -400,12 +397,7 @@ def run_group(setting: Setting, optimizer: str, seed: int, pool: Pool, cache: Pa
 def _save(state_path: Path, log_path: Path, step: int, states: list[_ArmState], rows: list[dict]) -> None:
     partial = state_path.with_name(state_path.name + ".tmp")
     torch.save({"step": step, "arms": {s.arm.name: s.state() for s in states}}, partial)
-    log_partial = log_path.with_name(log_path.name + ".tmp")
-    with open(log_partial, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=LOG_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(log_partial, log_path)
+    write_csv_atomically(log_path, rows, LOG_COLUMNS)
     os.replace(partial, state_path)
 
 
@@ -442,11 +434,6 @@ def collect(cache: Path, setting: Setting) -> pd.DataFrame:
                 batch_rows=setting.batch_rows, pool_rows=setting.pool_rows, heldout_rows=setting.heldout_rows,
                 D=setting.D, C=setting.C))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def edges_table(pool: Pool) -> pd.DataFrame:
-    """The buckets' edges in the training pool (classes, count range, share of targets)."""
-    return pd.DataFrame(bucket_edges(pool.counts, pool.buckets)).T.rename_axis("bucket").reset_index()
 
 
 def _run_group_in_worker(setting: Setting, optimizer: str, seed: int, cache: Path, threads: int, queue) -> None:
