@@ -1,27 +1,46 @@
-"""Whether this CPU runs bf16 and fp16 GEMMs natively or emulates them: measured once per process and dtype.
+"""Whether this CPU runs bf16 and fp16 GEMMs natively or emulates them: decided once per process and dtype.
 
-Why it matters. torch's bf16/fp16 matmuls on an x86 CPU are fast only where its oneDNN
-backend has kernels for the CPU's instruction set (AVX512-BF16 or AMX for bf16); elsewhere they
-fall back to a slow generic loop. Measured at 512x512x8192 on the CPU kinds this project runs on:
-bf16 about 1.5x fp32's rate on an AMD EPYC with AVX512-BF16, about 2.5-3.4x on an Intel Xeon with
-AMX, and about 80x *slower* than fp32 on an AMD EPYC with AVX2 only (0.5 vs 39 GFLOP/s); the same
-Xeon with oneDNN, MKL and ATen limited to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
-ATEN_CPU_CAPABILITY=avx2``) emulates too, about 90x slower than its fp32. A plan that runs bf16
-GEMMs to save time would, on such a CPU, run many times slower than the all-fp32 one.
+Why it matters. torch's bf16/fp16 matmuls on an x86 CPU are fast only where its oneDNN backend has
+kernels for the CPU's instruction set; elsewhere they fall back to a slow generic loop. Measured at
+512x512x8192 on the CPU kinds this project runs on: bf16 about 1.5x fp32's rate on an AMD EPYC with
+AVX512-BF16, about 2.5-3.4x on an Intel Xeon with AMX, 0.2x on an Intel Xeon with AVX512F but neither,
+and about 80x *slower* than fp32 on an AMD EPYC with AVX2 only (0.5 vs 39 GFLOP/s); the same Xeon with
+oneDNN, MKL and ATen limited to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+ATEN_CPU_CAPABILITY=avx2``, the *AVX2 stand-in*) emulates too, about 90x slower than its fp32. A plan
+that runs bf16 GEMMs to save time would, on such a CPU, run many times slower than the all-fp32 one.
 
-Method: a timed probe, not the ISA flags. The flags say what the CPU has, not what this build of
-torch does with them (an ISA cap in the environment, a build without oneDNN, another
-architecture), so lce times what torch really runs: a (64, 256) @ (256, 256) product in fp32 and in
-the dtype, the best of three after a warm-up, and calls the dtype *emulated* when it takes more
-than :data:`EMULATED_SLOWDOWN` times fp32's time. The two kinds lie two orders of magnitude apart
-(native: 0.3-1.1x fp32's time; emulated: 80-230x), so a busy machine does not blur them.
-Cost: well under a millisecond per dtype on a native CPU, about 60 ms on an emulating one, once
-per process and dtype, and only when lce plans a bf16 or fp16 call on a CPU (the result is cached).
+Method, in two steps; neither depends on what else the machine runs or on torch's thread count.
 
-Overrides, for tests and for a user who knows better: the environment variable
-``LCE_CPU_GEMMS`` (``native``, ``emulated``, or per dtype ``bfloat16=native,float16=emulated``),
-read once at the first query, and :func:`lce.testing.cpu_gemms` (a context manager, which wins over
-the environment). Neither runs the probe.
+1. **The CPU's flags** (x86 Linux, ``/proc/cpuinfo``). oneDNN has bf16 GEMM kernels only from
+   AVX512 (BW/VL/DQ) or AVX-NE-CONVERT up, and fp16 ones only with AVX512-FP16, AMX-FP16 or
+   AVX-NE-CONVERT (:data:`KERNEL_FLAGS`). A CPU with none of a dtype's flags emulates it whatever
+   torch does: the verdict is "emulated", source "cpu flags", with nothing timed.
+2. **A timed check** where the flags allow a kernel (or are unknown: another OS or architecture),
+   since they say what the CPU has, not what this build of torch does with it (an ISA cap in the
+   environment, as the stand-in sets, or a build without oneDNN). lce times a (64, 256) @ (256, 256)
+   product in fp32 and in the dtype on **one thread**, the two interleaved, and compares the best of
+   each (:data:`PROBE_ROUNDS` rounds after a warm-up). One thread, because a many-thread product
+   this small waits on its slowest thread: with one core busy elsewhere, a 2-thread fp32 product
+   took 30x its idle time, and the emulated bf16 one looked 2x *faster* than fp32 (an AVX2 EPYC
+   under ``pytest -n auto``, issue 29). One thread runs fp32 at its efficient rate already at this
+   shape (130 GFLOP/s on an AMX Xeon core), and the best of the rounds is a run that was not
+   preempted, so load can only make an emulated dtype look slower, never faster. The dtype is
+   *emulated* when its best takes more than :data:`EMULATED_SLOWDOWN` times fp32's: the two kinds
+   lie far apart on one thread: native 0.8-1.6x fp32's time on an AMX Xeon (bf16 at 0.2x fp32's
+   rate on the AVX512F Xeon suggests about 5x there, the slowest kernel we know of); emulated 23-37x
+   under the AVX2 stand-in, idle or with every core busy, and 26-32x on the AVX2-only EPYC.
+
+Cost: nothing where the flags decide; a few milliseconds per dtype on a native CPU; about 50 ms per
+dtype on an emulating one (the check stops once the gap is unmistakable). Once per process and dtype,
+only when lce plans a bf16 or fp16 call on a CPU.
+
+One verdict per run: a process that starts workers hands them its verdicts (:func:`verdicts`, and
+:func:`adopt` in the worker), so that a worker never plans differently from its parent.
+
+Overrides, for tests and for a user who knows better: the environment variable ``LCE_CPU_GEMMS``
+(``native``, ``emulated``, or per dtype ``bfloat16=native,float16=emulated``), read once at the first
+query, and :func:`lce.testing.cpu_gemms` (a context manager, which wins over everything). Neither
+runs the check.
 """
 
 from __future__ import annotations
@@ -30,13 +49,16 @@ import contextvars
 import dataclasses
 import functools
 import os
+import platform
 import time
+from collections.abc import Mapping
 from typing import Literal
 
 import torch
 
-__all__ = ["Support", "GemmSupport", "ENV_VAR", "EMULATED_SLOWDOWN", "LOW_PRECISION", "gemm_support",
-           "probe", "describe", "parse_setting", "CPU_GEMMS_OVERRIDE"]
+__all__ = ["Support", "GemmSupport", "ENV_VAR", "EMULATED_SLOWDOWN", "LOW_PRECISION", "KERNEL_FLAGS", "PROBE_ROUNDS",
+           "gemm_support", "probe", "measure", "cpu_flags", "flags_verdict", "describe", "parse_setting", "verdicts",
+           "adopt", "CPU_GEMMS_OVERRIDE"]
 
 Support = Literal["native", "emulated"]
 SUPPORTS: tuple[Support, ...] = ("native", "emulated")
@@ -46,22 +68,36 @@ LOW_PRECISION: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 
 ENV_VAR = "LCE_CPU_GEMMS"
 
-EMULATED_SLOWDOWN = 8.0
-"""A dtype whose probe takes more than this many times fp32's time is emulated (see the module docstring)."""
+EMULATED_SLOWDOWN = 12.0
+"""A dtype whose one-thread check takes more than this many times fp32's time is emulated: about the geometric
+mean of the slowest native kernel (bf16 on an AVX512F Xeon without AVX512-BF16, about 5x) and the fastest
+emulation (23x, the AVX2 stand-in; see the module docstring)."""
 
-_PROBE_SHAPE = (64, 256, 256)  # (m, k, n): 8.4 MFLOP, ~14 ms where emulated at 0.6 GFLOP/s
+KERNEL_FLAGS: dict[torch.dtype, tuple[str, ...]] = {
+    torch.bfloat16: ("avx512bw", "avx512_bf16", "amx_bf16", "avx_ne_convert"),
+    torch.float16: ("avx512_fp16", "amx_fp16", "avx_ne_convert"),
+}
+"""Per dtype, the x86 CPU flags (as Linux names them) of which a CPU needs at least one for oneDNN to have a GEMM
+kernel in that dtype; a CPU with none of them emulates it."""
+
+PROBE_ROUNDS = 5
+"""Interleaved fp32/dtype timings the check takes the best of (after one warm-up of each)."""
+
+_PROBE_SHAPE = (64, 256, 256)  # (m, k, n): 8.4 MFLOP, ~0.07 ms in fp32 on one core, ~15 ms where emulated
 
 CPU_GEMMS_OVERRIDE: contextvars.ContextVar[dict[torch.dtype, Support] | None] = contextvars.ContextVar(
     "lce_cpu_gemms_override", default=None)
+
+_ADOPTED: dict[torch.dtype, GemmSupport] = {}  # a parent process's verdicts (adopt)
 
 
 @dataclasses.dataclass(frozen=True)
 class GemmSupport:
     """How a CPU runs GEMMs of one dtype, and how lce knows.
 
-    ``source`` is "measured" (the probe), "LCE_CPU_GEMMS" (the environment) or "lce.testing.cpu_gemms"
-    (the override). ``slowdown`` is the probe's time over fp32's (None
-    when not measured).
+    ``source`` is "measured" (the timed check), "cpu flags" (the CPU lacks every flag of :data:`KERNEL_FLAGS`),
+    "LCE_CPU_GEMMS" (the environment) or "lce.testing.cpu_gemms" (the override). ``slowdown`` is the timed
+    check's best time over fp32's on one thread (None when not timed).
     """
 
     dtype: torch.dtype
@@ -85,7 +121,7 @@ class GemmSupport:
 
 def parse_setting(text: str) -> dict[torch.dtype, Support]:
     """Parse an ``LCE_CPU_GEMMS`` value: ``native``, ``emulated``, or ``bfloat16=native,float16=emulated``
-    (dtypes not named keep being measured)."""
+    (dtypes not named keep being decided by lce)."""
     text = text.strip()
     if text in SUPPORTS:
         return dict.fromkeys(LOW_PRECISION, text)
@@ -107,21 +143,40 @@ def _environment_setting() -> dict[torch.dtype, Support]:
 
 
 def gemm_support(dtype: torch.dtype) -> GemmSupport:
-    """How this CPU runs GEMMs in ``dtype``: the override if one is set, else the environment, else the probe."""
+    """How this CPU runs GEMMs in ``dtype``: the override if one is set, else a parent process's verdict
+    (:func:`adopt`), else the environment, else lce's own decision (:func:`probe`)."""
     if dtype not in LOW_PRECISION:
         return GemmSupport(dtype, "native", "always")
     override = CPU_GEMMS_OVERRIDE.get()
     if override is not None and dtype in override:
         return GemmSupport(dtype, override[dtype], "lce.testing.cpu_gemms")
+    if dtype in _ADOPTED:
+        return _ADOPTED[dtype]
     setting = _environment_setting()
     if dtype in setting:
         return GemmSupport(dtype, setting[dtype], ENV_VAR)
     return probe(dtype)
 
 
+def verdicts() -> dict[torch.dtype, GemmSupport]:
+    """What this process plans with for each low-precision dtype now, to hand to the worker processes it starts
+    (each calls :func:`adopt` with it)."""
+    return {dtype: gemm_support(dtype) for dtype in LOW_PRECISION}
+
+
+def adopt(parent_verdicts: Mapping[torch.dtype, GemmSupport]) -> None:
+    """Plan with a parent process's :func:`verdicts` in this process (below the override, above the environment
+    and the check): a worker then computes what its parent would, and its results rows record the same verdict."""
+    for dtype, support in parent_verdicts.items():
+        if dtype not in LOW_PRECISION or not isinstance(support, GemmSupport) or support.dtype != dtype:
+            raise ValueError(f"parent_verdicts must map each of {LOW_PRECISION} to its GemmSupport, as "
+                             f"lce.cpu_gemms.verdicts() returns; got {dtype!r}: {support!r}")
+    _ADOPTED.update(parent_verdicts)
+
+
 def describe() -> str:
     """Each low-precision dtype's support as lce plans with it, for a results row's provenance:
-    ``"bfloat16 native, float16 emulated"``, naming the source where it is not the probe."""
+    ``"bfloat16 native, float16 emulated"``, naming the source where it is not the timed check."""
     parts = []
     for dtype in LOW_PRECISION:
         support = gemm_support(dtype)
@@ -131,23 +186,71 @@ def describe() -> str:
 
 
 @functools.cache
+def cpu_flags() -> frozenset[str] | None:
+    """This CPU's flags as Linux reports them (``/proc/cpuinfo``) on x86; None where unknown (another OS or
+    architecture, or nothing readable)."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                name, _, value = line.partition(":")
+                if name.strip() == "flags":
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return None
+
+
+def flags_verdict(dtype: torch.dtype, flags: frozenset[str] | None) -> Support | None:
+    """"emulated" when ``flags`` are known and hold none of :data:`KERNEL_FLAGS` for ``dtype``; None when only a
+    timed check can tell (the flags allow a kernel, or are unknown)."""
+    if flags is None or any(flag in flags for flag in KERNEL_FLAGS[dtype]):
+        return None
+    return "emulated"
+
+
+@functools.cache
 def probe(dtype: torch.dtype) -> GemmSupport:
-    """Time this CPU's ``dtype`` GEMM against fp32's (once per process; see the module docstring)."""
+    """lce's own decision for ``dtype`` on this CPU, once per process: :func:`measure`."""
+    return measure(dtype)
+
+
+def measure(dtype: torch.dtype, flags: frozenset[str] | None | Literal["this cpu"] = "this cpu") -> GemmSupport:
+    """Decide ``dtype``'s support now, uncached: by ``flags`` (this CPU's by default) where they rule a kernel
+    out, else by the one-thread timed check (see the module docstring)."""
+    if dtype not in LOW_PRECISION:
+        raise ValueError(f"dtype must be one of {LOW_PRECISION}; got {dtype!r}")
+    if flags_verdict(dtype, cpu_flags() if flags == "this cpu" else flags) == "emulated":
+        return GemmSupport(dtype, "emulated", "cpu flags")
+    slowdown = _one_thread_slowdown(dtype)
+    return GemmSupport(dtype, "emulated" if slowdown > EMULATED_SLOWDOWN else "native", "measured", slowdown)
+
+
+def _one_thread_slowdown(dtype: torch.dtype) -> float:
+    """The best ``dtype`` product's time over the best fp32 one's, interleaved, on one thread."""
     m, k, n = _PROBE_SHAPE
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=generator)
     b = torch.randn(k, n, generator=generator)
-    fp32 = _best_seconds(a, b)
-    slowdown = _best_seconds(a.to(dtype), b.to(dtype)) / fp32
-    return GemmSupport(dtype, "emulated" if slowdown > EMULATED_SLOWDOWN else "native", "measured", slowdown)
+    a_low, b_low = a.to(dtype), b.to(dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            a @ b, a_low @ b_low  # warm-up: a backend's first call may build its kernel
+            best_fp32 = best_low = float("inf")
+            for round_ in range(PROBE_ROUNDS):
+                best_fp32 = min(best_fp32, _seconds(a, b))
+                best_low = min(best_low, _seconds(a_low, b_low))
+                if round_ >= 2 and best_low > 4 * EMULATED_SLOWDOWN * best_fp32:
+                    break  # three rounds each 4x past the threshold: emulated, and each more round costs ~15 ms
+    finally:
+        torch.set_num_threads(threads)
+    return best_low / max(best_fp32, 1e-9)
 
 
-def _best_seconds(a: torch.Tensor, b: torch.Tensor, repeats: int = 3) -> float:
-    with torch.no_grad():
-        a @ b  # warm-up: a backend's first call may build its kernel
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - start)
-    return max(best, 1e-9)
+def _seconds(a: torch.Tensor, b: torch.Tensor) -> float:
+    start = time.perf_counter()
+    a @ b
+    return time.perf_counter() - start

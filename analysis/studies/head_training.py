@@ -47,6 +47,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+import lce.cpu_gemms
 from analysis.core.buckets import BUCKETS, class_buckets
 from analysis.core.emulated_gemms import low_precision_linear
 from analysis.core.problem import DTYPES
@@ -436,7 +437,9 @@ def collect(cache: Path, setting: Setting) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _run_group_in_worker(setting: Setting, optimizer: str, seed: int, cache: Path, threads: int, queue) -> None:
+def _run_group_in_worker(setting: Setting, optimizer: str, seed: int, cache: Path, threads: int, queue,
+                         gemm_verdicts: dict) -> None:
+    lce.cpu_gemms.adopt(gemm_verdicts)  # the parent's CPU GEMM verdicts: every group plans as one process would
     torch.set_num_threads(threads)
     pool = make_pool(setting)
     run_group(setting, optimizer, seed, pool, cache, on_step=lambda n: queue.put(("step", n)),
@@ -458,12 +461,14 @@ def run_study(setting: Setting, cache: Path, *, optimizers: Sequence[str] = ("ad
                unit="step", disable=not progress, dynamic_ncols=True, smoothing=0.05)
     context = get_context("spawn")
     queue = context.Queue()
+    gemm_verdicts = lce.cpu_gemms.verdicts()
     pending = [g for g in groups if done[g] < setting.steps]
     running: list = []
     while pending or running:
         while pending and len(running) < max(1, workers):
             optimizer, seed = pending.pop(0)
-            process = context.Process(target=_run_group_in_worker, args=(setting, optimizer, seed, cache, 1, queue))
+            process = context.Process(target=_run_group_in_worker,
+                                      args=(setting, optimizer, seed, cache, 1, queue, gemm_verdicts))
             process.start()
             running.append(process)
         try:

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import lce
+import lce.cpu_gemms
 from analysis.core.buckets import BUCKETS, bucket_edges
 from analysis.core.emulated_gemms import low_precision_linear
 from analysis.core.implementations import ROWS_PREFIX, ImplSpec
@@ -314,7 +315,8 @@ def bucket_edges_of(where: Path | str | None = None, setting: str = "long", devi
 
 
 def _run_in_worker(arm: Arm, seed: int, setting: Setting, model_config: ModelConfig, cache: Path,
-                   token_cache: Path, tokens_file: Path | None, threads: int) -> None:
+                   token_cache: Path, tokens_file: Path | None, threads: int, gemm_verdicts: dict) -> None:
+    lce.cpu_gemms.adopt(gemm_verdicts)  # the parent's CPU GEMM verdicts: every run plans as one process would
     torch.set_num_threads(threads)
     run_arm(arm, seed, setting, load_streams(token_cache, tokens_file), model_config, cache)
 
@@ -362,13 +364,14 @@ def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms:
             run_arm(arm, seed, setting, streams, model_config, cache, device=device, progress=progress)
             finished()
     else:
+        gemm_verdicts = lce.cpu_gemms.verdicts()
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
             running = set()
             while pending or running:
                 while pending and len(running) < workers and not out_of_time():
                     arm, seed = pending.pop(0)
                     running.add(pool.submit(_run_in_worker, arm, seed, setting, model_config, cache, token_cache,
-                                             tokens_file, 1))
+                                             tokens_file, 1, gemm_verdicts))
                 if not running:
                     break
                 done, running = wait(running, return_when=FIRST_COMPLETED)

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+import lce.cpu_gemms
 from analysis.core.emulated_gemms import emulated_peer_note, emulated_peer_skip
 from analysis.core.fp64 import REFERENCE_BLOCK_ELEMENTS, reference_outputs
 from analysis.core.implementations import make_implementation, tensor_device, unavailable_reason
@@ -245,8 +246,10 @@ def _groups_largest_first(pending: Sequence[RunConfig]) -> list[list[RunConfig]]
     return sorted(groups.values(), key=lambda group: len(group) * group[0].N * group[0].C, reverse=True)
 
 
-def _worker(grid: Grid, path: Path, tasks, done) -> None:
-    """Worker process: take groups from ``tasks`` until None, report each finished run on ``done``."""
+def _worker(grid: Grid, path: Path, tasks, done, gemm_verdicts: dict) -> None:
+    """Worker process: take groups from ``tasks`` until None, report each finished run on ``done``. It plans with
+    its parent's CPU GEMM verdicts (``gemm_verdicts``), so its rows are the ones one process would write."""
+    lce.cpu_gemms.adopt(gemm_verdicts)
     if grid.measurement.threads:
         torch.set_num_threads(grid.measurement.threads)
     cache = _InputsCache()
@@ -273,7 +276,8 @@ def _feed_workers(grid: Grid, path: Path, pending: Sequence[RunConfig], workers:
     tasks, done = context.Queue(), context.Queue()
     for group in _groups_largest_first(pending):
         tasks.put(group)
-    processes = [context.Process(target=_worker, args=(grid, path, tasks, done), daemon=True)
+    gemm_verdicts = lce.cpu_gemms.verdicts()  # decided once, here, for every worker
+    processes = [context.Process(target=_worker, args=(grid, path, tasks, done, gemm_verdicts), daemon=True)
                  for _ in range(workers)]
     for _ in processes:
         tasks.put(None)

@@ -148,18 +148,24 @@ def test_tiny_reproduce_end_to_end(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_workers_write_the_same_rows_as_one_process(tmp_path):
-    """Two worker processes (spawned) fill one file: every run once, the same errors as a serial sweep."""
+@pytest.mark.parametrize("support", ["native", "emulated"])
+def test_workers_write_the_same_rows_as_one_process(tmp_path, support):
+    """Two worker processes (spawned) fill one file: every run once, the same errors and the same CPU GEMM verdict
+    as a serial sweep. The workers plan with the parent's verdict (lce.cpu_gemms.adopt), whichever it is; deciding
+    their own, 1-thread workers on a loaded AVX2-only CPU once disagreed with their parent (issue 29)."""
     grid = get_grid("tiny")
-    serial = run_grid(grid, folder=tmp_path / "serial", progress=False, workers=1)
-    parallel = run_grid(grid, folder=tmp_path / "parallel", progress=False, workers=2)
+    with cpu_gemms(support):
+        serial = run_grid(grid, folder=tmp_path / "serial", progress=False, workers=1)
+        parallel = run_grid(grid, folder=tmp_path / "parallel", progress=False, workers=2)
     assert serial.ran == parallel.ran == len(grid.configs) and parallel.errors == 0
     one, two = (pd.read_csv(summary.path).set_index("key").sort_index() for summary in (serial, parallel))
     assert sorted(two.index) == sorted(c.key for c in grid.configs)
     error_columns = [c for c in one.columns if c.endswith("_fro_in_floors")]
     pd.testing.assert_frame_equal(one[error_columns], two[error_columns])
-    again = run_grid(grid, folder=tmp_path / "parallel", progress=False, workers=2)
-    assert again.ran == 0 and again.skipped_done == len(grid.configs)
+    assert (one["cpu_gemms"] == two["cpu_gemms"]).all() and one["cpu_gemms"].str.startswith(f"bfloat16 {support}").all()
+    if support == "native":
+        again = run_grid(grid, folder=tmp_path / "parallel", progress=False, workers=2)
+        assert again.ran == 0 and again.skipped_done == len(grid.configs)
 
 
 def test_a_custom_measure_cannot_be_sent_to_workers(tmp_path):

@@ -28,13 +28,97 @@ def _plan(options, dtype=torch.bfloat16, shape=(64, 32, 512)):
 
 # ---- the probe and the settings --------------------------------------------------------------------------
 
+# /proc/cpuinfo flags of the CPU kinds this project runs on (the lines, less flags no rule reads)
+AVX2_EPYC = frozenset(("fpu sse sse2 ssse3 sse4_1 sse4_2 fma f16c avx avx2 bmi1 bmi2 aes sha_ni popcnt movbe rdrand "
+                       "rdseed adx clflushopt clwb xsaveopt xsavec hypervisor").split())
+AVX512F_XEON = AVX2_EPYC | {"avx512f", "avx512dq", "avx512cd", "avx512bw", "avx512vl", "avx512_vnni"}
+AVX512_BF16_EPYC = AVX512F_XEON | {"avx512_bf16", "avx512ifma", "avx512vbmi", "avx512_vbmi2", "avx512_bitalg"}
+AMX_XEON = AVX512_BF16_EPYC | {"avx512_fp16", "amx_bf16", "amx_tile", "amx_int8"}
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_the_probe_measures_this_cpu_once_and_classifies_by_its_slowdown(dtype):
+def test_the_probe_decides_once_per_process_by_the_flags_or_a_timed_check(dtype):
     first = probe(dtype)
-    assert first is probe(dtype)  # cached: measured once per process
-    assert first.source == "measured" and first.slowdown > 0
-    assert first.emulated == (first.slowdown > EMULATED_SLOWDOWN)
-    assert str(first).startswith(f"{first.dtype_name} {first.support} (measured: ")
+    assert first is probe(dtype)  # cached: decided once per process
+    if first.source == "cpu flags":  # this CPU has no kernel for the dtype: nothing timed
+        assert first.emulated and first.slowdown is None
+    else:
+        assert first.source == "measured" and first.slowdown > 0
+        assert first.emulated == (first.slowdown > EMULATED_SLOWDOWN)
+        assert str(first).startswith(f"{first.dtype_name} {first.support} (measured: ")
+
+
+@pytest.mark.parametrize(("flags", "bf16", "fp16"), [
+    (AVX2_EPYC, "emulated", "emulated"),
+    (AVX512F_XEON, None, "emulated"),
+    (AVX512_BF16_EPYC, None, "emulated"),
+    (AMX_XEON, None, None),
+    (AVX2_EPYC | {"avx_ne_convert"}, None, None),
+    (None, None, None),  # flags unknown (not x86 Linux): only a timed check can tell
+], ids=["avx2-epyc", "avx512f-xeon", "avx512-bf16-epyc", "amx-xeon", "avx-ne-convert", "unknown"])
+def test_the_flags_rule_out_a_kernel_only_where_the_cpu_has_none_of_its_instructions(flags, bf16, fp16):
+    assert lce.cpu_gemms.flags_verdict(torch.bfloat16, flags) == bf16
+    assert lce.cpu_gemms.flags_verdict(torch.float16, flags) == fp16
+
+
+def test_on_an_avx2_only_cpu_the_flags_decide_and_nothing_is_timed(monkeypatch):
+    def no_timing(dtype):
+        raise AssertionError("the flags rule the kernel out: nothing should be timed")
+
+    monkeypatch.setattr(lce.cpu_gemms, "_one_thread_slowdown", no_timing)
+    for dtype in (torch.bfloat16, torch.float16):
+        support = lce.cpu_gemms.measure(dtype, flags=AVX2_EPYC)
+        assert (support.support, support.source, support.slowdown) == ("emulated", "cpu flags", None)
+        assert str(support) == f"{support.dtype_name} emulated (cpu flags)"
+
+
+@pytest.mark.parametrize(("slowdown", "expected"), [(0.8, "native"), (5.0, "native"), (23.0, "emulated")])
+def test_where_the_flags_allow_a_kernel_the_timed_check_decides(monkeypatch, slowdown, expected):
+    monkeypatch.setattr(lce.cpu_gemms, "_one_thread_slowdown", lambda dtype: slowdown)
+    support = lce.cpu_gemms.measure(torch.bfloat16, flags=AVX512F_XEON)
+    assert (support.support, support.source, support.slowdown) == (expected, "measured", slowdown)
+
+
+def test_the_timed_check_runs_on_one_thread_and_restores_the_thread_count(monkeypatch):
+    seen = []
+    real = lce.cpu_gemms._seconds
+    monkeypatch.setattr(lce.cpu_gemms, "_seconds", lambda a, b: (seen.append(torch.get_num_threads()), real(a, b))[1])
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        lce.cpu_gemms.measure(torch.bfloat16, flags=None)
+        assert set(seen) == {1} and len(seen) >= 6  # at least three interleaved rounds
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_measure_rejects_a_dtype_that_is_never_emulated():
+    with pytest.raises(ValueError, match=r"dtype must be one of .*got torch.float32"):
+        lce.cpu_gemms.measure(torch.float32)
+
+
+def test_a_worker_adopts_its_parents_verdicts_below_the_override(monkeypatch):
+    monkeypatch.setattr(lce.cpu_gemms, "_ADOPTED", {})
+    monkeypatch.setattr(lce.cpu_gemms, "_environment_setting", lambda: parse_setting("native"))
+    parent = {torch.bfloat16: lce.cpu_gemms.GemmSupport(torch.bfloat16, "emulated", "measured", 24.0),
+              torch.float16: lce.cpu_gemms.GemmSupport(torch.float16, "emulated", "cpu flags")}
+    token = lce.cpu_gemms.CPU_GEMMS_OVERRIDE.set(None)  # lift the suite's own pin (tests/conftest.py)
+    try:
+        lce.cpu_gemms.adopt(parent)
+        assert lce.cpu_gemms.verdicts() == parent  # above the environment's "native"
+        assert lce.cpu_gemms.describe() == "bfloat16 emulated, float16 emulated (cpu flags)"
+        with cpu_gemms("native"):
+            assert not gemm_support(torch.bfloat16).emulated
+    finally:
+        lce.cpu_gemms.CPU_GEMMS_OVERRIDE.reset(token)
+
+
+@pytest.mark.parametrize("verdicts", [{torch.float32: None}, {torch.bfloat16: "emulated"},
+                                      {torch.bfloat16: lce.cpu_gemms.GemmSupport(torch.float16, "native", "x")}])
+def test_adopt_rejects_what_verdicts_cannot_have_returned(verdicts):
+    with pytest.raises(ValueError, match="parent_verdicts must map each of"):
+        lce.cpu_gemms.adopt(verdicts)
 
 
 def test_fp32_and_fp64_gemms_are_native_without_a_probe():

@@ -22,9 +22,8 @@ pytestmark = [pytest.mark.slow,  # every test spawns a process group
 
 @pytest.fixture(autouse=True)
 def _native_cpu_gemms_in_the_ranks(monkeypatch):
-    """The ranks are new processes, which would run lce.cpu_gemms' timed probe: on a busy CPU whose bf16 GEMMs are
-    slow but native (3.7x fp32's time against the 8x threshold) two runs can disagree, and their floors with them.
-    The environment pins the verdict in every rank, as the tests' fixture pins it in-process."""
+    """The ranks are new processes, which would decide lce.cpu_gemms' verdict each on its own; the environment pins
+    it in every rank, as the tests' fixture pins it in-process, so that the expectations hold on every CPU kind."""
     monkeypatch.setenv("LCE_CPU_GEMMS", "native")
 
 
