@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "features": ("analysis.studies.features", "error, time and memory of soft-capping, z-loss and lse"),
     "vocab-parallel": ("analysis.studies.vocab_parallel", "vocab-parallel lce on 1-4 CPU processes: errors, peaks"),
     "cpu-kinds": ("analysis.studies.cpu_kinds", "this CPU's GEMM rates; lce.recommend's picks timed here"),
+    "cpu-probe": ("analysis.studies.cpu_probe", "lce.cpu_gemms' verdict at 1, 2 and all threads, idle and busy"),
     "hf-step": ("analysis.studies.hf_step",
                 "one training step of a transformers causal LM, patched by lce or not: peak memory and time"),
     "lm": ("analysis.lm.pipeline", "train the small language model and dump its head's (x, W, y)"),

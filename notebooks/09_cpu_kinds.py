@@ -4,33 +4,37 @@
 # A bf16 or fp16 GEMM on a CPU is fast only where torch's oneDNN back end has kernels for the CPU's
 # instruction set: AVX512-BF16 or AMX for bf16. Elsewhere -- AVX2-only CPUs, common among cloud VMs,
 # laptops and older servers -- torch falls back to a generic loop, and a layout chosen *because* its
-# bf16 GEMMs are fast becomes the slowest one. lce measures which kind of CPU it runs on
-# (`lce.cpu_gemms`: a small timed probe per dtype, once per process), prints it in every plan, runs
+# bf16 GEMMs are fast becomes the slowest one. lce decides which kind of CPU it runs on
+# (`lce.cpu_gemms`: the CPU's flags, else a one-thread timed check, once per process and dtype), prints it in
+# every plan, runs
 # the GEMMs a layout would emulate in fp32 instead, and feeds it to `lce.recommend`'s time model.
 # This notebook shows, from `python -m analysis cpu-kinds` (run natively and with the AVX2 stand-in:
 # this machine's oneDNN, MKL and ATen limited to AVX2, which makes it emulate bf16 and fp16 as an
-# AVX2-only part does), how far apart the kinds are and whether `lce.recommend` picks the fast options
-# on each.
+# AVX2-only part does), how far apart the kinds are, whether the verdict holds at every thread count and
+# load (`python -m analysis cpu-probe`), and whether `lce.recommend` picks the fast options on each.
 
 # %%
 from IPython.display import Markdown
 
-from analysis.core.results_io import CPU_GEMM_RATES, RECOMMEND_CHECK, load_kind
+from analysis.core.results_io import CPU_GEMM_PROBE, CPU_GEMM_RATES, RECOMMEND_CHECK, load_kind
 from analysis.paths import RESULTS_DIR
 from analysis.report import nb09_cpu_kinds
 from analysis.report.tables import show, span
+from analysis.studies.cpu_probe import EARLIER_METHOD, THIS_METHOD
 from lce.cpu_gemms import EMULATED_SLOWDOWN
 
 # %matplotlib inline
-(rate_paths, rates), (check_paths, check) = (load_kind(RESULTS_DIR, kind.name) for kind in (CPU_GEMM_RATES,
-                                                                                            RECOMMEND_CHECK))
-figures = {figure.stem: figure for figure in nb09_cpu_kinds.draw_cpu_kind_figures(rates, check)}  # measures nothing
-print("data:", ", ".join(path.name for path in [*rate_paths, *check_paths]))
+(rate_paths, rates), (check_paths, check), (probe_paths, probe) = (
+    load_kind(RESULTS_DIR, kind.name) for kind in (CPU_GEMM_RATES, RECOMMEND_CHECK, CPU_GEMM_PROBE))
+figures = {figure.stem: figure
+           for figure in nb09_cpu_kinds.draw_cpu_kind_figures(rates, check, probe)}  # measures nothing
+print("data:", ", ".join(path.name for path in [*rate_paths, *check_paths, *probe_paths]))
 
 # %% [markdown]
 # ## How far apart the kinds are
-# The rate of one 512x512x8192 product per dtype, and what lce's own probe (a 64x256x256 product,
-# best of three) concluded on the same machine.
+# The rate of one 512x512x8192 product per dtype, and what lce's own check (a 64x256x256 product on
+# one thread, the best of five interleaved rounds, where the CPU's flags do not decide) concluded on the
+# same machine.
 
 # %%
 figures["cpu_gemm_rates"].figure
@@ -64,6 +68,48 @@ thread(s), CPUs
 
 *Limits:* the emulating kind is this Xeon with its back ends limited to AVX2, not an AVX2-only CPU (its fp32
 GEMMs run on wider cores); the rates are of one shape on a shared 2-core machine.""")
+
+# %% [markdown]
+# ## Is the verdict the same at every thread count and under load?
+# The verdict decides how every bf16 plan runs, so it must not depend on what else the machine does.
+# lce's earlier probe timed the 64x256x256 product at torch's thread count; on an AVX2-only EPYC under
+# `pytest -n auto` it called emulated bf16 native, and the suite's results with it. Here each thread
+# count and load (idle, or one spinning process per core) gets three fresh processes, each deciding with
+# lce's method and with the earlier probe, natively and under the AVX2 stand-in.
+
+# %%
+figures["cpu_gemm_probe"].figure
+
+# %%
+verdicts = nb09_cpu_kinds.probe_numbers(probe)
+show(verdicts.drop(columns=["date"]), {"slowdown_min": "{:.3g}", "slowdown_max": "{:.3g}",
+                                       "probe_s_max": lambda v: f"{v * 1e3:.0f} ms"},
+     name="cpu-gemm-probe", caption="Per CPU kind, method and dtype: fresh processes, their verdicts, conditions "
+                                    "(thread count x load) whose processes disagreed, the slowdowns' range and the "
+                                    "longest decision")
+
+# %%
+ours, earlier = verdicts[verdicts["method"] == THIS_METHOD], verdicts[verdicts["method"] == EARLIER_METHOD]
+stand_in = earlier[earlier["cpu_kind"].str.contains("stand-in")]
+ours_native = ours[ours["native"] > 0]
+ours_emulated = ours[ours["emulated"] > 0]
+Markdown(f"""**Conclusion.** lce's verdict was unanimous for each CPU kind and dtype: {int(ours["processes"].sum())}
+fresh processes over {int(ours["conditions"].max())} conditions (1 and {int(probe["threads"].max())} threads, idle and
+every core busy) each, natively and under the stand-in. Its slowdowns stayed on their side of the
+{EMULATED_SLOWDOWN:g}× threshold with room to spare: at most {ours_native["slowdown_max"].max():.2g}× where native, at
+least {ours_emulated["slowdown_min"].min():.0f}× where emulated. The earlier probe, on the same processes, called the
+stand-in's emulated bf16 and fp16 native in {int(stand_in["native"].max())} of {int(stand_in["processes"].max())}
+processes, every one of them in the condition {" and ".join(sorted(set(stand_in["native_conditions"])))}, at
+{stand_in.loc[stand_in["native"] > 0, "slowdown_min"].min():.2g}× fp32's time: the busy core stalls the small
+two-thread fp32 product, not the emulated one. lce's check decided within {ours["probe_s_max"].max() * 1e3:.0f} ms per
+dtype.
+
+*Inputs:* a 64x256x256 product per method and dtype, {int(probe["process"].max()) + 1} fresh processes per thread count
+and load, CPUs {", ".join(sorted(ours["cpu_kind"].unique()))} (`python -m analysis cpu-probe [--avx2-stand-in]`).
+
+*Limits:* the emulating kind is a stand-in (this Xeon with its back ends capped at AVX2); on a real AVX2-only CPU the
+flags decide before anything is timed, so this check is the fallback for capped back ends and unknown CPUs. A
+2-core machine: "every core busy" means both cores.""")
 
 # %% [markdown]
 # ## Does `lce.recommend` pick the fast options on each kind?

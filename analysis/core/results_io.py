@@ -40,8 +40,8 @@ from analysis.core.run_config import RunConfig
 
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
            "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "FEATURES",
-           "FEATURE_COST", "VOCAB_PARALLEL", "CPU_GEMM_RATES", "RECOMMEND_CHECK", "GPU_BENCH", "GPU_MEMORY",
-           "HF_STEP", "HEAD_TRAINING", "COLUMNS",
+           "FEATURE_COST", "VOCAB_PARALLEL", "CPU_GEMM_RATES", "CPU_GEMM_PROBE", "RECOMMEND_CHECK", "GPU_BENCH",
+           "GPU_MEMORY", "HF_STEP", "HEAD_TRAINING", "COLUMNS",
            "append_rows", "append_row", "write_csv_atomically", "set_aside", "read_rows", "read_table", "file_kind",
            "paths_of_kind", "load_kind", "done_keys", "latest", "load_results"]
 
@@ -174,6 +174,10 @@ _GPU_ERRORS = ["loss_ulps", "grad_input_fro_in_floors", "grad_weight_fro_in_floo
 CPU_GEMM_RATES = Kind("cpu_gemm_rates", ("kind", "dtype", "m", "k", "n", "seconds", "gflops", "rate_over_fp32",
                                          "support", "probe_slowdown", "probe_cost_s", "isa_caps", *PROVENANCE_COLUMNS),
                       "GEMM rate of one dtype on this CPU and lce.cpu_gemms' verdict (python -m analysis cpu-kinds)")
+CPU_GEMM_PROBE = Kind("cpu_gemm_probe", ("kind", "method", "dtype", "threads", "load", "process", "support", "source",
+                                         "slowdown", "probe_s", "isa_caps", *PROVENANCE_COLUMNS),
+                      "one fresh process's bf16 or fp16 verdict by lce.cpu_gemms or the earlier probe, at a thread "
+                      "count, idle or with every core busy (python -m analysis cpu-probe)")
 RECOMMEND_CHECK = Kind("recommend_check", ("kind", "dtype", "N", "D", "C", "budget", "budget_bytes", "role", "label",
                                            "policy", "acc_dtype", "batch_chunk_size", "class_chunk_size",
                                            "bf16_gemms_assumed", "predicted_peak_bytes", "predicted_error",
@@ -221,8 +225,8 @@ REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
                                                        TRAINING, BUDGETS, CLASS_TILING, FEATURES, FEATURE_COST,
-                                                       VOCAB_PARALLEL, CPU_GEMM_RATES, RECOMMEND_CHECK, GPU_BENCH,
-                                                       GPU_MEMORY, HF_STEP, HEAD_TRAINING)}
+                                                       VOCAB_PARALLEL, CPU_GEMM_RATES, CPU_GEMM_PROBE, RECOMMEND_CHECK,
+                                                       GPU_BENCH, GPU_MEMORY, HF_STEP, HEAD_TRAINING)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

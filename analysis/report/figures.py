@@ -21,6 +21,7 @@ from analysis.core.results_io import (
     BUDGETS,
     CHUNK_SWEEP,
     CLASS_TILING,
+    CPU_GEMM_PROBE,
     CPU_GEMM_RATES,
     FAMILY_STATS,
     FEATURES,
@@ -108,12 +109,12 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
                        family_stats=family_stats, margins=margins, rare_rows=rare)
     matter = [load_kind(results, kind.name)
               for kind in (NOISE, TRAINING, BUDGETS, CLASS_TILING, FEATURES, VOCAB_PARALLEL, CPU_GEMM_RATES,
-                           RECOMMEND_CHECK, HF_STEP, HEAD_TRAINING)]
+                           RECOMMEND_CHECK, HF_STEP, HEAD_TRAINING, CPU_GEMM_PROBE)]
     figures += nb06_does_it_matter.draw_all(matter[0][1], matter[1][1])
     figures += nb07_choosing_options.draw_budget_figures(matter[2][1], matter[3][1])
     figures += nb08_beyond_torch.draw_feature_figures(matter[4][1])
     figures += nb08_beyond_torch.draw_vocab_parallel_figures(matter[5][1])
-    figures += nb09_cpu_kinds.draw_cpu_kind_figures(matter[6][1], matter[7][1])
+    figures += nb09_cpu_kinds.draw_cpu_kind_figures(matter[6][1], matter[7][1], matter[10][1])
     figures += hf_step.draw_hf_step_figures(matter[8][1])
     head = matter[9][1]
     figures += nb10_long_horizon.draw_long_horizon_figures(head[head["setting"] == "full"] if not head.empty else head)

@@ -1,6 +1,7 @@
 """Notebook 09 (CPU kinds: native or emulated bf16/fp16 GEMMs): its figures, the key numbers its prose quotes
 (each claim asserted in tests/claims/test_nb09_cpu_kinds.py) and its README block, from ``cpu_gemm_rates.csv``
-and ``recommend_check.csv`` (``python -m analysis cpu-kinds [--avx2-stand-in]``). Nothing here measures.
+and ``recommend_check.csv`` (``python -m analysis cpu-kinds [--avx2-stand-in]``), and ``cpu_gemm_probe.csv``
+(``python -m analysis cpu-probe [--avx2-stand-in]``). Nothing here measures.
 """
 
 from __future__ import annotations
@@ -9,14 +10,14 @@ import numpy as np
 import pandas as pd
 
 from analysis.core.provenance import cpu_kind
-from analysis.core.results_io import CPU_GEMM_RATES, RECOMMEND_CHECK, latest, load_kind
+from analysis.core.results_io import CPU_GEMM_PROBE, CPU_GEMM_RATES, RECOMMEND_CHECK, latest, load_kind
 from analysis.report.style import CaptionedFigure, apply_style, new_figure
 from analysis.report.tables import markdown_table
 from lce.cpu_gemms import EMULATED_SLOWDOWN
 
-__all__ = ["with_kinds", "rate_numbers", "recommend_numbers", "blind_numbers", "estimate_overshoot",
-           "plot_cpu_gemm_rates",
-           "plot_recommend_check", "draw_cpu_kind_figures", "readme_cpu_kinds"]
+__all__ = ["with_kinds", "rate_numbers", "recommend_numbers", "blind_numbers", "estimate_overshoot", "probe_numbers",
+           "plot_cpu_gemm_rates", "plot_recommend_check", "plot_cpu_gemm_probe", "draw_cpu_kind_figures",
+           "readme_cpu_kinds", "readme_cpu_probe"]
 
 DTYPE_COLOURS = {"float32": "tab:blue", "bfloat16": "tab:orange", "float16": "tab:green"}
 ROLES = ("pick", "pick measure=True", "capability-blind pick")
@@ -172,9 +173,100 @@ def plot_recommend_check(check: pd.DataFrame) -> CaptionedFigure | None:
     return CaptionedFigure(fig, "recommend_check", caption)
 
 
-def draw_cpu_kind_figures(rates: pd.DataFrame, check: pd.DataFrame) -> list[CaptionedFigure]:
+def probe_numbers(probe: pd.DataFrame) -> pd.DataFrame:
+    """Per CPU kind, method and dtype (every run of ``cpu_gemm_probe.csv``): how many fresh processes measured, how
+    many called the dtype native and how many emulated, in how many conditions (thread count x load) the verdict
+    was not unanimous, and the slowdowns' range."""
+    data = with_kinds(probe)
+    rows = []
+    for (kind, method, dtype), group in data.groupby(["cpu_kind", "method", "dtype"], sort=True):
+        per_condition = group.groupby(["threads", "load"])["support"].nunique()
+        native = group[group["support"] == "native"]
+        rows.append({"cpu_kind": kind, "method": method, "dtype": dtype, "processes": len(group),
+                     "conditions": len(per_condition), "native": int((group["support"] == "native").sum()),
+                     "emulated": int((group["support"] == "emulated").sum()),
+                     "split_conditions": int((per_condition > 1).sum()),
+                     "slowdown_min": group["slowdown"].min(), "slowdown_max": group["slowdown"].max(),
+                     "native_conditions": ", ".join(f"{t} thr {load}" for t, load
+                                                    in dict.fromkeys(zip(native["threads"], native["load"],
+                                                                         strict=True))),
+                     "probe_s_max": group["probe_s"].max(), "date": str(group["date"].max())[:10]})
+    return pd.DataFrame(rows)
+
+
+def plot_cpu_gemm_probe(probe: pd.DataFrame) -> CaptionedFigure | None:
+    """Per CPU kind: each fresh process's slowdown (dtype over fp32's time) per thread count and load, for
+    lce.cpu_gemms and for the earlier probe, with each method's threshold."""
+    if probe.empty:
+        return None
+    from analysis.studies.cpu_probe import EARLIER_METHOD, EARLIER_THRESHOLD, THIS_METHOD
+
+    apply_style()
+    data = with_kinds(probe)
+    kinds = sorted(data["cpu_kind"].unique())
+    fig = new_figure(5.0 * len(kinds), 4.2)
+    axes = np.atleast_1d(fig.subplots(1, len(kinds), sharey=True))
+    markers = {THIS_METHOD: "o", EARLIER_METHOD: "x"}
+    for ax, kind in zip(axes, kinds, strict=True):
+        group = data[data["cpu_kind"] == kind]
+        conditions = sorted(dict.fromkeys(zip(group["load"], group["threads"], strict=True)),
+                            key=lambda condition: (condition[0] != "idle", condition[1]))
+        position = {condition: index for index, condition in enumerate(conditions)}
+        for (method, dtype), rows in group.groupby(["method", "dtype"]):
+            shift = (0.12 if method == THIS_METHOD else -0.12) + (0.05 if dtype == "float16" else -0.05)
+            x = [position[(load, threads)] + shift for load, threads in zip(rows["load"], rows["threads"],
+                                                                             strict=True)]
+            ax.scatter(x, rows["slowdown"], marker=markers[method], color=DTYPE_COLOURS[dtype], s=22,
+                       label=f"{dtype}, {method}")
+        ax.axhline(EMULATED_SLOWDOWN, color="tab:blue", lw=0.8, ls="--")
+        ax.axhline(EARLIER_THRESHOLD, color="tab:red", lw=0.8, ls=":")
+        ax.text(len(conditions) - 0.5, EMULATED_SLOWDOWN * 1.08, f"lce: emulated above {EMULATED_SLOWDOWN:g}x",
+                ha="right", fontsize=6, color="tab:blue")
+        ax.text(len(conditions) - 0.5, EARLIER_THRESHOLD / 1.25, f"earlier: above {EARLIER_THRESHOLD:g}x", ha="right",
+                fontsize=6, color="tab:red")
+        ax.set_xticks(range(len(conditions)), [f"{threads} thread{'s' if threads > 1 else ''}\n{load}"
+                                               for load, threads in conditions], fontsize=6)
+        ax.set_yscale("log")
+        ax.set_title(kind, fontsize=7)
+    axes[0].set_ylabel("dtype's time / fp32's (64x256x256 product)")
+    axes[0].legend(fontsize=6, loc="center left")
+    fig.suptitle("Native or emulated: does the verdict depend on the thread count or on the load?", fontsize=9)
+    caption = ("Each point is one fresh process's verdict on bf16 (orange) or fp16 (green): lce.cpu_gemms' one-thread "
+               "interleaved check (circles; emulated above the dashed line) and the earlier probe at the process's "
+               "thread count (crosses; above the dotted line), per thread count, with the other cores idle or every "
+               "core busy with a spinning process (python -m analysis cpu-probe [--avx2-stand-in]). A verdict that "
+               "does not depend on the conditions keeps one side of its line in every column.")
+    return CaptionedFigure(fig, "cpu_gemm_probe", caption)
+
+
+def draw_cpu_kind_figures(rates: pd.DataFrame, check: pd.DataFrame,
+                          probe: pd.DataFrame | None = None) -> list[CaptionedFigure]:
     """Every figure this module draws that has data."""
-    return [figure for figure in (plot_cpu_gemm_rates(rates), plot_recommend_check(check)) if figure is not None]
+    figures = (plot_cpu_gemm_rates(rates), plot_recommend_check(check),
+               plot_cpu_gemm_probe(probe if probe is not None else pd.DataFrame()))
+    return [figure for figure in figures if figure is not None]
+
+
+def readme_cpu_probe(results) -> str:
+    """The README's "cpu-probe" block: per CPU kind, method and dtype, the verdicts of every fresh process over the
+    thread counts and loads measured."""
+    _, probe = load_kind(results, CPU_GEMM_PROBE.name)
+    if probe.empty:
+        return "No probe run has been recorded yet (`python -m analysis cpu-probe`).\n"
+    numbers = probe_numbers(probe)
+    threads = ", ".join(str(t) for t in sorted(probe["threads"].unique()))
+    numbers = numbers.assign(
+        verdicts=[f"{n} native, {e} emulated" for n, e in zip(numbers["native"], numbers["emulated"], strict=True)],
+        slowdowns=[f"{low:.2g}-{high:.2g}x" for low, high in zip(numbers["slowdown_min"], numbers["slowdown_max"],
+                                                                 strict=True)],
+        native_conditions=["none" if not text else "every one" if text.count(",") + 1 == conditions else text
+                           for text, conditions in zip(numbers["native_conditions"], numbers["conditions"],
+                                                       strict=True)])
+    text = markdown_table(numbers[["cpu_kind", "method", "dtype", "verdicts", "native_conditions", "slowdowns",
+                                   "date"]].rename(columns={
+        "cpu_kind": "CPU kind", "method": "method", "verdicts": f"fresh processes (threads {threads}, idle / busy)",
+        "native_conditions": "conditions where it said native", "slowdowns": "slowdown range"}), {})
+    return text
 
 
 def readme_cpu_kinds(results) -> str:

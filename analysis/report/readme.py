@@ -28,7 +28,7 @@ from analysis.report.nb05_realistic_inputs import readme_realistic_inputs
 from analysis.report.nb06_does_it_matter import readme_does_it_matter
 from analysis.report.nb07_choosing_options import readme_budgets, readme_error_model, readme_recommend
 from analysis.report.nb08_beyond_torch import readme_features, readme_vocab_parallel
-from analysis.report.nb09_cpu_kinds import readme_cpu_kinds
+from analysis.report.nb09_cpu_kinds import readme_cpu_kinds, readme_cpu_probe
 from analysis.report.nb10_long_horizon import readme_long_horizon
 from analysis.sweep.grids import GRIDS
 from lce.policies import CPU_MIN_ROWS
@@ -194,6 +194,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "features": readme_features,
     "vocab-parallel": readme_vocab_parallel,
     "cpu-kinds": readme_cpu_kinds,
+    "cpu-probe": readme_cpu_probe,
     "hf-step": readme_hf_step,
     "long-horizon": readme_long_horizon,
 }

@@ -1,5 +1,5 @@
 """Claims of notebook 09 and of the README's "CPU kinds" section, each a named assertion over the committed results
-(cpu_gemm_rates.csv, recommend_check.csv). A failure names the sentence to rewrite."""
+(cpu_gemm_rates.csv, recommend_check.csv, cpu_gemm_probe.csv). A failure names the sentence to rewrite."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import functools
 
 import pandas as pd
 
-from analysis.core.results_io import CPU_GEMM_RATES, RECOMMEND_CHECK, load_kind
-from analysis.paths import RESULTS_DIR
+from analysis.core.results_io import CPU_GEMM_PROBE, CPU_GEMM_RATES, RECOMMEND_CHECK, load_kind
+from analysis.paths import RESULTS_DIR, ROOT
 from analysis.report import nb09_cpu_kinds as nb09
+from analysis.studies.cpu_probe import EARLIER_METHOD, THIS_METHOD
 from lce.cpu_gemms import EMULATED_SLOWDOWN
 
 
@@ -108,3 +109,42 @@ def test_the_cpu_row_floors_stay_near_the_fastest_size_and_32_rows_are_slower_on
             assert time[floor] <= 1.3 * best, (kind, dtype)
         else:
             assert time[floor] <= best * 1.15 + spread[floor] / 2, (kind, dtype)
+
+
+# ---- the verdict under load (cpu_gemm_probe.csv; README "The probe under load", notebook 09's third section) ----
+
+def _probe() -> pd.DataFrame:
+    return nb09.probe_numbers(_kind(CPU_GEMM_PROBE.name))
+
+
+def test_lces_verdict_is_unanimous_per_cpu_kind_and_dtype_at_every_thread_count_and_load():
+    """"lce's verdict was unanimous for each CPU kind and dtype ... natively and under the stand-in" (README: "lce's
+    verdict is the same in every condition"), and it is the kind's own: emulated under the stand-in."""
+    ours = _probe()[lambda t: t["method"] == THIS_METHOD]
+    assert set(ours["cpu_kind"].str.contains("stand-in")) == {True, False}  # both environments measured
+    assert (ours["conditions"] >= 4).all()  # at least 1 and 2 threads, idle and busy
+    assert ((ours["native"] == 0) | (ours["emulated"] == 0)).all()
+    stand_in = ours["cpu_kind"].str.contains("stand-in")
+    assert (ours.loc[stand_in, "native"] == 0).all()
+
+
+def test_lces_slowdowns_keep_their_side_of_the_threshold_with_room():
+    """"at most {x}x where native, at least {y}x where emulated" on either side of the threshold."""
+    ours = _probe()[lambda t: t["method"] == THIS_METHOD]
+    assert (ours.loc[ours["native"] > 0, "slowdown_max"] < EMULATED_SLOWDOWN / 2).all()
+    assert (ours.loc[ours["emulated"] > 0, "slowdown_min"] > EMULATED_SLOWDOWN * 1.5).all()
+
+
+def test_the_earlier_probe_called_the_stand_ins_emulated_gemms_native_only_with_every_core_busy_at_2_threads():
+    """README: "Under the stand-in with every core busy, the earlier probe called emulated bf16 and fp16 native at 2
+    threads"; notebook 09: "every one of them in the condition 2 thr every core busy"."""
+    earlier = _probe()[lambda t: (t["method"] == EARLIER_METHOD) & t["cpu_kind"].str.contains("stand-in")]
+    assert set(earlier["dtype"]) == {"bfloat16", "float16"}
+    assert (earlier["native"] > 0).all()
+    assert set(earlier["native_conditions"]) == {"2 thr every core busy"}
+
+
+def test_the_readme_states_the_threshold_lce_uses():
+    """README: "the dtype is *emulated* when it takes more than {EMULATED_SLOWDOWN}x fp32's time"."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"when it takes more than {EMULATED_SLOWDOWN:g}x fp32's time" in text
