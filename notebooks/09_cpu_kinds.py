@@ -93,9 +93,9 @@ ours, earlier = verdicts[verdicts["method"] == THIS_METHOD], verdicts[verdicts["
 stand_in = earlier[earlier["cpu_kind"].str.contains("stand-in")]
 ours_native = ours[ours["native"] > 0]
 ours_emulated = ours[ours["emulated"] > 0]
-Markdown(f"""**Conclusion.** lce's verdict was unanimous for each CPU kind and dtype: {int(ours["processes"].sum())}
-fresh processes over {int(ours["conditions"].max())} conditions (1 and {int(probe["threads"].max())} threads, idle and
-every core busy) each, natively and under the stand-in. Its slowdowns stayed on their side of the
+Markdown(f"""**Conclusion.** lce's verdict was unanimous for each CPU kind and dtype: {int(ours["processes"].max())}
+fresh processes each, over {int(ours["conditions"].max())} conditions (1 and {int(probe["threads"].max())} threads,
+idle and every core busy), natively and under the stand-in. Its slowdowns stayed on their side of the
 {EMULATED_SLOWDOWN:g}× threshold with room to spare: at most {ours_native["slowdown_max"].max():.2g}× where native, at
 least {ours_emulated["slowdown_min"].min():.0f}× where emulated. The earlier probe, on the same processes, called the
 stand-in's emulated bf16 and fp16 native in {int(stand_in["native"].max())} of {int(stand_in["processes"].max())}
