@@ -182,14 +182,14 @@ def probe_numbers(probe: pd.DataFrame) -> pd.DataFrame:
     for (kind, method, dtype), group in data.groupby(["cpu_kind", "method", "dtype"], sort=True):
         per_condition = group.groupby(["threads", "load"])["support"].nunique()
         native = group[group["support"] == "native"]
+        native_conditions = list(dict.fromkeys(zip(native["threads"], native["load"], strict=True)))
         rows.append({"cpu_kind": kind, "method": method, "dtype": dtype, "processes": len(group),
                      "conditions": len(per_condition), "native": int((group["support"] == "native").sum()),
                      "emulated": int((group["support"] == "emulated").sum()),
                      "split_conditions": int((per_condition > 1).sum()),
                      "slowdown_min": group["slowdown"].min(), "slowdown_max": group["slowdown"].max(),
-                     "native_conditions": ", ".join(f"{t} thr {load}" for t, load
-                                                    in dict.fromkeys(zip(native["threads"], native["load"],
-                                                                         strict=True))),
+                     "native_conditions": ", ".join(f"{t} thr {load}" for t, load in native_conditions),
+                     "native_condition_count": len(native_conditions),
                      "probe_s_max": group["probe_s"].max(), "date": str(group["date"].max())[:10]})
     return pd.DataFrame(rows)
 
@@ -259,9 +259,10 @@ def readme_cpu_probe(results) -> str:
         verdicts=[f"{n} native, {e} emulated" for n, e in zip(numbers["native"], numbers["emulated"], strict=True)],
         slowdowns=[f"{low:.2g}-{high:.2g}x" for low, high in zip(numbers["slowdown_min"], numbers["slowdown_max"],
                                                                  strict=True)],
-        native_conditions=["none" if not text else "every one" if text.count(",") + 1 == conditions else text
-                           for text, conditions in zip(numbers["native_conditions"], numbers["conditions"],
-                                                       strict=True)])
+        native_conditions=["none" if count == 0 else "every one" if count == conditions else text
+                           for text, count, conditions in zip(numbers["native_conditions"],
+                                                              numbers["native_condition_count"],
+                                                              numbers["conditions"], strict=True)])
     text = markdown_table(numbers[["cpu_kind", "method", "dtype", "verdicts", "native_conditions", "slowdowns",
                                    "date"]].rename(columns={
         "cpu_kind": "CPU kind", "method": "method", "verdicts": f"fresh processes (threads {threads}, idle / busy)",

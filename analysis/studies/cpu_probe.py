@@ -33,7 +33,7 @@ from analysis.studies.cpu_kinds import AVX2_STAND_IN, isa_caps
 from lce.options import dtype_name
 
 __all__ = ["LOADS", "PROCESSES", "EARLIER_THRESHOLD", "THIS_METHOD", "EARLIER_METHOD", "earlier_probe", "thread_counts",
-           "probe_rows"]
+           "every_core_busy", "probe_rows"]
 
 LOADS = ("idle", "every core busy")
 PROCESSES = 3
@@ -88,7 +88,8 @@ def _child(threads: int) -> list[dict[str, object]]:
 
 
 @contextlib.contextmanager
-def _every_core_busy() -> Iterator[None]:
+def every_core_busy() -> Iterator[None]:
+    """One spinning process per core for the duration: a process measured inside has no core to itself."""
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
     try:
         time.sleep(0.2)  # let the spinners take their cores
@@ -108,7 +109,7 @@ def probe_rows(processes: int = PROCESSES, progress: bool = True) -> pd.DataFram
     plan = [(load, threads, index) for load in LOADS for threads in thread_counts() for index in range(processes)]
     rows = []
     for load, threads, index in tqdm(plan, desc="cpu probe", unit="process", disable=not progress):
-        with _every_core_busy() if load == "every core busy" else contextlib.nullcontext():
+        with every_core_busy() if load == "every core busy" else contextlib.nullcontext():
             done = subprocess.run([sys.executable, "-m", "analysis.studies.cpu_probe", str(threads)], cwd=ROOT,
                                   env=environment, capture_output=True, text=True, check=True, timeout=600)
         for row in json.loads(done.stdout.strip().splitlines()[-1]):

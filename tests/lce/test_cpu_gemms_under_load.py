@@ -14,11 +14,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
 from analysis.studies.cpu_kinds import AVX2_STAND_IN
+from analysis.studies.cpu_probe import every_core_busy
 
 pytestmark = pytest.mark.slow
 
@@ -41,24 +41,11 @@ print(json.dumps({"rows": rows, "plan_gemms": gemms, "plan_text": str(plan)}))
 """
 
 
-@contextlib.contextmanager
-def _every_core_busy() -> Iterator[None]:
-    """One spinning process per core for the duration (the heaviest load: lce's process has no core to itself)."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
-    try:
-        yield
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-        for spinner in spinners:
-            spinner.wait()
-
-
 def _decide(stand_in: bool, busy: bool) -> dict:
     environment = {key: value for key, value in os.environ.items() if key != "LCE_CPU_GEMMS"}
     if stand_in:
         environment.update(AVX2_STAND_IN)
-    with _every_core_busy() if busy else contextlib.nullcontext():
+    with every_core_busy() if busy else contextlib.nullcontext():
         done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=environment,
                               timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
