@@ -1,4 +1,5 @@
-"""Whether this CPU runs bf16 and fp16 GEMMs natively or emulates them: decided once per process and dtype.
+"""Whether this CPU runs bf16 and fp16 GEMMs natively, natively but slower than fp32, or emulates them: decided
+once per process and dtype.
 
 Why it matters. torch's bf16/fp16 matmuls on an x86 CPU are fast only where its oneDNN backend has
 kernels for the CPU's instruction set; elsewhere they fall back to a slow generic loop. Measured at
@@ -7,14 +8,21 @@ AVX512-BF16, about 2.5-3.4x on an Intel Xeon with AMX, 0.2x on an Intel Xeon wit
 and about 80x *slower* than fp32 on an AMD EPYC with AVX2 only (0.5 vs 39 GFLOP/s); the same Xeon with
 oneDNN, MKL and ATen limited to AVX2 (``ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 ATEN_CPU_CAPABILITY=avx2``, the *AVX2 stand-in*) emulates too, about 90x slower than its fp32. A plan
-that runs bf16 GEMMs to save time would, on such a CPU, run many times slower than the all-fp32 one.
+that runs bf16 GEMMs to save time would, on such a CPU, run many times slower than the all-fp32 one; on the
+AVX512F Xeon it would still run about 4-5x slower. Three verdicts, then: *native* (a kernel at or above about
+fp32's rate), *slow* (a kernel, but more than :data:`SLOW_SLOWDOWN` times fp32's time: it converts to fp32
+inside; ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` on an AMX Xeon, the *AVX512F stand-in*, measures 4.5-4.8x) and
+*emulated*. lce's plans run the GEMMs of a slow or emulated dtype on fp32 copies (:mod:`lce.gemm`): the same
+arithmetic at fp32's speed.
 
 Method, in two steps; neither depends on what else the machine runs or on torch's thread count.
 
 1. **The CPU's flags** (x86 Linux, ``/proc/cpuinfo``). oneDNN has bf16 GEMM kernels only from
    AVX512 (BW/VL/DQ) or AVX-NE-CONVERT up, and fp16 ones only with AVX512-FP16, AMX-FP16 or
    AVX-NE-CONVERT (:data:`KERNEL_FLAGS`). A CPU with none of a dtype's flags emulates it whatever
-   torch does: the verdict is "emulated", source "cpu flags", with nothing timed.
+   torch does: the verdict is "emulated", source "cpu flags", with nothing timed. A CPU whose only bf16
+   flag is AVX512BW (no AVX512-BF16, AMX-BF16 or AVX-NE-CONVERT: the AVX512F Xeon) has only the converting
+   kernel: "slow", source "cpu flags" (:data:`CONVERTING_ONLY_FLAGS`).
 2. **A timed check** where the flags allow a kernel (or are unknown: another OS or architecture),
    since they say what the CPU has, not what this build of torch does with it (an ISA cap in the
    environment, as the stand-in sets, or a build without oneDNN). lce times a (64, 256) @ (256, 256)
@@ -25,10 +33,11 @@ Method, in two steps; neither depends on what else the machine runs or on torch'
    under ``pytest -n auto``, issue 29). One thread runs fp32 at its efficient rate already at this
    shape (130 GFLOP/s on an AMX Xeon core), and the best of the rounds is a run that was not
    preempted, so load can only make an emulated dtype look slower, never faster. The dtype is
-   *emulated* when its best takes more than :data:`EMULATED_SLOWDOWN` times fp32's: the two kinds
-   lie far apart on one thread: native 0.8-1.6x fp32's time on an AMX Xeon (bf16 at 0.2x fp32's
-   rate on the AVX512F Xeon suggests about 5x there, the slowest kernel we know of); emulated 23-37x
-   under the AVX2 stand-in, idle or with every core busy, and 26-32x on the AVX2-only EPYC.
+   *emulated* when its best takes more than :data:`EMULATED_SLOWDOWN` times fp32's and *slow* when
+   more than :data:`SLOW_SLOWDOWN` times: the kinds lie apart on one thread: native 0.6-1.7x fp32's
+   time on an AMX Xeon (bf16 0.6-1.0x, fp16 with AVX512-FP16 1.4-1.7x, idle or every core busy);
+   slow 4.5-4.8x (bf16 under the AVX512F stand-in); emulated 23-37x under the AVX2 stand-in, idle or
+   with every core busy, and 26-32x on the AVX2-only EPYC.
 
 Cost: nothing where the flags decide; a few milliseconds per dtype on a native CPU; about 50 ms per
 dtype on an emulating one (the check stops once the gap is unmistakable). Once per process and dtype,
@@ -38,7 +47,7 @@ One verdict per run: a process that starts workers hands them its verdicts (:fun
 :func:`adopt` in the worker), so that a worker never plans differently from its parent.
 
 Overrides, for tests and for a user who knows better: the environment variable ``LCE_CPU_GEMMS``
-(``native``, ``emulated``, or per dtype ``bfloat16=native,float16=emulated``), read once at the first
+(``native``, ``slow``, ``emulated``, or per dtype ``bfloat16=native,float16=emulated``), read once at the first
 query, and :func:`lce.testing.cpu_gemms` (a context manager, which wins over everything). Neither
 runs the check.
 """
@@ -56,12 +65,14 @@ from typing import Literal
 
 import torch
 
-__all__ = ["Support", "GemmSupport", "ENV_VAR", "EMULATED_SLOWDOWN", "LOW_PRECISION", "KERNEL_FLAGS", "PROBE_ROUNDS",
+__all__ = ["Support", "GemmSupport", "ENV_VAR", "EMULATED_SLOWDOWN", "SLOW_SLOWDOWN", "LOW_PRECISION", "KERNEL_FLAGS",
+           "CONVERTING_ONLY_FLAGS", "NATIVE_RATES", "FLAGGED_EMULATION_RATE", "FLAGGED_SLOW_RATE", "PROBE_ROUNDS",
+           "rate_vs_fp32",
            "gemm_support", "probe", "measure", "cpu_flags", "flags_verdict", "describe", "parse_setting", "verdicts",
            "adopt", "CPU_GEMMS_OVERRIDE"]
 
-Support = Literal["native", "emulated"]
-SUPPORTS: tuple[Support, ...] = ("native", "emulated")
+Support = Literal["native", "slow", "emulated"]
+SUPPORTS: tuple[Support, ...] = ("native", "slow", "emulated")
 
 LOW_PRECISION: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
 """The dtypes whose CPU GEMMs can be emulated (fp32 and fp64 GEMMs are always native)."""
@@ -73,12 +84,36 @@ EMULATED_SLOWDOWN = 12.0
 mean of the slowest native kernel (bf16 on an AVX512F Xeon without AVX512-BF16, about 5x) and the fastest
 emulation (23x, the AVX2 stand-in; see the module docstring)."""
 
+SLOW_SLOWDOWN = 2.5
+"""A dtype whose one-thread check takes more than this many times fp32's time (and at most
+:data:`EMULATED_SLOWDOWN`) is slow: between the slowest fast kernel measured (fp16 with AVX512-FP16, 1.7x) and the
+converting bf16 kernel (4.5x under the AVX512F stand-in), near their geometric mean (2.8x)."""
+
 KERNEL_FLAGS: dict[torch.dtype, tuple[str, ...]] = {
     torch.bfloat16: ("avx512bw", "avx512_bf16", "amx_bf16", "avx_ne_convert"),
     torch.float16: ("avx512_fp16", "amx_fp16", "avx_ne_convert"),
 }
 """Per dtype, the x86 CPU flags (as Linux names them) of which a CPU needs at least one for oneDNN to have a GEMM
 kernel in that dtype; a CPU with none of them emulates it."""
+
+CONVERTING_ONLY_FLAGS: dict[torch.dtype, tuple[str, ...]] = {torch.bfloat16: ("avx512bw",), torch.float16: ()}
+"""Per dtype, the flags of :data:`KERNEL_FLAGS` that give only a kernel converting to fp32 inside: a CPU whose
+kernel flags for the dtype are all among these runs it slow (bf16 at 0.2x fp32's rate on the AVX512F Xeon)."""
+
+NATIVE_RATES: tuple[tuple[str, dict[torch.dtype, float]], ...] = (
+    ("amx_bf16", {torch.bfloat16: 2.5}),
+    ("avx512_bf16", {torch.bfloat16: 1.5}),
+)
+"""Large-GEMM rate over fp32's of a native kernel, by the first flag this CPU has (the kinds measured at 512x512x8192:
+AMX Xeon 2.5-3.6x, AVX512-BF16 EPYC 1.5x; ``analysis/results/cpu_gemm_rates.csv``); 1.0 where none is listed
+(fp16 with AVX512-FP16 measured 0.9-1.1x). The one-thread check's small product cannot tell these apart (the AMX
+Xeon's bf16 is 0.6-1.0x fp32's time there), so the flags do."""
+
+FLAGGED_EMULATION_RATE = 1 / 80
+"""The rate over fp32's of a dtype the flags call emulated (nothing timed): the AVX2 EPYC's measured bf16."""
+
+FLAGGED_SLOW_RATE = 0.2
+"""The rate over fp32's of a dtype the flags call slow (nothing timed): the AVX512F Xeon's measured bf16."""
 
 PROBE_ROUNDS = 5
 """Interleaved fp32/dtype timings the check takes the best of (after one warm-up of each)."""
@@ -108,6 +143,11 @@ class GemmSupport:
     @property
     def emulated(self) -> bool:
         return self.support == "emulated"
+
+    @property
+    def slower_than_fp32(self) -> bool:
+        """Slow or emulated: lce runs this dtype's GEMMs on fp32 copies instead (the same arithmetic)."""
+        return self.support != "native"
 
     @property
     def dtype_name(self) -> str:
@@ -203,11 +243,34 @@ def cpu_flags() -> frozenset[str] | None:
 
 
 def flags_verdict(dtype: torch.dtype, flags: frozenset[str] | None) -> Support | None:
-    """"emulated" when ``flags`` are known and hold none of :data:`KERNEL_FLAGS` for ``dtype``; None when only a
-    timed check can tell (the flags allow a kernel, or are unknown)."""
-    if flags is None or any(flag in flags for flag in KERNEL_FLAGS[dtype]):
+    """"emulated" when ``flags`` are known and hold none of :data:`KERNEL_FLAGS` for ``dtype``, "slow" when the ones
+    they hold are all :data:`CONVERTING_ONLY_FLAGS`; None when only a timed check can tell (a fast kernel's flag,
+    or unknown flags)."""
+    if flags is None:
         return None
-    return "emulated"
+    held = [flag for flag in KERNEL_FLAGS[dtype] if flag in flags]
+    if not held:
+        return "emulated"
+    if all(flag in CONVERTING_ONLY_FLAGS[dtype] for flag in held):
+        return "slow"
+    return None
+
+
+def rate_vs_fp32(support: GemmSupport, flags: frozenset[str] | None | Literal["this cpu"] = "this cpu") -> float:
+    """Large-GEMM FLOP rate of ``support``'s dtype over fp32's on this CPU (or one with ``flags``): the timed check's
+    ``1 / slowdown`` for a slow or emulated dtype where it was timed, :data:`FLAGGED_EMULATION_RATE` where the flags
+    said emulated, and for a native one :data:`NATIVE_RATES` by the CPU's flags. An estimate for ranking plans."""
+    if support.dtype not in LOW_PRECISION:
+        return 1.0
+    if support.slower_than_fp32:
+        if support.slowdown is not None:
+            return 1.0 / max(support.slowdown, 1.0)
+        return FLAGGED_EMULATION_RATE if support.emulated else FLAGGED_SLOW_RATE
+    flags = cpu_flags() if flags == "this cpu" else flags
+    for flag, rates in NATIVE_RATES:
+        if flags is not None and flag in flags and support.dtype in rates:
+            return rates[support.dtype]
+    return 1.0
 
 
 @functools.cache
@@ -221,10 +284,12 @@ def measure(dtype: torch.dtype, flags: frozenset[str] | None | Literal["this cpu
     out, else by the one-thread timed check (see the module docstring)."""
     if dtype not in LOW_PRECISION:
         raise ValueError(f"dtype must be one of {LOW_PRECISION}; got {dtype!r}")
-    if flags_verdict(dtype, cpu_flags() if flags == "this cpu" else flags) == "emulated":
-        return GemmSupport(dtype, "emulated", "cpu flags")
+    by_flags = flags_verdict(dtype, cpu_flags() if flags == "this cpu" else flags)
+    if by_flags is not None:
+        return GemmSupport(dtype, by_flags, "cpu flags")
     slowdown = _one_thread_slowdown(dtype)
-    return GemmSupport(dtype, "emulated" if slowdown > EMULATED_SLOWDOWN else "native", "measured", slowdown)
+    support = "emulated" if slowdown > EMULATED_SLOWDOWN else "slow" if slowdown > SLOW_SLOWDOWN else "native"
+    return GemmSupport(dtype, support, "measured", slowdown)
 
 
 def _one_thread_slowdown(dtype: torch.dtype) -> float:

@@ -157,9 +157,10 @@ class Plan:
         """Whether GEMMs on input-dtype operands are computed on fp32 copies of them (a block at a time) and
         rounded once, by :mod:`lce.gemm`, instead of by the CPU's own kernel: the same arithmetic (fp32 sums,
         one rounding), at fp32's speed. On CPU tensors for fp16 always (no CPU measured runs fp16 GEMMs faster
-        than fp32: emulated, or about fp32's rate with AVX512-FP16) and for bf16 where it is emulated."""
+        than fp32: emulated, or about fp32's rate with AVX512-FP16) and for bf16 where its kernel is slower than
+        fp32's (slow or emulated)."""
         support = self.cpu_gemms
-        return support is not None and (support.emulated or support.dtype == torch.float16)
+        return support is not None and (support.slower_than_fp32 or support.dtype == torch.float16)
 
     def gemm_in_fp32(self, name: GemmName) -> bool:
         """Whether the named GEMM goes through fp32 copies of its operands' blocks (:mod:`lce.gemm`): every GEMM
@@ -341,11 +342,12 @@ def make_plan(
             layout = _all_gemms_in_acc(layout)
             notes.append("fp16 GEMMs run in acc_dtype on CPU: no CPU measured runs them faster than fp32 "
                          "(emulated, or at about fp32's rate), so narrow ones would only lose precision")
-        elif support.emulated and acc_dtype != dtype and layout != _all_gemms_in_acc(layout):
+        elif support.slower_than_fp32 and acc_dtype != dtype and layout != _all_gemms_in_acc(layout):
             layout = _all_gemms_in_acc(layout)
-            notes.append(f"{dtype_name(dtype)} GEMMs are emulated on this CPU ({support.source}: lce.cpu_gemms), "
-                         f"many times slower than fp32: this layout's {dtype_name(dtype)} GEMMs run in acc_dtype "
-                         "instead (exact upcasts: the same or less error, at fp32's speed)")
+            how = "emulated on this CPU" if support.emulated else "slower than fp32's on this CPU"
+            notes.append(f"{dtype_name(dtype)} GEMMs are {how} ({support.source}: lce.cpu_gemms): this layout's "
+                         f"{dtype_name(dtype)} GEMMs run in acc_dtype instead (exact upcasts: the same or less "
+                         "error, at fp32's speed)")
 
     return Plan(
         device_kind=kind,

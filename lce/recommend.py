@@ -34,13 +34,14 @@ from collections.abc import Mapping
 
 import torch
 
+from .cpu_gemms import rate_vs_fp32
 from .error_model import ACCURACY, predict_errors
 from .functional import linear_cross_entropy
 from .options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dtype_name
 from .plan import Plan, make_plan
 
 __all__ = ["Recommendation", "Candidate", "recommend", "candidates", "estimated_seconds", "gemm_compute_dtype",
-           "DEFAULT_MAX_ERROR", "DeviceSpeed", "DEVICE_SPEEDS"]
+           "gemm_flops", "DEFAULT_MAX_ERROR", "DeviceSpeed", "DEVICE_SPEEDS"]
 
 DEFAULT_MAX_ERROR: dict[torch.dtype, float] = {torch.bfloat16: 2.0, torch.float16: 10.0}
 """The largest predicted gradient error, in floors of each dtype, that ``recommend`` accepts by default.
@@ -70,8 +71,9 @@ class DeviceSpeed:
 
 
 DEVICE_SPEEDS: dict[str, DeviceSpeed] = {
-    # 2-core x86 CPUs with native bf16 GEMMs: 1.5-3.4x fp32 (AVX512-BF16 vs AMX); fp16 runs at fp32's rate (lce
-    # computes it in fp32 on every CPU); where bf16 is emulated the plan sends it through fp32 too (gemm_rate)
+    # 2-core x86 CPUs; a plan made on this CPU takes its bf16 rate from lce.cpu_gemms.rate_vs_fp32 (gemm_flops):
+    # the bf16 entry is for plans without a CPU verdict (meta tensors). fp16 runs in fp32 on every CPU, and slow or
+    # emulated bf16 too (the plan sends those GEMMs through fp32 copies)
     "cpu": DeviceSpeed({torch.float64: 3e10, torch.float32: 6e10, torch.bfloat16: 1.2e11, torch.float16: 6e10},
                        bandwidth=1e10, step_overhead=2e-4),
     # H200 class: tensor-core bf16/fp16 ~15x fp32 without TF32
@@ -89,7 +91,7 @@ def estimated_seconds(plan: Plan) -> float:
     gemms = ["logits"] * (2 if plan.tiles_classes else 1)
     gemms += [name for name, wanted in (("grad_input", plan.needs_grad.input),
                                         ("grad_weight", plan.needs_grad.weight)) if wanted]
-    flop_seconds = sum(2.0 * n * c * d / speed.flops[gemm_compute_dtype(plan, name)] for name in gemms)
+    flop_seconds = sum(2.0 * n * c * d / gemm_flops(plan, name) for name in gemms)
     weight_bytes = c * d * plan.input_dtype.itemsize
     traffic = len(gemms) * plan.num_chunks * weight_bytes  # W streamed once per GEMM and row chunk
     # a GEMM on fp32 copies also writes and reads the copies of the weight's blocks: 4 + 4 bytes per element
@@ -97,6 +99,17 @@ def estimated_seconds(plan: Plan) -> float:
     traffic += 6 * n * c * plan.stats_dtype.itemsize  # max, exp, sum, scale, dz, rounding: a few passes
     steps = plan.num_chunks * plan.num_class_chunks
     return flop_seconds + traffic / speed.bandwidth + steps * speed.step_overhead
+
+
+def gemm_flops(plan: Plan, name: str) -> float:
+    """Sustained FLOP/s of the named GEMM of ``plan``: its compute dtype's speed (:data:`DEVICE_SPEEDS`); on a CPU,
+    a low-precision GEMM runs at fp32's speed times this CPU's measured rate for the dtype
+    (:func:`lce.cpu_gemms.rate_vs_fp32`), not a fixed ratio."""
+    speed = DEVICE_SPEEDS[plan.device_kind]
+    dtype = gemm_compute_dtype(plan, name)
+    if plan.device_kind == "cpu" and plan.cpu_gemms is not None and dtype == plan.cpu_gemms.dtype:
+        return speed.flops[torch.float32] * rate_vs_fp32(plan.cpu_gemms)
+    return speed.flops[dtype]
 
 
 def gemm_compute_dtype(plan: Plan, name: str) -> torch.dtype:

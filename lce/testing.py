@@ -33,7 +33,7 @@ def emulate_device_kind(kind: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def cpu_gemms(support: Support | dict[torch.dtype, Support]) -> Iterator[None]:
-    """Plan and run as if this CPU's bf16 and fp16 GEMMs were ``support`` ("native" or "emulated"), or per
+    """Plan and run as if this CPU's bf16 and fp16 GEMMs were ``support`` ("native", "slow" or "emulated"), or per
     dtype (``{torch.bfloat16: "emulated"}``), whatever :mod:`lce.cpu_gemms` measures.
 
     Wins over the ``LCE_CPU_GEMMS`` environment variable. Plans record what they were made under, so

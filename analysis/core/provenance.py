@@ -70,8 +70,8 @@ def device_name(device: str) -> str:
 
 
 ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY")
-"""Environment variables that limit the instruction sets torch's CPU back ends use (the AVX2 stand-in of
-``python -m analysis cpu-kinds --avx2-stand-in``): a row measured under them says so."""
+"""Environment variables that limit the instruction sets torch's CPU back ends use (the AVX2 and AVX512F stand-ins
+of ``python -m analysis cpu-kinds --avx2-stand-in | --avx512f-stand-in``): a row measured under them says so."""
 
 
 def cpu_gemms() -> str:
@@ -89,7 +89,8 @@ def provenance(device: str) -> dict[str, str]:
 
 
 def bf16_gemms(cpu_gemms_value: str) -> str:
-    """How a row's CPU ran bf16 GEMMs, from its ``cpu_gemms`` column: "native", "emulated" or :data:`NOT_RECORDED`."""
+    """How a row's CPU ran bf16 GEMMs, from its ``cpu_gemms`` column: "native", "slow", "emulated" or
+    :data:`NOT_RECORDED`."""
     for part in str(cpu_gemms_value).split(";")[0].split(","):
         words = part.split()
         if len(words) >= 2 and words[0] == "bfloat16":
@@ -97,14 +98,24 @@ def bf16_gemms(cpu_gemms_value: str) -> str:
     return NOT_RECORDED
 
 
+def _stand_in(cpu_gemms_value: str) -> str:
+    """", AVX2 stand-in", ", AVX512F stand-in" or ", ISA capped" for a row measured under ISA caps (else "")."""
+    _, capped, caps = cpu_gemms_value.partition("ISA capped:")
+    if not capped:
+        return ""
+    if "ONEDNN_MAX_CPU_ISA=AVX512_CORE" in caps:
+        return ", AVX512F stand-in"
+    return ", AVX2 stand-in" if "AVX2" in caps else ", ISA capped"
+
+
 def cpu_kind(cpu_model_value: str, cpu_gemms_value: str, inferred: str | None = None) -> str:
-    """A CPU kind as the README's tables name it: the model, whether an AVX2 stand-in (ISA capped), and how its
+    """A CPU kind as the README's tables name it: the model, which stand-in if ISA capped, and how its
     bf16 GEMMs run. ``inferred`` stands in for the support of rows written before it was recorded, with the
     evidence it was inferred from (for example "native, by its bf16 GEMM floor")."""
     support = bf16_gemms(cpu_gemms_value)
     if support == NOT_RECORDED:
         support = inferred or "not recorded"
-    stand_in = ", AVX2 stand-in" if "ISA capped" in str(cpu_gemms_value) else ""
+    stand_in = _stand_in(str(cpu_gemms_value))
     return f"{cpu_model_value}{stand_in} (bf16 GEMMs {support})"
 
 

@@ -43,12 +43,18 @@ from lce.options import EXPLICIT_POLICIES, dtype_name
 from lce.recommend import Candidate, candidates
 from lce.testing import cpu_gemms
 
-__all__ = ["AVX2_STAND_IN", "RATE_SHAPE", "CHECK_SHAPES", "CHECK_BUDGETS", "ALTERNATIVES_PER_POLICY", "gemm_rates",
+__all__ = ["AVX2_STAND_IN", "AVX512F_STAND_IN", "RATE_SHAPE", "CHECK_SHAPES", "CHECK_BUDGETS",
+           "ALTERNATIVES_PER_POLICY", "gemm_rates",
            "recommend_check", "isa_caps"]
 
 AVX2_STAND_IN: dict[str, str] = {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
                                  "ATEN_CPU_CAPABILITY": "avx2"}
 """The environment that limits torch's CPU back ends to AVX2 (see the module docstring)."""
+
+AVX512F_STAND_IN: dict[str, str] = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "ATEN_CPU_CAPABILITY": "avx512"}
+"""The environment that limits oneDNN to AVX512 without its bf16 and AMX kernels: a CPU with native bf16 then runs
+bf16 GEMMs with the converting kernel of an AVX512F Xeon (4.5-4.8x fp32's time on one thread, an AMX Xeon) and
+emulates fp16."""
 
 RATE_SHAPE = (512, 512, 8192)
 RATE_REPEATS = 3
@@ -227,6 +233,9 @@ def add_arguments(parser) -> None:
 
     parser.add_argument("--avx2-stand-in", action="store_true",
                         help="run in a child process with oneDNN, MKL and ATen limited to AVX2")
+    parser.add_argument("--avx512f-stand-in", action="store_true",
+                        help="run in a child process with oneDNN limited to AVX512 without bf16/AMX kernels (the "
+                             "AVX512F Xeon's slow converting bf16 kernel)")
     parser.add_argument("--skip-recommend", action="store_true", help="only the GEMM rates")
     parser.add_argument("--skip-rates", action="store_true",
                         help="only the recommend check (GEMM rates from this CPU kind's latest rows)")
@@ -244,13 +253,14 @@ def run(args) -> int:
     from analysis.core.results_io import CPU_GEMM_RATES, RECOMMEND_CHECK, append_rows, read_table
     from analysis.paths import display_path
 
-    if args.avx2_stand_in:
+    if args.avx2_stand_in or args.avx512f_stand_in:
+        stand_in = AVX2_STAND_IN if args.avx2_stand_in else AVX512F_STAND_IN
         command = [sys.executable, "-m", "analysis", "cpu-kinds", "--results", str(args.results),
                    "--repeats", str(args.repeats), "--threads", str(args.threads),
                    *(["--skip-recommend"] if args.skip_recommend else []),
                    *(["--skip-rates"] if args.skip_rates else []),
                    *(["--quiet"] if args.quiet else [])]
-        return subprocess.run(command, cwd=ROOT, env={**os.environ, **AVX2_STAND_IN}, check=False).returncode
+        return subprocess.run(command, cwd=ROOT, env={**os.environ, **stand_in}, check=False).returncode
     torch.set_num_threads(args.threads)
     path = args.results / "cpu_gemm_rates.csv"
     if args.skip_rates:

@@ -12,7 +12,7 @@ import torch
 import lce
 import lce.cpu_gemms
 from helpers import F64, Case, make_problem, ref_run, rel_err, run
-from lce.cpu_gemms import EMULATED_SLOWDOWN, ENV_VAR, gemm_support, parse_setting, probe
+from lce.cpu_gemms import EMULATED_SLOWDOWN, ENV_VAR, SLOW_SLOWDOWN, GemmSupport, gemm_support, parse_setting, probe
 from lce.gemm import add_mm_, in_fp32_blocks, mm
 from lce.testing import cpu_gemms
 
@@ -40,17 +40,18 @@ AMX_XEON = AVX512_BF16_EPYC | {"avx512_fp16", "amx_bf16", "amx_tile", "amx_int8"
 def test_the_probe_decides_once_per_process_by_the_flags_or_a_timed_check(dtype):
     first = probe(dtype)
     assert first is probe(dtype)  # cached: decided once per process
-    if first.source == "cpu flags":  # this CPU has no kernel for the dtype: nothing timed
-        assert first.emulated and first.slowdown is None
+    if first.source == "cpu flags":  # this CPU has no fast kernel for the dtype: nothing timed
+        assert first.slower_than_fp32 and first.slowdown is None
     else:
         assert first.source == "measured" and first.slowdown > 0
         assert first.emulated == (first.slowdown > EMULATED_SLOWDOWN)
+        assert first.slower_than_fp32 == (first.slowdown > SLOW_SLOWDOWN)
         assert str(first).startswith(f"{first.dtype_name} {first.support} (measured: ")
 
 
 @pytest.mark.parametrize(("flags", "bf16", "fp16"), [
     (AVX2_EPYC, "emulated", "emulated"),
-    (AVX512F_XEON, None, "emulated"),
+    (AVX512F_XEON, "slow", "emulated"),  # AVX512BW's converting bf16 kernel only
     (AVX512_BF16_EPYC, None, "emulated"),
     (AMX_XEON, None, None),
     (AVX2_EPYC | {"avx_ne_convert"}, None, None),
@@ -72,10 +73,19 @@ def test_on_an_avx2_only_cpu_the_flags_decide_and_nothing_is_timed(monkeypatch):
         assert str(support) == f"{support.dtype_name} emulated (cpu flags)"
 
 
-@pytest.mark.parametrize(("slowdown", "expected"), [(0.8, "native"), (5.0, "native"), (23.0, "emulated")])
+def test_on_an_avx512f_xeon_the_flags_say_slow_bf16_and_nothing_is_timed(monkeypatch):
+    monkeypatch.setattr(lce.cpu_gemms, "_one_thread_slowdown", lambda dtype: pytest.fail("nothing should be timed"))
+    support = lce.cpu_gemms.measure(torch.bfloat16, flags=AVX512F_XEON)
+    assert (support.support, support.source, support.slowdown) == ("slow", "cpu flags", None)
+    assert support.slower_than_fp32 and not support.emulated
+    assert lce.cpu_gemms.rate_vs_fp32(support, AVX512F_XEON) == lce.cpu_gemms.FLAGGED_SLOW_RATE
+
+
+@pytest.mark.parametrize(("slowdown", "expected"), [(0.8, "native"), (1.7, "native"), (4.5, "slow"), (11.0, "slow"),
+                                                    (23.0, "emulated")])
 def test_where_the_flags_allow_a_kernel_the_timed_check_decides(monkeypatch, slowdown, expected):
     monkeypatch.setattr(lce.cpu_gemms, "_one_thread_slowdown", lambda dtype: slowdown)
-    support = lce.cpu_gemms.measure(torch.bfloat16, flags=AVX512F_XEON)
+    support = lce.cpu_gemms.measure(torch.bfloat16, flags=AMX_XEON)
     assert (support.support, support.source, support.slowdown) == (expected, "measured", slowdown)
 
 
@@ -91,6 +101,19 @@ def test_the_timed_check_runs_on_one_thread_and_restores_the_thread_count(monkey
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("support", "flags", "rate"), [
+    (GemmSupport(torch.bfloat16, "native", "measured", 0.8), AMX_XEON, 2.5),  # the flags name the kernel's rate
+    (GemmSupport(torch.bfloat16, "native", "measured", 0.8), AVX512_BF16_EPYC, 1.5),
+    (GemmSupport(torch.float16, "native", "measured", 1.5), AMX_XEON, 1.0),
+    (GemmSupport(torch.bfloat16, "slow", "measured", 4.0), AMX_XEON, 0.25),  # timed: 1 / slowdown
+    (GemmSupport(torch.bfloat16, "emulated", "measured", 40.0), AMX_XEON, 0.025),
+    (GemmSupport(torch.bfloat16, "emulated", "cpu flags"), AVX2_EPYC, 1 / 80),
+    (GemmSupport(torch.float32, "native", "always"), None, 1.0),
+])
+def test_the_rate_over_fp32_is_continuous_from_the_check_or_the_flags(support, flags, rate):
+    assert lce.cpu_gemms.rate_vs_fp32(support, flags) == pytest.approx(rate)
 
 
 def test_measure_rejects_a_dtype_that_is_never_emulated():
@@ -160,7 +183,7 @@ def test_the_environment_variable_decides_unless_the_override_is_set(monkeypatch
         lce.cpu_gemms.CPU_GEMMS_OVERRIDE.reset(token)
 
 
-@pytest.mark.parametrize("support", ["fast", {torch.float32: "native"}, {torch.bfloat16: "slow"}])
+@pytest.mark.parametrize("support", ["fast", {torch.float32: "native"}, {torch.bfloat16: "sluggish"}])
 def test_the_override_rejects_what_it_cannot_mean(support):
     with pytest.raises(ValueError, match="support must be one of"), cpu_gemms(support):
         pass
@@ -182,16 +205,18 @@ def test_native_bf16_keeps_balanced_backward_gemms_in_bf16_and_says_so():
     assert "  cpu gemms  bfloat16 native on this CPU (lce.testing.cpu_gemms)\n" in str(plan)
 
 
+@pytest.mark.parametrize("support", ["slow", "emulated"])
 @pytest.mark.parametrize("policy", ["balanced", "compact"])
-def test_emulated_bf16_runs_the_narrow_gemms_of_a_wide_acc_layout_in_fp32(policy):
+def test_slow_or_emulated_bf16_runs_the_narrow_gemms_of_a_wide_acc_layout_in_fp32(policy, support):
     options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32)
-    with cpu_gemms("emulated"):
+    with cpu_gemms(support):
         plan = _plan(options)
         accurate = _plan(lce.LinearCrossEntropyOptions(acc_policy="accurate", acc_dtype=torch.float32))
     assert plan.layout == accurate.layout
     assert all(plan.gemm_dtypes(name) == (torch.float32, torch.float32) for name in GEMMS)
     assert plan.acc_policy == policy  # the policy asked for; its layout is what runs
-    assert any("emulated on this CPU" in note and "run in acc_dtype" in note for note in plan.notes)
+    said = "emulated on this CPU" if support == "emulated" else "slower than fp32's on this CPU"
+    assert any(said in note and "run in acc_dtype" in note for note in plan.notes)
     assert plan.peak_extra_bytes == accurate.peak_extra_bytes
 
 
@@ -283,19 +308,20 @@ def test_the_emulated_branch_is_as_accurate_as_the_native_one(policy, reduction)
 
 # ---- recommend -------------------------------------------------------------------------------------------
 
-def test_recommend_picks_bf16_gemms_only_where_they_are_native():
+@pytest.mark.parametrize("support", ["slow", "emulated"])
+def test_recommend_picks_bf16_gemms_only_where_they_are_native(support):
     """The issue's case: 1024x128x8192 bf16, no budget. With native bf16 GEMMs the time model prefers a layout
-    that runs some; with emulated ones, no GEMM of the pick runs in bf16 on the CPU's own kernel."""
+    that runs some; with slow or emulated ones, no GEMM of the pick runs in bf16 on the CPU's own kernel."""
     shape = (1024, 128, 8192)
     with cpu_gemms("native"):
         native = lce.recommend(*shape, torch.bfloat16, "cpu")
-    with cpu_gemms("emulated"):
+    with cpu_gemms(support):
         emulated = lce.recommend(*shape, torch.bfloat16, "cpu")
     assert any(native.plan.gemm_dtypes(name).operands == torch.bfloat16 for name in GEMMS), native.explain()
     assert not any(emulated.plan.gemm_dtypes(name).operands == torch.bfloat16 and not emulated.plan.gemm_in_fp32(name)
                    for name in GEMMS), emulated.explain()
     assert emulated.chosen.seconds >= native.chosen.seconds
-    assert "bfloat16 GEMMs emulated on this CPU" in emulated.explain()
+    assert f"bfloat16 GEMMs {support} on this CPU" in emulated.explain()
     assert "bfloat16 GEMMs native on this CPU" in native.explain()
 
 

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from analysis.studies.cpu_kinds import AVX2_STAND_IN
+from analysis.studies.cpu_kinds import AVX2_STAND_IN, AVX512F_STAND_IN
 from analysis.studies.cpu_probe import every_core_busy
 
 pytestmark = pytest.mark.slow
@@ -41,10 +41,10 @@ print(json.dumps({"rows": rows, "plan_gemms": gemms, "plan_text": str(plan)}))
 """
 
 
-def _decide(stand_in: bool, busy: bool) -> dict:
+def _decide(stand_in: bool | dict[str, str], busy: bool) -> dict:
     environment = {key: value for key, value in os.environ.items() if key != "LCE_CPU_GEMMS"}
     if stand_in:
-        environment.update(AVX2_STAND_IN)
+        environment.update(AVX2_STAND_IN if stand_in is True else stand_in)
     with every_core_busy() if busy else contextlib.nullcontext():
         done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=environment,
                               timeout=300)
@@ -60,6 +60,17 @@ def test_under_the_avx2_stand_in_bf16_and_fp16_are_emulated_at_every_thread_coun
     # the plan runs fp32 GEMMs where balanced would have run bf16 ones on a native CPU
     assert set(decided["plan_gemms"].values()) == {"torch.float32"}, decided["plan_text"]
     assert "bfloat16 emulated on this CPU" in decided["plan_text"]
+
+
+@pytest.mark.parametrize("load", ["idle", "busy"])
+def test_under_the_avx512f_stand_in_bf16_is_slow_and_the_plan_runs_fp32_gemms(load):
+    """The AVX512F Xeon's kind: bf16 GEMMs with a kernel, but about 0.2x fp32's rate (issue 30)."""
+    decided = _decide(stand_in=AVX512F_STAND_IN, busy=load == "busy")
+    for threads, dtype, support, source, slowdown in decided["rows"]:
+        expected = "slow" if dtype == "bfloat16" else "emulated"
+        assert support == expected, f"{dtype} at {threads} threads, {load}: {support} ({source}, {slowdown}x)"
+    assert set(decided["plan_gemms"].values()) == {"torch.float32"}, decided["plan_text"]
+    assert "bfloat16 slow on this CPU" in decided["plan_text"]
 
 
 def test_natively_the_verdict_is_the_same_at_every_thread_count_idle_and_busy():
