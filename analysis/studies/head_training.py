@@ -54,7 +54,8 @@ from analysis.core.problem import DTYPES
 from analysis.core.results_io import write_csv_atomically
 from analysis.studies.head_arithmetic import head_step, lce_weight_gradient
 
-__all__ = ["Arm", "ADAMW_ARMS", "SGD_ARMS", "Setting", "SETTINGS", "METRICS", "Pool", "make_pool", "run_group",
+__all__ = ["Arm", "ADAMW_ARMS", "SGD_ARMS", "BUDGET_ARMS",
+           "ARM_GROUPS", "Setting", "SETTINGS", "METRICS", "Pool", "make_pool", "run_group",
            "collect", "run_study", "HEAD_TRAINING_FILE", "CACHE_DIR"]
 
 HEAD_TRAINING_FILE = "head_training.csv"
@@ -97,7 +98,25 @@ ADAMW_ARMS: tuple[Arm, ...] = (
 """The AdamW arms: fp32 first (every gap is measured against it)."""
 SGD_ARMS: tuple[Arm, ...] = (FP32, ADAMW_ARMS[3], ADAMW_ARMS[6])
 """Plain SGD, where a biased gradient adds up in the weight step by step: fp32, lce auto, the harsh compact."""
-ARMS_BY_OPTIMIZER = {"adamw": ADAMW_ARMS, "sgd": SGD_ARMS}
+BUDGET_ARMS: tuple[Arm, ...] = (
+    FP32,
+    Arm("bf16 compact@4", "bfloat16", "lce", "compact", 4, "recommend, 1.2x gradients"),
+    Arm("bf16 compact@8", "bfloat16", "lce", "compact", 8, "recommend, auto's peak"),
+    Arm("bf16 compact@16", "bfloat16", "lce", "compact", 16, "recommend, 1.05x gradients"),
+    Arm("bf16 balanced@4", "bfloat16", "lce", "balanced", 4, "balanced, class-tiled"),
+    Arm("fp16 compact@4", "float16", "lce", "compact", 4, "recommend, 1.2x gradients"),
+    Arm("fp16 compact@8", "float16", "lce", "compact", 8, "recommend, auto's peak"),
+)
+"""AdamW arms for the options ``lce.recommend`` offers under tight budgets at the LLM heads (issue 30): compact at 4,
+8 and 16 row chunks (4096, 2048 and 1024 rows of the 16384-row head) and balanced at 4. Class tiling leaves the
+weight gradient's roundings as they are (each class block's rows are the same chunk products; only the softmax
+statistics' last bits move, ``tests/analysis/test_head_training.py``), so a row-chunk arm stands for its class-tiled
+pick too."""
+ARM_GROUPS: dict[str, tuple[str, tuple[Arm, ...]]] = {
+    "adamw": ("adamw", ADAMW_ARMS), "sgd": ("sgd", SGD_ARMS), "adamw-budget": ("adamw", BUDGET_ARMS)}
+"""Each group of arms trained in lockstep, by the name its rows carry in the ``optimizer`` column: the optimizer it
+trains with and its arms (fp32 first; every gap is measured against the group's own fp32 arm)."""
+ARMS_BY_OPTIMIZER = {group: arms for group, (_, arms) in ARM_GROUPS.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +191,7 @@ def batch_rows(setting: Setting, seed: int, step: int) -> torch.Tensor:
 
 def learning_rate(setting: Setting, optimizer: str, step: int) -> float:
     """Linear warm-up over 5% of the steps, then a cosine down to 10% (the language model's schedule)."""
-    peak = setting.adamw_lr if optimizer == "adamw" else setting.sgd_lr
+    peak = setting.adamw_lr if ARM_GROUPS[optimizer][0] == "adamw" else setting.sgd_lr
     warmup = max(1, setting.steps // 20)
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -208,7 +227,7 @@ class _ArmState:
         self.arm = arm
         self.weight = weight.clone()
         self.weight.grad = None
-        if optimizer == "adamw":
+        if ARM_GROUPS[optimizer][0] == "adamw":
             self.optimizer = torch.optim.AdamW([self.weight], lr=setting.adamw_lr, betas=(0.9, 0.95),
                                                weight_decay=setting.weight_decay)
         else:
@@ -516,7 +535,9 @@ def add_arguments(parser) -> None:
                         help="cuda: one process on the GPU, lce's real kernels (default: cpu)")
     parser.add_argument("--budget-s", type=float, default=None, metavar="S",
                         help="stop each group at its first evaluation after S seconds (the rows so far are kept)")
-    parser.add_argument("--optimizers", default="adamw,sgd", help="adamw, sgd or both (default: adamw,sgd)")
+    parser.add_argument("--optimizers", default="adamw,sgd",
+                        help="groups of arms: adamw, sgd, adamw-budget (AdamW, the arms of recommend's tight-budget "
+                             "picks), comma-separated (default: adamw,sgd)")
     parser.add_argument("--cache", type=Path, default=CACHE_DIR, help="run folders (resumable state)")
     parser.add_argument("--file", default=None, metavar="NAME", help="results file name")
     parser.add_argument("--bucket-bias-at-end", action="store_true",
