@@ -66,7 +66,8 @@ from typing import Literal
 import torch
 
 __all__ = ["Support", "GemmSupport", "ENV_VAR", "EMULATED_SLOWDOWN", "SLOW_SLOWDOWN", "LOW_PRECISION", "KERNEL_FLAGS",
-           "CONVERTING_ONLY_FLAGS", "NATIVE_RATES", "FLAGGED_EMULATION_RATE", "FLAGGED_SLOW_RATE", "PROBE_ROUNDS",
+           "CONVERTING_ONLY_FLAGS", "NATIVE_RATES", "FLAGGED_EMULATION_RATE", "FLAGGED_SLOW_RATE",
+           "REFERENCE_NATIVE_RATE", "PROBE_ROUNDS",
            "rate_vs_fp32",
            "gemm_support", "probe", "measure", "cpu_flags", "flags_verdict", "describe", "parse_setting", "verdicts",
            "adopt", "CPU_GEMMS_OVERRIDE"]
@@ -111,6 +112,11 @@ Xeon's bf16 is 0.6-1.0x fp32's time there), so the flags do."""
 
 FLAGGED_EMULATION_RATE = 1 / 80
 """The rate over fp32's of a dtype the flags call emulated (nothing timed): the AVX2 EPYC's measured bf16."""
+
+REFERENCE_NATIVE_RATE = 2.0
+"""The rate over fp32's of a native dtype whose verdict was set, not measured (``LCE_CPU_GEMMS``,
+:func:`lce.testing.cpu_gemms`): between the AVX512-BF16 EPYC's 1.5x and the AMX Xeon's 2.5x, so that plans and
+tables made under a pinned verdict are the same on every CPU kind."""
 
 FLAGGED_SLOW_RATE = 0.2
 """The rate over fp32's of a dtype the flags call slow (nothing timed): the AVX512F Xeon's measured bf16."""
@@ -259,13 +265,16 @@ def flags_verdict(dtype: torch.dtype, flags: frozenset[str] | None) -> Support |
 def rate_vs_fp32(support: GemmSupport, flags: frozenset[str] | None | Literal["this cpu"] = "this cpu") -> float:
     """Large-GEMM FLOP rate of ``support``'s dtype over fp32's on this CPU (or one with ``flags``): the timed check's
     ``1 / slowdown`` for a slow or emulated dtype where it was timed, :data:`FLAGGED_EMULATION_RATE` where the flags
-    said emulated, and for a native one :data:`NATIVE_RATES` by the CPU's flags. An estimate for ranking plans."""
+    said emulated, and for a native one :data:`NATIVE_RATES` by the CPU's flags (:data:`REFERENCE_NATIVE_RATE` where the
+    verdict was set rather than measured). An estimate for ranking plans."""
     if support.dtype not in LOW_PRECISION:
         return 1.0
     if support.slower_than_fp32:
         if support.slowdown is not None:
             return 1.0 / max(support.slowdown, 1.0)
         return FLAGGED_EMULATION_RATE if support.emulated else FLAGGED_SLOW_RATE
+    if support.source in (ENV_VAR, "lce.testing.cpu_gemms"):
+        return REFERENCE_NATIVE_RATE
     flags = cpu_flags() if flags == "this cpu" else flags
     for flag, rates in NATIVE_RATES:
         if flags is not None and flag in flags and support.dtype in rates:

@@ -1,7 +1,10 @@
 """When a gradient error matters: the error/noise rule every "auto" pick must meet, and its evidence.
 
-The rule (notebook 06). Besides lying on the error-memory front (:mod:`analysis.judge.pareto`), a pick must,
-on the committed noise-study data (:mod:`analysis.studies.noise`), keep
+The rule's conditions are stated once, in :mod:`lce.decide` (the decision procedure "auto" and ``lce.recommend``
+come from); this module checks them on measured data. Lying on an error-memory front
+(:mod:`analysis.judge.pareto`) is not a condition: the fronts show the trade, the procedure's objective
+(:data:`lce.decide.OBJECTIVE`) makes it. On the committed noise-study data (:mod:`analysis.studies.noise`) a pick
+must keep
 
 * its weight-gradient **bias** below :data:`BIAS_LIMIT` of the sampling noise along the gradient
   (``weight_bias_over_noise``): a systematic error does not average out, and a bias ``r`` times the
@@ -36,24 +39,19 @@ import torch
 import lce
 from analysis.core.problem import LLM_SHAPES, Shape
 from analysis.judge.pareto import seed_interval
-from analysis.studies.noise import AUTO_CPU, NOISE_SHAPE, chunk_rules
+from analysis.studies.noise import AUTO_CPU, NOISE_SHAPE, chunk_rules, study_rows
+from lce import decide
 from lce.policies import AUTO_TABLE
 from lce.testing import emulate_device_kind
 
 __all__ = ["BIAS_LIMIT", "ERROR_LIMIT", "LLM_SHAPES", "RATIO_COLUMNS", "study_rows", "pick_rows", "rule_table",
            "rule_lines", "rule_checks", "peer_table", "checkpoint_bias", "memory_at_llm_shapes", "policy_costs"]
 
-BIAS_LIMIT = 0.01
-ERROR_LIMIT = 0.1
+BIAS_LIMIT = decide.BIAS_LIMIT
+ERROR_LIMIT = decide.NOISE_ERROR_LIMIT
 RATIO_COLUMNS = ("weight_bias_over_noise", "weight_error_over_noise", "input_error_over_noise")
 LIMITS = {"weight_bias_over_noise": BIAS_LIMIT, "weight_error_over_noise": ERROR_LIMIT,
           "input_error_over_noise": ERROR_LIMIT}
-
-
-def study_rows(noise: pd.DataFrame) -> pd.DataFrame:
-    """The noise study's own rows (not the training checkpoints'), at its shape."""
-    rows = noise[noise["step"].isna()] if "step" in noise else noise
-    return rows[(rows["N"] == NOISE_SHAPE.N) & (rows["D"] == NOISE_SHAPE.D) & (rows["C"] == NOISE_SHAPE.C)]
 
 
 def _source(rows: pd.DataFrame, kind: str) -> tuple[str, pd.DataFrame]:

@@ -64,10 +64,18 @@ def gradient_bytes(shape: Shape, dtype: torch.dtype) -> int:
 
 
 def budgets_for(shape: Shape, dtype: torch.dtype) -> list[tuple[str, int | None]]:
-    """``(label, bytes)`` of every budget the study tries: "auto" (None: recommend's default) first."""
+    """``(label, bytes)`` of every budget the study tries: "auto" (lce auto's predicted peak on CPU) first."""
     gradients = gradient_bytes(shape, dtype)
-    return [("auto", None), *((f"{multiple:g}x gradients", int(multiple * gradients))
-                              for multiple in GRADIENT_MULTIPLES)]
+    return [("auto", auto_peak(shape, dtype)), *((f"{multiple:g}x gradients", int(multiple * gradients))
+                                                 for multiple in GRADIENT_MULTIPLES)]
+
+
+def auto_peak(shape: Shape, dtype: torch.dtype) -> int:
+    """lce auto's predicted peak extra bytes for ``shape`` on this CPU (fp32 acc_dtype for bf16/fp16 input)."""
+    from lce.decide import evaluate
+
+    options = lce.LinearCrossEntropyOptions(acc_dtype=torch.float32 if dtype.itemsize == 2 else None)
+    return evaluate(options, shape.N, shape.D, shape.C, dtype, torch.device("cpu")).peak_bytes
 
 
 def _options_dict(options: lce.LinearCrossEntropyOptions) -> dict[str, object]:

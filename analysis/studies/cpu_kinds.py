@@ -38,6 +38,7 @@ from analysis.core.inputs import make_inputs
 from analysis.core.problem import DTYPES, Shape
 from analysis.core.provenance import ISA_CAPS
 from analysis.paths import ROOT
+from analysis.studies.budgets import auto_peak
 from lce.cpu_gemms import LOW_PRECISION, gemm_support
 from lce.options import EXPLICIT_POLICIES, dtype_name
 from lce.recommend import Candidate, candidates
@@ -131,7 +132,7 @@ def recommend_check(shapes: Sequence[Shape] = CHECK_SHAPES, dtype: str = STUDY_D
         considered = candidates(shape.N, shape.D, shape.C, torch_dtype, torch.device("cpu"))
         gradients = (shape.N + shape.C) * shape.D * torch_dtype.itemsize
         for budget_label, multiple in CHECK_BUDGETS:
-            budget = None if multiple is None else int(multiple * gradients)
+            budget = auto_peak(shape, torch_dtype) if multiple is None else int(multiple * gradients)
             chosen = lce.recommend(shape.N, shape.D, shape.C, torch_dtype, "cpu", memory_budget=budget)
             measured = lce.recommend(shape.N, shape.D, shape.C, torch_dtype, "cpu", memory_budget=budget,
                                      measure=True)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -57,7 +58,8 @@ from lce.plan import aspect_ratio_chunk_size
 from lce.testing import emulate_device_kind
 
 __all__ = ["NOISE_SHAPE", "FAMILIES", "STUDY_DTYPES", "POLICIES", "CHUNK_COUNTS", "SEEDS", "NOISE_FILE",
-           "SamplingNoise", "sampling_noise", "contenders", "chunk_rules", "measure_inputs", "measure", "record"]
+           "SamplingNoise", "sampling_noise", "contenders", "chunk_rules", "measure_inputs", "measure", "record",
+           "refresh_auto_cpu", "study_rows"]
 
 NOISE_SHAPE = Shape(1024, 128, 16384)
 """The trained model's head (D=128, C=16384) at half its dump's rows, so seeds draw distinct row samples."""
@@ -202,6 +204,42 @@ def measure(shape: Shape = NOISE_SHAPE, families: Sequence[str] = FAMILIES, dtyp
     return pd.DataFrame(rows)
 
 
+def refresh_auto_cpu(folder: Path, file_name: str = NOISE_FILE, progress: bool = True) -> tuple[Path, int]:
+    """Measure the CPU table's "auto" pick again (:data:`AUTO_CPU`) for every (family, dtype, seed) of the study's
+    rows in ``folder/<file_name>``, and replace its rows there (fresh provenance on those rows only): what changing
+    a CPU "auto" entry needs, without the whole study. Returns the path and the rows replaced."""
+    from tqdm import tqdm
+
+    from analysis.core.provenance import provenance
+    from analysis.core.results_io import read_table, write_csv_atomically
+
+    path = folder / file_name
+    table = read_table(path)
+    study = study_rows(table)
+    cases = study[["family", "seed"]].drop_duplicates().itertuples(index=False)
+    dtypes = sorted(study["dtype"].unique())
+    run = [Contender(AUTO_CPU, ImplSpec("lce", "auto", "auto"), "cpu")]
+    rows = []
+    started = time.perf_counter()
+    for family, seed in tqdm(list(cases), desc="noise: lce auto cpu", disable=not progress, dynamic_ncols=True):
+        drawn = draw(family, NOISE_SHAPE, seed=int(seed), bias=False)
+        for dtype_text in dtypes:
+            inputs = rounded_inputs(drawn, DTYPES[dtype_text], device="cpu")
+            common = {"family": family, "dtype": dtype_text, "seed": int(seed), "N": NOISE_SHAPE.N,
+                      "D": NOISE_SHAPE.D, "C": NOISE_SHAPE.C, "device": "cuda-emulated"}
+            rows.extend({**common, **row} for row in measure_inputs(inputs, run))
+    fresh = pd.DataFrame(rows).assign(wall_s=time.perf_counter() - started, cpu_s=math.nan, **provenance("cpu"))
+    replaced = (table["impl"] == AUTO_CPU) & table["step"].isna()
+    write_csv_atomically(path, NOISE.rows(table[~replaced]) + NOISE.rows(fresh), NOISE.columns)
+    return path, int(replaced.sum())
+
+
+def study_rows(noise: pd.DataFrame) -> pd.DataFrame:
+    """The noise study's own rows (not the training checkpoints'), at its shape."""
+    rows = noise[noise["step"].isna()] if "step" in noise else noise
+    return rows[(rows["N"] == NOISE_SHAPE.N) & (rows["D"] == NOISE_SHAPE.D) & (rows["C"] == NOISE_SHAPE.C)]
+
+
 def record(folder: Path, file_name: str = NOISE_FILE, **settings) -> tuple[Path, float]:
     """Measure (``settings``: :func:`measure`'s) and write ``folder/<file_name>`` with provenance."""
     device = settings.get("device", "cuda-emulated")
@@ -226,12 +264,19 @@ def add_arguments(parser) -> None:
                         help="cpu: the CUDA layouts emulated on CPU tensors (default); cuda: a real GPU")
     parser.add_argument("--file", default=None, metavar="NAME",
                         help="results file name (default: noise.csv, noise_cuda.csv with --device cuda)")
+    parser.add_argument("--refresh-auto-cpu", action="store_true",
+                        help="only measure the CPU table's auto pick again and replace its rows (after a CPU auto "
+                             "entry changed)")
     progress_option(parser)
 
 
 def run(args) -> None:
     from analysis.core.arguments import print_study
 
+    if args.refresh_auto_cpu:
+        path, replaced = refresh_auto_cpu(args.results, args.file or NOISE_FILE, progress=not args.no_progress)
+        print(f"{path}: {replaced} rows of {AUTO_CPU!r} measured again")
+        return
     device = "cuda" if args.device == "cuda" else "cuda-emulated"
     file_name = args.file or ("noise_cuda.csv" if device == "cuda" else NOISE_FILE)
     print_study(*record(args.results, file_name, shape=args.shape, families=args.families,

@@ -32,7 +32,7 @@ from analysis.core.run_config import RunConfig
 from lce.plan import make_plan
 from lce.testing import emulate_device_kind
 
-__all__ = ["modeled_peak", "stale_rows", "remeasure"]
+__all__ = ["modeled_peak", "stale_rows", "remeasure", "current_plan", "changed_plan_rows", "drop_changed_plans"]
 
 _CONFIG_FIELDS = [field.name for field in dataclasses.fields(RunConfig)]
 
@@ -45,13 +45,41 @@ def _config(row: pd.Series) -> RunConfig:
     return RunConfig(**values)
 
 
-def modeled_peak(config: RunConfig) -> int:
-    """The current memory model's peak for a sweep run (gradients of input, weight and bias if any)."""
+def current_plan(config: RunConfig):
+    """The plan lce makes today for a sweep run (gradients of input, weight and bias if any)."""
     context = emulate_device_kind("cuda") if config.device == "cuda-emulated" else contextlib.nullcontext()
     with context:
-        plan = make_plan(config.spec.options(), num_rows=config.N, in_features=config.D, num_classes=config.C,
+        return make_plan(config.spec.options(), num_rows=config.N, in_features=config.D, num_classes=config.C,
                          dtype=DTYPES[config.dtype], device=torch.device("cpu"), needs_grad=(True, True, config.bias))
-    return plan.peak_extra_bytes
+
+
+def modeled_peak(config: RunConfig) -> int:
+    """The current memory model's peak for a sweep run (gradients of input, weight and bias if any)."""
+    return current_plan(config).peak_extra_bytes
+
+
+def changed_plan_rows(table: pd.DataFrame) -> pd.Index:
+    """The lce rows whose run would resolve differently today (policy, acc_dtype or chunk size): an "auto" entry
+    changed, so their errors, times and peaks describe another plan and must be measured again."""
+    from lce.options import dtype_name
+
+    changed = []
+    for index, row in table[table["op"] == "lce"].iterrows():
+        plan = current_plan(_config(row))
+        now = (plan.acc_policy, dtype_name(plan.acc_dtype), plan.batch_chunk_size)
+        if now != (row["resolved_policy"], row["resolved_acc_dtype"], int(float(row["chunk_size"]))):
+            changed.append(index)
+    return pd.Index(changed)
+
+
+def drop_changed_plans(path: Path) -> int:
+    """Remove :func:`changed_plan_rows` from the sweep file at ``path`` (the sweep, resumable by key, then measures
+    them again under today's plans); returns how many were removed."""
+    table = pd.read_csv(path, dtype=str, keep_default_na=False)
+    changed = changed_plan_rows(table)
+    if len(changed):
+        table.drop(index=changed).to_csv(path, index=False)
+    return len(changed)
 
 
 def stale_rows(table: pd.DataFrame) -> pd.Series:
@@ -108,6 +136,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--grids", type=argument(names_of(["quick", "medium"])), default=("quick", "medium"),
                         help="comma-separated grid results to update (default: quick,medium)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--drop-changed-plans", action="store_true",
+                        help="instead: remove the lce rows whose plan resolves differently today (an auto entry "
+                             "changed); `python -m analysis sweep --grid NAME` then measures them again")
     results_option(parser)
 
 
@@ -116,4 +147,7 @@ def run(args) -> None:
 
     for name in args.grids:
         path = args.results / f"{name}.csv"
+        if args.drop_changed_plans:
+            print(f"{display_path(path)}: {drop_changed_plans(path)} row(s) whose plan changed removed")
+            continue
         print(f"{display_path(path)}: {remeasure(path, progress=not args.quiet)} row(s) brought up to date")

@@ -111,6 +111,8 @@ def test_the_timed_check_runs_on_one_thread_and_restores_the_thread_count(monkey
     (GemmSupport(torch.bfloat16, "emulated", "measured", 40.0), AMX_XEON, 0.025),
     (GemmSupport(torch.bfloat16, "emulated", "cpu flags"), AVX2_EPYC, 1 / 80),
     (GemmSupport(torch.float32, "native", "always"), None, 1.0),
+    (GemmSupport(torch.bfloat16, "native", "lce.testing.cpu_gemms"), AMX_XEON, 2.0),  # set, not measured
+    (GemmSupport(torch.bfloat16, "native", "LCE_CPU_GEMMS"), None, 2.0),
 ])
 def test_the_rate_over_fp32_is_continuous_from_the_check_or_the_flags(support, flags, rate):
     assert lce.cpu_gemms.rate_vs_fp32(support, flags) == pytest.approx(rate)

@@ -158,16 +158,20 @@ def _torch_resolution(kwargs, N, D, V, dtype):
 
 
 def _lce_resolution(kwargs, N, D, V, dtype):
-    """torch's resolution with lce's documented CPU difference: "auto" chunking follows lce's
-    CPU entry (its method, and at least ``min_rows`` rows per chunk, never above N)."""
+    """torch's resolution with lce's documented CPU differences: the "auto" policy is lce's CPU entry (the
+    decision procedure's, lce.decide), and "auto" chunking follows that entry (its method, and at least
+    ``min_rows`` rows per chunk, never above N)."""
     expected = _torch_resolution(kwargs, N, D, V, dtype)
     pick = AUTO_TABLE.get(("cpu", dtype))
+    if pick is None:
+        return expected
+    if kwargs.get("acc_policy", "auto") == "auto":
+        expected = dataclasses.replace(expected, acc_policy=pick.acc_policy)
     auto_chunking = kwargs.get("chunking_method", "auto") == "auto" and kwargs.get("batch_chunk_size") is None
-    if pick is None or not auto_chunking:
+    if not auto_chunking:
         return expected
     method_size = _torch_resolution(dict(kwargs, chunking_method=pick.chunking_method), N, D, V, dtype)
-    policy = pick.acc_policy if kwargs.get("acc_policy", "auto") == "auto" else expected.acc_policy
-    return dataclasses.replace(expected, acc_policy=policy, chunking_method=pick.chunking_method,
+    return dataclasses.replace(expected, chunking_method=pick.chunking_method,
                                batch_chunk_size=min(N, max(method_size.batch_chunk_size, pick.min_rows)))
 
 

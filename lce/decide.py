@@ -1,0 +1,374 @@
+"""The decision procedure: the one place where lce's answers about options come from.
+
+``"auto"`` (:data:`lce.policies.AUTO_TABLE`), :func:`lce.recommend` and every decision table the README and the
+notebooks print are this procedure's output, so they cannot disagree:
+
+1. **Candidates.** Option sets: a policy, rows per chunk (or a chunking rule), classes per block.
+2. **Memory.** Each candidate's plan and its predicted peak extra bytes (:mod:`lce.memory_model`).
+3. **Errors.** The predicted Frobenius error of each gradient in floors of the input dtype (:mod:`lce.error_model`).
+4. **Time.** A roofline estimate (:mod:`lce.time_model`): this CPU's GEMM rates on a CPU; an H200's datasheet
+   rates on CUDA, so a CUDA choice that turns on time rests on a prediction (:data:`lce.time_model.TIME_SOURCE`).
+5. **The rule's conditions** (:data:`CONDITIONS`), each with the data that decides it:
+
+   * *error*: the predicted error at most :data:`DEFAULT_MAX_ERROR` floors. The limits translate the error/noise
+     rule measured in the noise study -- bias under :data:`BIAS_LIMIT` and error under :data:`NOISE_ERROR_LIMIT`
+     of one batch's sampling noise, on the worst input family (``analysis.judge.rule``, notebook 06) -- into
+     floors: every pick at or below the limit met that rule there (N=1024, D=128, C=16384), and the first
+     failure sat just above it. Larger batches shrink the sampling noise, so at LLM batch sizes this is
+     optimistic.
+   * *training*: a candidate that sums the weight gradient in the input dtype across chunks (compact, or an
+     accumulator of the input dtype) rounds that sum once per chunk, an error that grows with the chunk count and
+     falls on the rarely targeted classes. It is offered only at chunk counts the head-only training study
+     (notebook 10, :data:`TRAINED_CHUNK_COUNTS`) trained without a gap that counts, at that count and every
+     smaller one. Candidates with an fp32 sum (accurate, balanced) pass: their weight gradient does not depend on
+     the chunk count, and their arms at 4 and 64 chunks did not move any bucket's loss beyond the seed spread.
+
+6. **The objective** (:data:`OBJECTIVE`): among the candidates that meet every condition (and the budget, if
+   one is given), the least predicted memory among those within :data:`TIME_FACTOR` of the fastest of them;
+   ties in memory (within :data:`MEMORY_TIE`) go to the faster, then to the smaller error, then to the policy
+   listed first.
+
+"auto" is one rule per (device kind, dtype) for every shape: :func:`derive_auto` applies the procedure to
+chunking *rules* (:data:`AUTO_CHUNKINGS`) at the :data:`REFERENCE_HEADS` -- and on CPU on every CPU kind
+(:data:`REFERENCE_CPU_KINDS`) -- and the auto table must equal its output (``tests/lce/test_decide.py``). A
+default has one more condition, *drop-in*: at every reference head each of its gradients is predicted no less
+accurate than under torch 2.13's own default (:data:`TORCH_DEFAULTS`), so that switching to lce makes no number
+worse; and where the procedure is indifferent (a tie in memory, time and error) auto keeps torch's pick.
+:func:`lce.recommend` applies the same procedure to one shape's candidates, which can tune rows and class blocks
+to that shape; where that buys less memory than auto's rule, recommend says so (its explanation names auto's
+plan).
+
+Limits: the worst rows' error (the rare classes' rows) has no model of its own; the training condition, measured
+per target-frequency bucket, is what guards the rare classes. The bias of the weight gradient is predicted
+only through the floors limit above, fitted at one shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
+
+import torch
+
+from .error_model import predict_errors
+from .options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dtype_name
+from .plan import Plan, aspect_ratio_chunk_size, make_plan
+from .policies import CPU_MIN_ROWS
+from .time_model import estimated_seconds
+
+__all__ = ["Candidate", "Head", "REFERENCE_HEADS", "DEFAULT_MAX_ERROR", "BIAS_LIMIT", "NOISE_ERROR_LIMIT",
+           "TRAINED_CHUNK_COUNTS", "TIME_FACTOR", "MEMORY_TIE", "OBJECTIVE", "CONDITIONS", "AUTO_CHUNKINGS",
+           "REFERENCE_CPU_KINDS", "TORCH_DEFAULTS", "TORCH_FALLBACK", "DROP_IN_TOLERANCE", "Choice", "AutoDerivation",
+           "evaluate", "error_fault", "training_fault", "drop_in_fault", "faults", "objective", "choose",
+           "rule_candidate", "derive_auto"]
+
+DEFAULT_MAX_ERROR: dict[torch.dtype, float] = {torch.bfloat16: 2.0, torch.float16: 10.0}
+"""The error condition: the largest predicted gradient error, in floors of each dtype (none for fp32/fp64, whose
+sums are fp32 in every policy). The noise study (``noise.csv`` / ``noise_cuda.csv``, N=1024, D=128, C=16384):
+every bf16 pick at or below 2.3 floors met the error/noise rule and every fp16 pick at or below 11.9; the first
+failures sat at 2.34 (bf16) and 14.9 (fp16) floors (``tests/lce/test_recommend.py`` checks this on the data)."""
+
+BIAS_LIMIT = 0.01
+"""The error/noise rule's bias limit: the weight gradient's error along the exact gradient, over one batch's
+sampling noise along it (the training study's bracket, notebook 10, puts the limit there)."""
+
+NOISE_ERROR_LIMIT = 0.1
+"""The error/noise rule's error limit: a gradient's error norm over one batch's sampling noise."""
+
+TRAINED_CHUNK_COUNTS: dict[torch.dtype, tuple[tuple[int, bool], ...]] = {
+    torch.bfloat16: ((4, True), (8, True), (16, True), (32, True), (64, True), (256, False)),
+    torch.float16: ((4, True), (8, True), (64, False)),
+}
+"""The training condition's evidence: per dtype, the chunk counts at which a weight gradient summed in that dtype
+(compact on the CUDA layouts) was trained for 10^4 head-only AdamW steps at 3 seeds, and whether it passed (no
+target-frequency bucket's held-out loss moved beyond the fp32 head's seed spread with an interval excluding zero).
+``analysis/results/head_training*.csv``; ``tests/claims/test_nb10_long_horizon.py`` checks this table against
+them."""
+
+TIME_FACTOR = 1.25
+"""How much slower than the fastest candidate that meets every condition a pick may be predicted to run, to save
+memory."""
+
+MEMORY_TIE = 0.01
+"""Predicted peaks within this fraction of the least count as the same memory (the faster candidate wins)."""
+
+OBJECTIVE = (f"least predicted peak memory among the candidates that meet every condition (and the budget), within "
+             f"{TIME_FACTOR:g}x of the fastest of them; ties within {MEMORY_TIE:.0%} go to the faster, then to the "
+             "smaller error")
+"""The objective, in words, as tables print it."""
+
+
+class Head(NamedTuple):
+    """A reference head: a name and its ``(N, D, C)``."""
+
+    name: str
+    N: int
+    D: int
+    C: int
+
+    def __str__(self) -> str:
+        return f"{self.N}x{self.D}x{self.C}"
+
+
+REFERENCE_HEADS: tuple[Head, ...] = (
+    Head("Llama 3 (16k tokens)", 16384, 4096, 128256),
+    Head("Gemma 2 (Cut Cross-Entropy's)", 8192, 2304, 256000),
+    Head("small", 4096, 512, 32768),
+)
+"""The heads at which "auto" is derived and the decision table is printed: two LLM vocabulary heads and a small one
+that runs on a laptop CPU. Not among them: 65536x8192x152064 (a Qwen-size head at 64k tokens), where auto's
+factor-1 aspect ratio is predicted to peak at 9.25 GiB against aspect_ratio:2's 7.96 on CUDA (and a smaller CPU
+fp32 chunk would save more); :func:`lce.recommend` tunes such a shape."""
+
+AUTO_CHUNKINGS: tuple[str, ...] = ("aspect_ratio", "aspect_ratio:2", "aspect_ratio:4", "aspect_ratio:8")
+"""The chunking rules "auto" may resolve to (torch's options accept these for every shape)."""
+
+TORCH_DEFAULTS: dict[tuple[str, torch.dtype], tuple[str, str]] = {
+    ("cuda", torch.bfloat16): ("compact", "aspect_ratio:2"),
+    ("cuda", torch.float16): ("compact", "aspect_ratio:2"),
+    ("cpu", torch.bfloat16): ("accurate", "aspect_ratio"),
+    ("cpu", torch.float16): ("accurate", "aspect_ratio"),
+}
+"""torch 2.13's documented "auto" table (its options module): ``(policy, chunking)`` per (device kind, dtype);
+unlisted pairs take :data:`TORCH_FALLBACK`."""
+
+TORCH_FALLBACK: tuple[str, str] = ("compact", "aspect_ratio:2")
+
+DROP_IN_TOLERANCE = 0.02
+"""How much larger than under torch's default a default's predicted error may be and still count as no less
+accurate (the error model's own resolution is coarser)."""
+
+REFERENCE_CPU_KINDS: dict[str, tuple[str, float]] = {
+    "AMX Xeon": ("native", 2.5),
+    "AVX512-BF16 EPYC": ("native", 1.5),
+    "AVX512F Xeon": ("slow", 0.2),
+    "AVX2 EPYC": ("emulated", 1 / 80),
+}
+"""The CPU kinds a CPU "auto" entry must suit: each kind's bf16 GEMM support and rate over fp32's
+(``analysis/results/cpu_gemm_rates.csv``; :data:`lce.cpu_gemms.NATIVE_RATES`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One set of options with its plan and what the models predict for it."""
+
+    options: LinearCrossEntropyOptions
+    plan: Plan
+    peak_bytes: int
+    errors: Mapping[str, float]
+    seconds: float
+
+    @property
+    def error(self) -> float:
+        return max(self.errors.values())
+
+    def label(self) -> str:
+        p = self.plan
+        classes = f"{p.class_chunk_size} classes per block" if p.tiles_classes else "all classes"
+        return f"{p.acc_policy}, {p.batch_chunk_size} rows x {classes}"
+
+
+def evaluate(options: LinearCrossEntropyOptions, num_rows: int, in_features: int, num_classes: int,
+             dtype: torch.dtype, device: torch.device, cpu_rate: float | None = None) -> Candidate:
+    """Plan ``options`` for the shape and predict its memory, errors and time (``cpu_rate``: a CPU's low-precision
+    GEMM rate over fp32's instead of this CPU's)."""
+    plan = make_plan(options, num_rows=num_rows, in_features=in_features, num_classes=num_classes, dtype=dtype,
+                     device=device)
+    return Candidate(options, plan, plan.peak_extra_bytes, predict_errors(plan), estimated_seconds(plan, cpu_rate))
+
+
+def error_fault(candidate: Candidate, limit: float) -> str | None:
+    """Why ``candidate`` fails the error condition at ``limit`` floors (None: it meets it)."""
+    if candidate.error <= limit:
+        return None
+    return f"predicted {candidate.error:.3g} floors, over the limit of {limit:g}"
+
+
+def _sums_in_input_dtype(plan: Plan) -> bool:
+    narrow = plan.input_dtype in TRAINED_CHUNK_COUNTS
+    return narrow and plan.weight_grad_sum_dtype == plan.input_dtype and plan.num_chunks > 1
+
+
+def training_fault(plan: Plan) -> str | None:
+    """Why ``plan`` fails the training condition (None: it meets it; see the module docstring)."""
+    if not plan.needs_grad.weight or not _sums_in_input_dtype(plan):
+        return None
+    trained = TRAINED_CHUNK_COUNTS[plan.input_dtype]
+    k = plan.num_chunks
+    failed = [count for count, passed in trained if not passed and count <= k]
+    if failed:
+        return (f"its {dtype_name(plan.input_dtype)} weight-gradient sum rounded at {k} chunks: training moved the "
+                f"loss beyond the seed spread at {min(failed)} chunks (notebook 10)")
+    if not any(passed and count >= k for count, passed in trained):
+        largest = max(count for count, passed in trained if passed)
+        return (f"its {dtype_name(plan.input_dtype)} weight-gradient sum rounded at {k} chunks: trained only up to "
+                f"{largest} chunks (notebook 10)")
+    return None
+
+
+CONDITIONS: tuple[str, ...] = ("error", "training")
+"""The rule's conditions, in the order :func:`faults` checks them (the module docstring states each)."""
+
+
+def faults(candidate: Candidate, limit: float, budget: float | None = None) -> list[str]:
+    """Every condition (and the budget) ``candidate`` fails, as short reasons; empty when it meets them all."""
+    out = []
+    if budget is not None and candidate.peak_bytes > budget:
+        out.append(f"over the memory budget ({candidate.peak_bytes:,} > {int(budget):,} bytes)")
+    for reason in (error_fault(candidate, limit), training_fault(candidate.plan)):
+        if reason is not None:
+            out.append(reason)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What :func:`choose` picked: the candidate, whether it meets the error limit (``limit_met``), and the
+    candidates that met every condition and the budget (``feasible``)."""
+
+    chosen: Candidate
+    limit_met: bool
+    feasible: tuple[Candidate, ...]
+
+
+def _policy_rank(candidate: Candidate) -> int:
+    return EXPLICIT_POLICIES.index(candidate.plan.acc_policy)
+
+
+def objective(pool: Sequence[Candidate]) -> Candidate:
+    """:data:`OBJECTIVE` over ``pool`` (candidates that already meet every condition and the budget)."""
+    fastest = min(c.seconds for c in pool)
+    quick = [c for c in pool if c.seconds <= TIME_FACTOR * fastest]
+    least = min(c.peak_bytes for c in quick)
+    tied = [c for c in quick if c.peak_bytes <= least * (1 + MEMORY_TIE)]
+    return min(tied, key=lambda c: (c.seconds, c.error, _policy_rank(c)))
+
+
+def choose(candidates: Iterable[Candidate], limit: float, budget: float | None = None, *,
+           limit_is_default: bool = True) -> Choice:
+    """The objective over the candidates that meet every condition and ``budget``.
+
+    Where none within the budget meets the error limit and ``limit_is_default``, the limit yields: the least
+    predicted error among those that meet the training condition (``limit_met`` False). Raises ``ValueError``
+    where no candidate that meets the training condition fits the budget (naming the smallest feasible budget)
+    or where an explicit limit is unmet (naming the least error there).
+    """
+    pool = list(candidates)
+    offerable = [c for c in pool if training_fault(c.plan) is None]
+    if not offerable:
+        raise ValueError(f"every candidate fails the training condition, for example {pool[0].label()}: "
+                         f"{training_fault(pool[0].plan)}")
+    trained = [c for c in offerable if budget is None or c.peak_bytes <= budget]
+    if not trained:
+        smallest = min(offerable, key=lambda c: c.peak_bytes)
+        raise ValueError(f"memory_budget={int(budget):,} bytes is below the predicted peak of every candidate that "
+                         f"meets the training condition; the smallest feasible budget is {smallest.peak_bytes:,} "
+                         f"bytes ({smallest.label()})")
+    feasible = [c for c in trained if error_fault(c, limit) is None]
+    if feasible:
+        return Choice(objective(feasible), True, tuple(feasible))
+    best = min(trained, key=lambda c: (c.error, c.seconds))
+    if not limit_is_default:
+        raise ValueError(f"no candidate within the budget is predicted below max_error={limit:g} floors; the least "
+                         f"error there is {best.error:.3g} floors ({best.label()})")
+    return Choice(best, False, ())
+
+
+# ---- "auto": the procedure over chunking rules at the reference heads ---------------------------------------
+
+def drop_in_fault(candidate: Candidate, torch_default: Candidate) -> str | None:
+    """Why ``candidate`` fails the drop-in condition against torch's default at the same head (None: it meets it)."""
+    worse = [f"{name} {candidate.errors[name]:.3g} > {torch_default.errors[name]:.3g} floors"
+             for name in candidate.errors
+             if candidate.errors[name] > torch_default.errors[name] * (1 + DROP_IN_TOLERANCE)]
+    return f"less accurate than torch 2.13's default ({', '.join(worse)})" if worse else None
+
+
+def rule_candidate(policy: str, chunking: str, head: Head, dtype: torch.dtype, device_kind: str,
+                   cpu_rate: float | None = None, min_rows: bool = True) -> Candidate:
+    """The candidate that the "auto" entry ``(policy, chunking)`` resolves to at ``head``: fp32 ``acc_dtype`` for
+    bf16/fp16 input, and on CPU at least :data:`~lce.policies.CPU_MIN_ROWS` rows per chunk, as auto chunking
+    keeps (``min_rows=False``: torch's chunking, without that floor)."""
+    from .device import DEVICE_KIND_OVERRIDE
+
+    rows = aspect_ratio_chunk_size(head.N, head.D, head.C, int(chunking.partition(":")[2] or 1))
+    if device_kind == "cpu" and min_rows:
+        rows = max(rows, min(CPU_MIN_ROWS.get(dtype, 1), head.N))
+    acc_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else None
+    options = LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
+                                        batch_chunk_size=rows)
+    device = torch.device("cpu" if device_kind == "cpu" else "meta")
+    token = DEVICE_KIND_OVERRIDE.set(device_kind)
+    try:
+        return evaluate(options, head.N, head.D, head.C, dtype, device, cpu_rate)
+    finally:
+        DEVICE_KIND_OVERRIDE.reset(token)
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoDerivation:
+    """:func:`derive_auto`'s answer: the pick ``(policy, chunking)``, and per rule and context (head, CPU kind) the
+    candidate and its faults."""
+
+    device_kind: str
+    dtype: torch.dtype
+    pick: tuple[str, str]
+    contexts: tuple[str, ...]
+    table: Mapping[tuple[str, str], Mapping[str, Candidate]]
+    rule_faults: Mapping[tuple[str, str], tuple[str, ...]]
+
+
+def _contexts(device_kind: str, dtype: torch.dtype, heads: Sequence[Head]):
+    if device_kind != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+        return [(str(head), head, None, None) for head in heads]
+    return [(f"{head} on an {kind}", head, support, rate)
+            for head in heads for kind, (support, rate) in REFERENCE_CPU_KINDS.items()]
+
+
+def derive_auto(device_kind: str, dtype: torch.dtype, heads: Sequence[Head] = REFERENCE_HEADS) -> AutoDerivation:
+    """The procedure applied to the "auto" rules (each policy x :data:`AUTO_CHUNKINGS`) at ``heads``: a rule must
+    meet every condition, drop-in included, at every head (and CPU kind); among those, the objective, summed over
+    the contexts (memory and time each relative to the best rule there); a tie keeps torch's policy."""
+    from .cpu_gemms import CPU_GEMMS_OVERRIDE, LOW_PRECISION
+
+    limit = DEFAULT_MAX_ERROR.get(dtype, math.inf)
+    rules = [(policy, chunking) for policy in EXPLICIT_POLICIES for chunking in AUTO_CHUNKINGS]
+    contexts = _contexts(device_kind, dtype, heads)
+    torch_rule = TORCH_DEFAULTS.get((device_kind, dtype), TORCH_FALLBACK)
+    table: dict[tuple[str, str], dict[str, Candidate]] = {rule: {} for rule in rules}
+    torch_default: dict[str, Candidate] = {}
+    for name, head, support, rate in contexts:
+        token = CPU_GEMMS_OVERRIDE.set(None if support is None else dict.fromkeys(LOW_PRECISION, support))
+        try:
+            for rule in rules:
+                table[rule][name] = rule_candidate(*rule, head, dtype, device_kind, rate)
+            torch_default[name] = rule_candidate(*torch_rule, head, dtype, device_kind, rate, min_rows=False)
+        finally:
+            CPU_GEMMS_OVERRIDE.reset(token)
+
+    def reasons(candidate: Candidate, name: str) -> list[str]:
+        drop_in = drop_in_fault(candidate, torch_default[name])
+        return [*faults(candidate, limit), *([drop_in] if drop_in else [])]
+
+    rule_faults = {rule: tuple(sorted({f"{name}: {reason}" for name, c in table[rule].items()
+                                       for reason in reasons(c, name)})) for rule in rules}
+    passing = [rule for rule in rules if not rule_faults[rule]]
+    if not passing:
+        raise ValueError(f"no auto rule meets every condition for {device_kind} {dtype_name(dtype)}")
+    names = [name for name, *_ in contexts]
+    fastest = {name: min(table[rule][name].seconds for rule in passing) for name in names}
+    quick = [rule for rule in passing if all(table[rule][name].seconds <= TIME_FACTOR * fastest[name]
+                                             for name in names)]
+    least = {name: min(table[rule][name].peak_bytes for rule in quick) for name in names}
+
+    def memory(rule):
+        return sum(table[rule][name].peak_bytes / least[name] for name in names) / len(names)
+
+    lowest = min(memory(rule) for rule in quick)
+    tied = [rule for rule in quick if memory(rule) <= lowest * (1 + MEMORY_TIE)]
+    pick = min(tied, key=lambda rule: (round(sum(table[rule][name].seconds / fastest[name] for name in names), 6),
+                                       round(max(table[rule][name].error for name in names), 6),
+                                       rule[0] != torch_rule[0], rules.index(rule)))
+    return AutoDerivation(device_kind, dtype, pick, tuple(names), table, rule_faults)

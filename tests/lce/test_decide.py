@@ -1,0 +1,140 @@
+"""lce.decide: the one procedure behind "auto", lce.recommend and the decision tables.
+
+The auto table must be the procedure's output; the training condition must follow its evidence; the objective
+must pick what it says it picks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import lce
+from lce import decide
+from lce.decide import (
+    DEFAULT_MAX_ERROR,
+    MEMORY_TIE,
+    REFERENCE_HEADS,
+    TIME_FACTOR,
+    Candidate,
+    choose,
+    derive_auto,
+    training_fault,
+)
+from lce.policies import AUTO_TABLE
+from lce.testing import emulate_device_kind
+
+
+@pytest.mark.parametrize(("kind", "dtype"), list(AUTO_TABLE), ids=lambda v: str(v).removeprefix("torch."))
+def test_the_auto_table_is_the_procedures_output_at_the_reference_heads(kind, dtype):
+    derived = derive_auto(kind, dtype)
+    entry = AUTO_TABLE[(kind, dtype)]
+    assert derived.pick == (entry.acc_policy, entry.chunking_method), (
+        f"lce.decide picks {derived.pick} for {kind} {dtype}; the auto table says "
+        f"{(entry.acc_policy, entry.chunking_method)}: change the table (and its reason) or the procedure")
+    assert not derived.rule_faults[derived.pick]
+
+
+def test_auto_resolves_at_every_reference_head_to_the_rule_the_procedure_judged():
+    """What auto plans at a reference head is the candidate derive_auto weighed for it (same rows, policy, peak)."""
+    for kind, dtype in (("cuda", torch.bfloat16), ("cpu", torch.bfloat16)):
+        derived = derive_auto(kind, dtype)
+        for head in REFERENCE_HEADS:
+            x = torch.empty(head.N, head.D, dtype=dtype, device="meta", requires_grad=True)
+            w = torch.empty(head.C, head.D, dtype=dtype, device="meta", requires_grad=True)
+            with emulate_device_kind(kind):
+                plan = lce.plan(lce.LinearCrossEntropyOptions(), x, w)
+            judged = next(c for name, c in derived.table[derived.pick].items() if name.startswith(str(head)))
+            assert (plan.acc_policy, plan.batch_chunk_size) == (judged.plan.acc_policy, judged.plan.batch_chunk_size)
+            assert plan.acc_dtype == judged.plan.acc_dtype == torch.float32
+
+
+def test_compact_at_the_aspect_ratio_chunk_counts_fails_on_cuda_and_says_why():
+    derived = derive_auto("cuda", torch.bfloat16)
+    reasons = " ".join(derived.rule_faults[("compact", "aspect_ratio:2")])
+    assert "over the limit of 2" in reasons
+    fp16 = " ".join(derive_auto("cuda", torch.float16).rule_faults[("compact", "aspect_ratio")])
+    assert "training moved the loss beyond the seed spread at 64 chunks" in fp16
+
+
+def _plan(policy, chunks, dtype=torch.bfloat16, rows=4096, kind="cuda"):
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32, chunking_method=None,
+                                            batch_chunk_size=rows // chunks)
+    with emulate_device_kind(kind):
+        return lce.plan(options, torch.empty(rows, 64, dtype=dtype, device="meta", requires_grad=True),
+                        torch.empty(1024, 64, dtype=dtype, device="meta", requires_grad=True))
+
+
+@pytest.mark.parametrize(("dtype", "chunks", "verdict"), [
+    (torch.bfloat16, 1, None), (torch.bfloat16, 8, None), (torch.bfloat16, 64, None),
+    (torch.bfloat16, 128, "trained only up to 64 chunks"),
+    (torch.bfloat16, 256, "beyond the seed spread at 256 chunks"),
+    (torch.float16, 8, None), (torch.float16, 16, "trained only up to 8 chunks"),
+    (torch.float16, 64, "beyond the seed spread at 64 chunks"),
+], ids=str)
+def test_the_training_condition_follows_its_evidence(dtype, chunks, verdict):
+    fault = training_fault(_plan("compact", chunks, dtype))
+    assert (fault is None) if verdict is None else (verdict in fault)
+    assert training_fault(_plan("balanced", chunks, dtype)) is None  # an fp32 sum: chunk-independent
+
+
+def test_a_weight_without_gradient_has_no_training_condition():
+    options = lce.LinearCrossEntropyOptions(acc_policy="compact", acc_dtype=torch.float32, chunking_method=None,
+                                            batch_chunk_size=16)
+    with emulate_device_kind("cuda"):
+        plan = lce.plan(options, torch.empty(4096, 64, dtype=torch.bfloat16, device="meta", requires_grad=True),
+                        torch.empty(1024, 64, dtype=torch.bfloat16, device="meta"))
+    assert plan.num_chunks == 256 and training_fault(plan) is None
+
+
+def _candidate(label, peak, seconds, error, policy="balanced", chunks=1):
+    plan = _plan(policy, chunks)
+    return dataclasses.replace(Candidate(lce.LinearCrossEntropyOptions(), plan, peak, {"grad_weight": error},
+                                         seconds), plan=plan), label
+
+
+def test_the_objective_is_least_memory_within_the_time_factor_then_the_faster():
+    fast, _ = _candidate("fast", 1000, 1.0, 1.1)
+    lean, _ = _candidate("lean", 600, TIME_FACTOR * 0.99, 1.2)
+    leaner_slow, _ = _candidate("too slow", 400, TIME_FACTOR * 1.01, 1.0)
+    tied, _ = _candidate("tied, faster", int(600 * (1 + MEMORY_TIE / 2)), 1.1, 1.3)
+    inaccurate, _ = _candidate("over the limit", 100, 1.0, 5.0)
+    choice = choose([fast, lean, leaner_slow, tied, inaccurate], DEFAULT_MAX_ERROR[torch.bfloat16])
+    assert choice.chosen is tied and choice.limit_met
+    assert inaccurate not in choice.feasible
+    assert choose([fast, lean], 2.0, budget=700).chosen is lean
+    with pytest.raises(ValueError, match="smallest feasible budget is 600 bytes"):
+        choose([fast, lean], 2.0, budget=500)
+
+
+def test_the_limit_yields_only_among_candidates_that_meet_the_training_condition():
+    untrained, _ = _candidate("compact at 256", 100, 1.0, 3.0, policy="compact", chunks=256)
+    trained, _ = _candidate("compact at 8", 200, 1.0, 4.0, policy="compact", chunks=8)
+    choice = choose([untrained, trained], 2.0)
+    assert choice.chosen is trained and not choice.limit_met
+    with pytest.raises(ValueError, match="smallest feasible budget is 200 bytes"):
+        choose([untrained, trained], 2.0, budget=150)
+    with pytest.raises(ValueError, match="every candidate fails the training condition"):
+        choose([untrained], 2.0)
+    with pytest.raises(ValueError, match="least error there is 4 floors"):
+        choose([untrained, trained], 2.0, limit_is_default=False)
+
+
+def test_recommend_never_offers_a_candidate_that_fails_a_condition():
+    for device in ("cuda", "cpu"):
+        for budget in (None, 1_400_000_000, 1_250_000_000):
+            chosen = lce.recommend(16384, 4096, 128256, torch.bfloat16, device, memory_budget=budget)
+            assert training_fault(chosen.plan) is None, chosen.explain()
+            if chosen.limit_met:
+                assert chosen.error <= DEFAULT_MAX_ERROR[torch.bfloat16]
+
+
+def test_the_conditions_and_limits_are_stated_once():
+    import sys
+
+    from analysis.judge import rule
+
+    assert rule.BIAS_LIMIT is decide.BIAS_LIMIT and rule.ERROR_LIMIT is decide.NOISE_ERROR_LIMIT
+    assert sys.modules["lce.recommend"].DEFAULT_MAX_ERROR is decide.DEFAULT_MAX_ERROR
