@@ -35,6 +35,47 @@ figures = {figure.stem: figure for figure in drawn}
 print("data:", ", ".join(p.name for p in [*budget_paths, *tiling_paths]), "+", error_model_fit.VALIDATION_FILE)
 
 # %% [markdown]
+# ## The answer first: the decision table
+# One procedure, `lce.decide`, gives every answer: what `"auto"` resolves to (derived at the reference
+# heads below; a test fails if `lce/policies.py` says otherwise), what `lce.recommend` picks, and this
+# table. It plans each candidate, predicts its peak memory, errors and time, drops the candidates that
+# fail a condition (the error limit; the training evidence of notebook 10 for a weight gradient summed in
+# the input dtype; for a default, no less accurate than torch's own), and takes the least memory within a
+# time factor of the fastest. The rest of this notebook checks the models it rests on.
+
+# %%
+from analysis.report import decision_table  # noqa: E402
+from lce import decide  # noqa: E402
+
+table = decision_table.decision_table(RESULTS_DIR)
+show(table[["device", "dtype", "head", "auto", "rows", "peak_gib", "saves_gib", "grad_input_floors",
+            "grad_weight_floors", "torch_grad_weight_floors", "bias_over_noise", "recommend", "recommend_peak_gib"]],
+     {"peak_gib": "{:.2f}", "saves_gib": "{:+.2f}", "grad_input_floors": "{:.2f}", "grad_weight_floors": "{:.2f}",
+      "torch_grad_weight_floors": "{:.2f}", "bias_over_noise": "{:.2g}", "recommend_peak_gib": "{:.2f}"},
+     name="decision-table", wrap=["recommend"],
+     caption="Per device, dtype and reference head: auto's options, predicted peak (GiB) and what it saves against "
+             "torch 2.13's default (negative: more), predicted floors (lce, and torch's weight gradient), the "
+             "measured bias/noise of the auto entry, and recommend's pick without a budget")
+
+# %%
+cuda = table[table["device"] == "cuda"]
+llm = cuda[cuda["head_name"] != "small"]
+Markdown(f"""**Conclusion.** On CUDA auto is `balanced` with the factor-1 aspect ratio: predicted
+{cuda["grad_weight_floors"].max():.2f} floors on the weight gradient at most, where torch's default sits at
+{cuda["torch_grad_weight_floors"].min():.1f}-{cuda["torch_grad_weight_floors"].max():.1f}, for
+{-cuda["saves_gib"].max():.2f}-{-cuda["saves_gib"].min():.2f} GiB more than torch's default (its fp32 copy of the
+weight gradient). `lce.recommend` without a budget finds {(llm["peak_gib"] - llm["recommend_peak_gib"]).min():.2f}-
+{(llm["peak_gib"] - llm["recommend_peak_gib"]).max():.2f} GiB of that back at the LLM heads with compact in few,
+large row chunks, within the error limit and at chunk counts the training study passed; auto cannot express those
+(one rule for every shape, `decide.AUTO_CHUNKINGS`). On CPU auto is torch's own policy.
+
+*Inputs:* lce's models at the reference heads {", ".join(str(h) for h in decide.REFERENCE_HEADS)}; CPU rows for a
+CPU with native bf16 GEMMs; the measured bias/noise from the noise study (N=1024, D=128, C=16384).
+
+*Limits:* predictions, CUDA times from datasheet rates; the worst rows' error is not modeled (notebook 05 measures
+it; the training condition guards the rare classes).""")
+
+# %% [markdown]
 # ## The error model, and how well it predicts what it never saw
 # `lce.error_model` adds independent roundings in squared floors: `floors² = 1 + Σ c_s f_s`,
 # one term per rounding the plan's layout performs — dz rounded before a backward GEMM,
@@ -117,9 +158,10 @@ default input statistics, heads {", ".join(llm["shape"].unique())} (N×D×C); ch
 
 # %% [markdown]
 # ## `lce.recommend` at an LLM head
-# With no budget it allows what lce's "auto" options would use, and the largest error the
-# error/noise rule of notebook 06 tolerated (`lce.recommend.DEFAULT_MAX_ERROR`, in floors);
-# it returns the fastest candidate that meets both, and explains what it weighed.
+# With no budget it applies the procedure's objective alone: among the candidates within the largest
+# error the error/noise rule of notebook 06 tolerated (`lce.recommend.DEFAULT_MAX_ERROR`, in floors) and
+# the training condition, the least memory within a time factor of the fastest; with a budget, the same
+# among those that fit. It explains what it weighed, and names auto's plan beside its pick.
 
 # %%
 choice = lce.recommend(16384, 4096, 128256, torch.bfloat16, "cuda")
@@ -143,12 +185,13 @@ _, middle, tightest = nb07_choosing_options.LLM_BUDGET_MULTIPLES
 by_budget = per_budget.set_index(["device", "budget"])
 cuda_mid, cpu_mid = (by_budget.loc[(device, f"{middle:g}x gradients")] for device in ("cuda", "cpu"))
 anchor = nb07_choosing_options.cce_anchor()
-Markdown(f"""**Conclusion.** With no budget (lce auto's own peak) recommend meets the default error limit
+Markdown(f"""**Conclusion.** With no budget recommend meets the default error limit
 ({DEFAULT_MAX_ERROR[torch.bfloat16]:g} floors in bf16) at all {len(picks["shape"].unique())} heads on both layout
-tables. With {middle:g}× the gradients' bytes the CUDA layouts still meet it at {cuda_mid["limit_met"]} of the
-{cuda_mid["heads"]} heads, by tiling the vocabulary with large row chunks (few per-chunk roundings); the CPU layouts
-meet it at no budget below auto's peak: their accumulator-free layout (compact with `acc_dtype` equal to the input)
-also rounds the logits to bf16, which costs the input gradient up to {cpu_mid["grad_input"]:.2f} floors. At the
+tables, never tiles, and never needs more than lce auto's own peak. With {middle:g}× the gradients' bytes the
+CUDA layouts still meet it at {cuda_mid["limit_met"]} of the {cuda_mid["heads"]} heads, by tiling the vocabulary
+with large row chunks (few per-chunk roundings); the CPU layouts meet it at no budget below auto's peak (the
+smaller budgets here): their accumulator-free layout (compact with `acc_dtype` equal to the input) also rounds
+the logits to bf16, which costs the input gradient up to {cpu_mid["grad_input"]:.2f} floors. At the
 tightest budget, {tightest:g}× the gradients, every pick tiles the vocabulary, and every predicted peak is within its
 budget. At Cut Cross-Entropy's benchmark shape
 ({nb07_choosing_options.CCE_SHAPE}) the smallest peak within the default limit is {anchor["within_limit_mib"]:,.1f}

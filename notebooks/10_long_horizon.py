@@ -144,6 +144,49 @@ classes and misses it.
 *Limits:* the mechanism is read from the arithmetic and the per-bucket curves, not isolated by an ablation.""")
 
 # %% [markdown]
+# ## The picks `lce.recommend` offers under tight budgets: compact with few, large chunks
+# At the LLM heads, the least memory within the error limit is compact with 2048 or 4096 rows per chunk
+# (8 or 4 chunks of the 16384-row head), with class tiling under the tightest budgets. Before such a pick
+# is offered it is trained here, in a group of its own (AdamW, the same seeds, its own fp32 arm): compact
+# at 4, 8 and 16 chunks in bf16, at 4 and 8 in fp16, and balanced at 4. Class tiling leaves the weight
+# gradient's roundings as they are, so a row-chunk arm stands for its tiled pick.
+
+# %%
+budget = summary[summary["optimizer"] == "adamw-budget"]
+show(budget[["arm", "rule", "bias_over_noise", "gap_all", "gap_rare", "counts_in", "systematic_in"]],
+     {"bias_over_noise": "{:.2g}", "gap_all": lambda v: f"{v * 1e3:+.2f}", "gap_rare": lambda v: f"{v * 1e3:+.2f}"},
+     name="horizon-budget-arms", caption="The tight-budget arms after 10⁴ AdamW steps: bias/noise (median over "
+                                         "seeds and checkpoints), final gap to their fp32 arm overall and on the "
+                                         "rare classes (mnats), and where the gap counts or is only systematic")
+
+# %%
+from lce.decide import TRAINED_CHUNK_COUNTS  # noqa: E402
+
+budget_by_arm = budget.set_index("arm")
+passing = {str(dtype).removeprefix("torch."): [k for k, ok in counts if ok]
+           for dtype, counts in TRAINED_CHUNK_COUNTS.items()}
+fp16_eight = budget_by_arm.loc["fp16 compact@8"]
+Markdown(f"""**Conclusion.** No tight-budget arm counts in any bucket: compact at
+{", ".join(str(k) for k in (4, 8, 16))} chunks in bf16 trains like balanced, its bias/noise
+{budget_by_arm.loc["bf16 compact@4", "bias_over_noise"]:.4f} and
+{budget_by_arm.loc["bf16 compact@8", "bias_over_noise"]:.4f} at 4 and 8 chunks (balanced:
+{bias.loc[("adamw", "bf16 balanced@64"), "bias_over_noise"]:.4f}), reaching the rule's
+{rule.BIAS_LIMIT} at 16 ({budget_by_arm.loc["bf16 compact@16", "bias_over_noise"]:.4f}). fp16 compact at 8 chunks is
+systematic on the rare classes ({fp16_eight["gap_rare"] * 1e3:+.1f} mnats, the direction of torch's fp16 pick at 64
+chunks) but inside the seed spread. The training condition of `lce.decide` is this evidence: a weight gradient summed
+in the input dtype is offered at {", ".join(f"{d} up to {max(v)}" for d, v in passing.items())} chunks and never beyond,
+so `lce.recommend`'s compact picks at the LLM heads (8 chunks without a budget, 4 under 1.2x the gradients) are
+trained offers. Balanced at 4 chunks ends exactly where balanced at 64 does: its weight gradient does not depend on
+the chunk count.
+
+*Inputs:* the head-only study's budget group (D={settings.D}, C={settings.C}, {settings.batch_rows} rows per step,
+{settings.steps:,} steps, {int(budget["seeds"].min())} seeds).
+
+*Limits:* the study's chunk counts stand for the LLM head's (the error grows with the count of per-chunk roundings,
+not with the rows per chunk); fp16 arms train with the study's own loss scale, and lce's fp16 gradients are not
+protected by one yet (issue 31).""")
+
+# %% [markdown]
 # ## The rule, from the evidence
 # Each "auto" entry and the peers' CUDA picks, judged by whether the head-only arm that stands for
 # them counts (differs from fp32 beyond the seed spread) in any bucket, beside the bias/noise limit.
@@ -177,8 +220,8 @@ against it, {failing_text} count. The CPU
 entries compute at least as accurately as arms that stayed hidden: accurate runs every GEMM in acc_dtype (the CUDA
 accurate arm here rounds its operands to bf16 first), and fp32's compact sums in fp32. What compact would save,
 about {rule.memory_at_llm_shapes()["compact_saves_vs_balanced_gib"].max():.1f} GiB at the largest LLM head by lce's
-memory model, is paid for on the rare classes; `lce.recommend` still picks it where a memory budget leaves nothing
-else.
+memory model, is paid for on the rare classes at the aspect-ratio chunk counts; with few, large chunks (the section
+above) it is not, and `lce.recommend` offers it there.
 
 *Inputs:* the head-only study above (final gaps at step {settings.steps:,}, {final["seeds"].min()} seeds).
 

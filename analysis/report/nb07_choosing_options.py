@@ -180,7 +180,7 @@ def draw_error_model_figures(validation: pd.DataFrame, predictions: pd.DataFrame
 CCE_REPORTED_MB = 1164
 """Cut Cross-Entropy's reported memory at CCE_SHAPE (bf16), against a lower bound of 1161 MB: the gradients."""
 LLM_BUDGET_MULTIPLES: tuple[float | None, ...] = (None, 1.2, 1.05)
-"""Budgets of the LLM table: recommend's default (lce auto's peak), then multiples of the bf16 gradients."""
+"""Budgets of the LLM table: none (the objective alone), then multiples of the bf16 gradients."""
 
 
 def _gradient_bytes(shape: Shape, dtype: torch.dtype) -> int:
@@ -194,16 +194,21 @@ def llm_recommendations(dtype: torch.dtype = torch.bfloat16, devices: tuple[str,
     Where the default error limit cannot be met within a budget, the row holds the least predicted error that
     fits and ``default_limit_met`` is False.
     """
+    from lce.testing import cpu_gemms
+
     rows = []
     for shape in LLM_SHAPES:
         for device in devices:
             for multiple in multiples:
                 budget = None if multiple is None else int(multiple * _gradient_bytes(shape, dtype))
-                chosen = lce.recommend(shape.N, shape.D, shape.C, dtype, device, memory_budget=budget)
+                with cpu_gemms("native"):  # CPU rows: a CPU with native bf16 GEMMs, the same table on every machine
+                    chosen = lce.recommend(shape.N, shape.D, shape.C, dtype, device, memory_budget=budget)
                 met = chosen.limit_met
                 rows.append(dict(shape=str(shape), device=device,
-                                 budget="auto's peak" if multiple is None else f"{multiple:g}x gradients",
-                                 budget_gib=chosen.memory_budget / 2**30, choice=chosen.chosen.label(),
+                                 budget="none" if multiple is None else f"{multiple:g}x gradients",
+                                 budget_gib=math.nan if budget is None else budget / 2**30,
+                                 choice=chosen.chosen.label(), auto=chosen.auto.label(),
+                                 auto_peak_gib=chosen.auto.peak_bytes / 2**30,
                                  peak_gib=chosen.peak_bytes / 2**30, grad_input_floors=chosen.errors["grad_input"],
                                  grad_weight_floors=chosen.errors["grad_weight"], default_limit_met=met,
                                  estimated_s=chosen.chosen.seconds, status="prediction"))
@@ -336,12 +341,15 @@ def readme_error_model(results: Path) -> str:
 
 def readme_recommend(results: Path) -> str:
     """lce.recommend's picks at LLM heads and the Cut Cross-Entropy anchor (predictions of lce's models)."""
-    lines = ["| head (N x D x C) | device | budget | recommended | predicted peak | predicted floors (input, weight) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| head (N x D x C) | device | budget | recommended | predicted peak | predicted floors (input, weight) "
+             "| auto's plan, peak |",
+             "|---|---|---|---|---|---|---|"]
     for row in llm_recommendations().itertuples():
         limit = "" if row.default_limit_met else " (default limit unmet: least error shown)"
-        lines.append(f"| {row.shape} | {row.device} | {row.budget} ({row.budget_gib:.2f} GiB) | {row.choice} | "
-                     f"{row.peak_gib:.2f} GiB | {row.grad_input_floors:.2f}, {row.grad_weight_floors:.2f}{limit} |")
+        budget = row.budget if row.budget == "none" else f"{row.budget} ({row.budget_gib:.2f} GiB)"
+        lines.append(f"| {row.shape} | {row.device} | {budget} | {row.choice} | {row.peak_gib:.2f} GiB | "
+                     f"{row.grad_input_floors:.2f}, {row.grad_weight_floors:.2f}{limit} | {row.auto}, "
+                     f"{row.auto_peak_gib:.2f} GiB |")
     anchor = cce_anchor()
     limits = ", ".join(f"{str(dtype).removeprefix('torch.')} {limit:g}" for dtype, limit in DEFAULT_MAX_ERROR.items())
     return "\n".join([*lines, "", f"- default error limit (`lce.recommend.DEFAULT_MAX_ERROR`, floors): {limits}",

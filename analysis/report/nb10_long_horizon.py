@@ -21,7 +21,10 @@ __all__ = ["plot_gap_vs_step", "plot_gap_vs_bias", "plot_row_distance", "draw_lo
 
 ARM_COLOURS = {"bf16 unfused": "tab:gray", "bf16 accurate@64": "tab:cyan", "bf16 balanced@64": "tab:blue",
                "bf16 compact@32": "gold", "bf16 compact@64": "tab:orange", "bf16 compact@256": "tab:red",
-               "fp16 balanced@64": "tab:purple", "fp16 compact@64": "tab:pink"}
+               "fp16 balanced@64": "tab:purple", "fp16 compact@64": "tab:pink",
+               # the tight-budget group (optimizer "adamw-budget")
+               "bf16 compact@4": "yellowgreen", "bf16 compact@8": "tab:olive", "bf16 compact@16": "tab:brown",
+               "bf16 balanced@4": "navy", "fp16 compact@4": "plum", "fp16 compact@8": "mediumvioletred"}
 
 
 def plot_gap_vs_step(table: pd.DataFrame, optimizer: str = "adamw") -> CaptionedFigure | None:
@@ -69,7 +72,7 @@ def plot_gap_vs_bias(table: pd.DataFrame) -> CaptionedFigure | None:
     apply_style()
     fig = new_figure(6.4, 4.2)
     ax = fig.add_subplot()
-    markers = {"adamw": "o", "sgd": "s"}
+    markers = {"adamw": "o", "sgd": "s", "adamw-budget": "D"}
     for row in summary.itertuples():
         colour = ARM_COLOURS.get(row.arm, "k")
         ax.errorbar(row.bias_over_noise, row.gap_rare * 1e3,
@@ -93,7 +96,8 @@ def plot_gap_vs_bias(table: pd.DataFrame) -> CaptionedFigure | None:
                f"ratio measured at the fp32 arm's weights along the run (bars: range over seeds and checkpoints). "
                f"Dashed: the ratio a steady bias needs to stand out of the noise within the run by the ratio^-2 "
                f"reading. Grey band: the fp32 head's own spread over seeds on the rare classes; a gap counts "
-               f"beyond it. Circles AdamW, squares SGD.")
+               f"beyond it. Circles AdamW, squares SGD, diamonds AdamW's tight-budget arms (compact with few "
+               f"chunks, balanced at 4).")
     return CaptionedFigure(fig, "head_gap_vs_bias", caption)
 
 
@@ -129,7 +133,8 @@ def draw_long_horizon_figures(table: pd.DataFrame) -> list[CaptionedFigure]:
     """Every figure this module draws that has data."""
     if table.empty:
         return []
-    candidates = (plot_gap_vs_step(table, "adamw"), plot_gap_vs_step(table, "sgd"), plot_gap_vs_bias(table),
+    candidates = (plot_gap_vs_step(table, "adamw"), plot_gap_vs_step(table, "sgd"),
+                  plot_gap_vs_step(table, "adamw-budget"), plot_gap_vs_bias(table),
                   plot_row_distance(table, "adamw"))
     return [figure for figure in candidates if figure is not None]
 

@@ -22,6 +22,7 @@ from analysis.core.problem import BENCH_SHAPE, DTYPES
 from analysis.core.provenance import bf16_gemms, cpu_kind, cpu_kinds
 from analysis.core.results_io import BENCH, CHUNK_SWEEP, REPRODUCE, latest, load_kind
 from analysis.paths import RESULTS_DIR, ROOT
+from analysis.report.decision_table import readme_decision_table
 from analysis.report.hf_step import readme_hf_step
 from analysis.report.nb02_accuracy import readme_bf16_errors
 from analysis.report.nb05_realistic_inputs import readme_realistic_inputs
@@ -180,6 +181,7 @@ def quick_plan(results: Path) -> str:
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "quick-plan": quick_plan,
+    "decision-table": readme_decision_table,
     "reproduce-time": reproduce_time,
     "bench-table": bench_table,
     "cpu-chunking": cpu_chunking,

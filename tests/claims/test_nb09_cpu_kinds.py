@@ -24,8 +24,11 @@ def _rates() -> pd.DataFrame:
 
 
 def test_both_kinds_were_measured():
-    """The notebook and the README compare a CPU with native bf16 GEMMs and one that emulates them."""
-    assert set(_rates()["bf16"]) == {"native", "emulated"}
+    """The notebook and the README compare a CPU with native bf16 GEMMs, one whose bf16 kernel is slower than fp32
+    (the AVX512F stand-in) and one that emulates them."""
+    assert set(_rates()["bf16"]) == {"native", "slow", "emulated"}
+    slow = _rates().loc[_rates()["bf16"] == "slow", "bf16_over_fp32"]
+    assert (slow < 1 / 2.5).all() and (slow > 1 / 30).all()
 
 
 def test_native_bf16_is_at_least_fp32s_rate_and_emulated_bf16_far_below_it():
@@ -64,7 +67,8 @@ def test_recommends_pick_is_close_to_the_fastest_option_timed_beside_it():
     """"recommend's pick from its models alone ran within {x}x of the fastest option set timed beside it" -- a bound
     the prose quotes; it must stay a modest one for the sentence to say the picks are the fast ones."""
     picks = nb09.recommend_numbers(_kind(RECOMMEND_CHECK.name))
-    assert set(picks["cpu_kind"]) == set(_rates()["cpu_kind"])
+    assert set(picks["cpu_kind"]) <= set(_rates()["cpu_kind"]) and len(set(picks["cpu_kind"])) >= 2  # the AVX512F
+    # stand-in has its GEMM rates only (no recommend check yet)
     assert picks["pick_over_fastest"].median() <= 1.3
     assert picks["pick_over_fastest"].max() <= 2.5
 

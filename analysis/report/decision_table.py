@@ -1,0 +1,109 @@
+"""The decision table: what lce's decision procedure (:mod:`lce.decide`) answers per device, dtype and reference head.
+
+One row per (device kind, dtype, reference head): the options "auto" resolves to there, their predicted peak and
+what that saves against torch 2.13's own default, the predicted errors in floors, the predicted time (and where
+the prediction comes from), the bias/noise ratio measured for that auto entry by the noise study (worst input
+family), and what :func:`lce.recommend` picks there without a budget. CPU rows plan for a CPU with native bf16
+GEMMs (:data:`lce.cpu_gemms.REFERENCE_NATIVE_RATE`), so the table is the same on every machine. The README opens
+with it; notebook 07 leads with it; ``tests/claims/test_decision_table.py`` keeps its prose true.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+import lce
+from analysis.core.results_io import NOISE, load_kind
+from analysis.report.tables import markdown_table
+from lce.cpu_gemms import REFERENCE_NATIVE_RATE
+from lce.decide import DEFAULT_MAX_ERROR, OBJECTIVE, REFERENCE_HEADS, TORCH_DEFAULTS, TORCH_FALLBACK, rule_candidate
+from lce.options import dtype_name
+from lce.policies import AUTO_TABLE
+from lce.testing import cpu_gemms
+from lce.time_model import TIME_SOURCE
+
+__all__ = ["ENTRIES", "decision_table", "readme_decision_table"]
+
+ENTRIES: tuple[tuple[str, torch.dtype], ...] = (("cuda", torch.bfloat16), ("cuda", torch.float16),
+                                                 ("cpu", torch.bfloat16), ("cpu", torch.float32))
+"""The (device kind, dtype) pairs the table shows (CPU fp16 is CPU bf16's answer with fp32 GEMMs throughout)."""
+
+
+def _measured_bias(results: Path) -> dict[tuple[str, str], float]:
+    from analysis.judge.rule import rule_table
+
+    _, noise = load_kind(results, NOISE.name)
+    if noise.empty:
+        return {}
+    table = rule_table(noise)
+    return {(row.device, row.dtype): row.weight_bias_over_noise for row in table.itertuples()
+            if row.worst_family != "(no data)"}
+
+
+def decision_table(results: Path) -> pd.DataFrame:
+    """The table's rows (see the module docstring); every number is a prediction except ``bias_over_noise``."""
+    bias = _measured_bias(results)
+    rows = []
+    with cpu_gemms("native"):
+        for kind, dtype in ENTRIES:
+            entry = AUTO_TABLE[(kind, dtype)]
+            torch_rule = TORCH_DEFAULTS.get((kind, dtype), TORCH_FALLBACK)
+            for head in REFERENCE_HEADS:
+                auto = rule_candidate(entry.acc_policy, entry.chunking_method, head, dtype, kind)
+                theirs = rule_candidate(*torch_rule, head, dtype, kind, min_rows=False)
+                tuned = lce.recommend(head.N, head.D, head.C, dtype, "cpu" if kind == "cpu" else "cuda")
+                rows.append(dict(
+                    device=kind, dtype=dtype_name(dtype), head=str(head), head_name=head.name,
+                    auto=f"{entry.acc_policy}, {entry.chunking_method}", rows=auto.plan.batch_chunk_size,
+                    chunks=auto.plan.num_chunks, peak_gib=auto.peak_bytes / 2**30,
+                    torch_peak_gib=theirs.peak_bytes / 2**30,
+                    saves_gib=(theirs.peak_bytes - auto.peak_bytes) / 2**30,
+                    grad_input_floors=auto.errors["grad_input"], grad_weight_floors=auto.errors["grad_weight"],
+                    torch_grad_weight_floors=theirs.errors["grad_weight"],
+                    limit=DEFAULT_MAX_ERROR.get(dtype, float("inf")),
+                    seconds=auto.seconds, torch_seconds=theirs.seconds, time_source=TIME_SOURCE[kind],
+                    bias_over_noise=bias.get((kind, dtype_name(dtype)), float("nan")),
+                    recommend=tuned.chosen.label(), recommend_peak_gib=tuned.peak_bytes / 2**30,
+                    recommend_grad_weight_floors=tuned.errors["grad_weight"]))
+    return pd.DataFrame(rows)
+
+
+def readme_decision_table(results: Path) -> str:
+    """The README's decision table with its legend."""
+    table = decision_table(results)
+    shown = pd.DataFrame({
+        "device, dtype": table["device"] + ", " + table["dtype"],
+        "head (N x D x C)": table["head"],
+        "auto": table["auto"] + " (" + table["rows"].astype(str) + " rows)",
+        "peak GiB": table["peak_gib"],
+        "GiB saved vs torch's default (− more)": table["saves_gib"],
+        "floors (input, weight)": [f"{a:.2f}, {b:.2f}" for a, b in zip(table["grad_input_floors"],
+                                                                       table["grad_weight_floors"], strict=True)],
+        "torch's weight floors": table["torch_grad_weight_floors"],
+        "time vs torch's default": table["seconds"] / table["torch_seconds"],
+        "bias/noise (measured)": table["bias_over_noise"],
+        "recommend, no budget": [f"{label}: {gib:.2f} GiB, {floors:.2f} floors" for label, gib, floors in
+                                 zip(table["recommend"], table["recommend_peak_gib"],
+                                     table["recommend_grad_weight_floors"], strict=True)],
+    })
+    limits = ", ".join(f"{dtype_name(d)} {v:g}" for d, v in DEFAULT_MAX_ERROR.items())
+    legend = [
+        "- *floor*: a gradient's Frobenius error against fp64, over the error of the exact answer rounded once to "
+        "the input dtype; 1 is the best any implementation can do.",
+        "- every peak, floor and time is a prediction of lce's models (`lce.decide`); times: CUDA "
+        f"{TIME_SOURCE['cuda']}; CPU predicted for a CPU with native bf16 GEMMs at "
+        f"{REFERENCE_NATIVE_RATE:g}x fp32's rate (`lce.cpu_gemms.REFERENCE_NATIVE_RATE`).",
+        "- bias/noise: the weight gradient's bias over one batch's sampling noise, measured by the noise study for "
+        "this auto entry at 1024x128x16384 (worst of 4 input families, median of 3 seeds; the rule's limit is "
+        f"{lce.decide.BIAS_LIMIT}).",
+        f"- conditions: predicted error at most {limits} floors; a weight gradient summed in the input dtype only "
+        "at chunk counts training passed (notebook 10); "
+        "a default no less accurate than torch's. Objective: " + OBJECTIVE + ".",
+    ]
+    formats = {"peak GiB": "{:.2f}", "GiB saved vs torch's default (− more)": "{:+.2f}",
+               "torch's weight floors": "{:.2f}", "time vs torch's default": "{:.2f}x",
+               "bias/noise (measured)": "{:.2g}"}
+    return markdown_table(shown, formats) + "\n" + "\n".join(legend) + "\n"
