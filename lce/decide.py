@@ -291,7 +291,7 @@ def rule_candidate(policy: str, chunking: str, head: Head, dtype: torch.dtype, d
     """The candidate that the "auto" entry ``(policy, chunking)`` resolves to at ``head``: fp32 ``acc_dtype`` for
     bf16/fp16 input, and on CPU at least :data:`~lce.policies.CPU_MIN_ROWS` rows per chunk, as auto chunking
     keeps (``min_rows=False``: torch's chunking, without that floor)."""
-    from .device import DEVICE_KIND_OVERRIDE
+    from .testing import emulate_device_kind
 
     rows = aspect_ratio_chunk_size(head.N, head.D, head.C, int(chunking.partition(":")[2] or 1))
     if device_kind == "cpu" and min_rows:
@@ -300,11 +300,8 @@ def rule_candidate(policy: str, chunking: str, head: Head, dtype: torch.dtype, d
     options = LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
                                         batch_chunk_size=rows)
     device = torch.device("cpu" if device_kind == "cpu" else "meta")
-    token = DEVICE_KIND_OVERRIDE.set(device_kind)
-    try:
+    with emulate_device_kind(device_kind):
         return evaluate(options, head.N, head.D, head.C, dtype, device, cpu_rate)
-    finally:
-        DEVICE_KIND_OVERRIDE.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -331,7 +328,9 @@ def derive_auto(device_kind: str, dtype: torch.dtype, heads: Sequence[Head] = RE
     """The procedure applied to the "auto" rules (each policy x :data:`AUTO_CHUNKINGS`) at ``heads``: a rule must
     meet every condition, drop-in included, at every head (and CPU kind); among those, the objective, summed over
     the contexts (memory and time each relative to the best rule there); a tie keeps torch's policy."""
-    from .cpu_gemms import CPU_GEMMS_OVERRIDE, LOW_PRECISION
+    import contextlib
+
+    from .testing import cpu_gemms
 
     limit = DEFAULT_MAX_ERROR.get(dtype, math.inf)
     rules = [(policy, chunking) for policy in EXPLICIT_POLICIES for chunking in AUTO_CHUNKINGS]
@@ -340,13 +339,10 @@ def derive_auto(device_kind: str, dtype: torch.dtype, heads: Sequence[Head] = RE
     table: dict[tuple[str, str], dict[str, Candidate]] = {rule: {} for rule in rules}
     torch_default: dict[str, Candidate] = {}
     for name, head, support, rate in contexts:
-        token = CPU_GEMMS_OVERRIDE.set(None if support is None else dict.fromkeys(LOW_PRECISION, support))
-        try:
+        with contextlib.nullcontext() if support is None else cpu_gemms(support):
             for rule in rules:
                 table[rule][name] = rule_candidate(*rule, head, dtype, device_kind, rate)
             torch_default[name] = rule_candidate(*torch_rule, head, dtype, device_kind, rate, min_rows=False)
-        finally:
-            CPU_GEMMS_OVERRIDE.reset(token)
 
     def reasons(candidate: Candidate, name: str) -> list[str]:
         drop_in = drop_in_fault(candidate, torch_default[name])

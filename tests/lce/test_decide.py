@@ -6,8 +6,6 @@ must pick what it says it picks.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -89,18 +87,16 @@ def test_a_weight_without_gradient_has_no_training_condition():
     assert plan.num_chunks == 256 and training_fault(plan) is None
 
 
-def _candidate(label, peak, seconds, error, policy="balanced", chunks=1):
-    plan = _plan(policy, chunks)
-    return dataclasses.replace(Candidate(lce.LinearCrossEntropyOptions(), plan, peak, {"grad_weight": error},
-                                         seconds), plan=plan), label
+def _candidate(peak, seconds, error, policy="balanced", chunks=1):
+    return Candidate(lce.LinearCrossEntropyOptions(), _plan(policy, chunks), peak, {"grad_weight": error}, seconds)
 
 
 def test_the_objective_is_least_memory_within_the_time_factor_then_the_faster():
-    fast, _ = _candidate("fast", 1000, 1.0, 1.1)
-    lean, _ = _candidate("lean", 600, TIME_FACTOR * 0.99, 1.2)
-    leaner_slow, _ = _candidate("too slow", 400, TIME_FACTOR * 1.01, 1.0)
-    tied, _ = _candidate("tied, faster", int(600 * (1 + MEMORY_TIE / 2)), 1.1, 1.3)
-    inaccurate, _ = _candidate("over the limit", 100, 1.0, 5.0)
+    fast = _candidate(1000, 1.0, 1.1)
+    lean = _candidate(600, TIME_FACTOR * 0.99, 1.2)
+    leaner_slow = _candidate(400, TIME_FACTOR * 1.01, 1.0)
+    tied = _candidate(int(600 * (1 + MEMORY_TIE / 2)), 1.1, 1.3)
+    inaccurate = _candidate(100, 1.0, 5.0)
     choice = choose([fast, lean, leaner_slow, tied, inaccurate], DEFAULT_MAX_ERROR[torch.bfloat16])
     assert choice.chosen is tied and choice.limit_met
     assert inaccurate not in choice.feasible
@@ -110,8 +106,8 @@ def test_the_objective_is_least_memory_within_the_time_factor_then_the_faster():
 
 
 def test_the_limit_yields_only_among_candidates_that_meet_the_training_condition():
-    untrained, _ = _candidate("compact at 256", 100, 1.0, 3.0, policy="compact", chunks=256)
-    trained, _ = _candidate("compact at 8", 200, 1.0, 4.0, policy="compact", chunks=8)
+    untrained = _candidate(100, 1.0, 3.0, policy="compact", chunks=256)
+    trained = _candidate(200, 1.0, 4.0, policy="compact", chunks=8)
     choice = choose([untrained, trained], 2.0)
     assert choice.chosen is trained and not choice.limit_met
     with pytest.raises(ValueError, match="smallest feasible budget is 200 bytes"):
