@@ -38,9 +38,14 @@ worse; and where the procedure is indifferent (a tie in memory, time and error) 
 to that shape; where that buys less memory than auto's rule, recommend says so (its explanation names auto's
 plan).
 
-Limits: the worst rows' error (the rare classes' rows) has no model of its own; the training condition, measured
-per target-frequency bucket, is what guards the rare classes. The bias of the weight gradient is predicted
-only through the floors limit above, fitted at one shape.
+Beside each pick the procedure reports two more predictions (:attr:`Candidate.details`, validated held-out with
+the Frobenius model, :data:`lce.error_model.DETAIL_ACCURACY`): an upper bound on the weight gradient's bias (its
+error along the exact gradient) and the worst class row's error, both in floors. Neither is a condition of its
+own: the rule judges a bias against one batch's sampling noise, which depends on the batch and which no model
+here predicts at LLM batch sizes (notebook 06 measures it at N=1024; larger batches have less noise, by at most
+``sqrt(N / 1024)``), and the worst rows are the rare classes', whose effect on training the training condition
+measures per target-frequency bucket. So the error limit carries the rule's bias condition at the batch where it
+was measured, and the training condition stands for both at scale.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ from typing import NamedTuple
 
 import torch
 
-from .error_model import predict_errors
+from .error_model import predict_errors, predict_weight_details
 from .options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dtype_name
 from .plan import Plan, aspect_ratio_chunk_size, make_plan
 from .policies import CPU_MIN_ROWS
@@ -159,6 +164,9 @@ class Candidate:
     peak_bytes: int
     errors: Mapping[str, float]
     seconds: float
+    details: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """The weight gradient's predicted ``"weight_bias"`` bound and ``"worst_row"`` error, in floors
+    (:func:`lce.error_model.predict_weight_details`); reported beside each pick, no condition of their own."""
 
     @property
     def error(self) -> float:
@@ -176,7 +184,8 @@ def evaluate(options: LinearCrossEntropyOptions, num_rows: int, in_features: int
     GEMM rate over fp32's instead of this CPU's)."""
     plan = make_plan(options, num_rows=num_rows, in_features=in_features, num_classes=num_classes, dtype=dtype,
                      device=device)
-    return Candidate(options, plan, plan.peak_extra_bytes, predict_errors(plan), estimated_seconds(plan, cpu_rate))
+    return Candidate(options, plan, plan.peak_extra_bytes, predict_errors(plan), estimated_seconds(plan, cpu_rate),
+                     predict_weight_details(plan))
 
 
 def error_fault(candidate: Candidate, limit: float) -> str | None:

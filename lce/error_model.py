@@ -48,6 +48,19 @@ rounded, and the target's block holds nearly all of dz, so ``sum_b ||P_b||^2 / |
 
 Accuracy: :data:`ACCURACY` (held-out families and shapes; ``analysis.studies.error_model``).
 Predictions outside the fitted range (LLM shapes) are extrapolations.
+
+Two details of the weight gradient, from the same terms with constants of their own
+(:func:`predict_weight_details`, fitted and validated on the same split; :data:`DETAIL_ACCURACY`):
+
+* ``weight_bias``: an *upper bound* on the error's component along the exact gradient, in Frobenius floors
+  (``|<V - R, R>| / ||R|| / ||round_t(R) - R||``) -- the part of the error that a step of SGD does not
+  average away. How much of an error points along the gradient depends on the inputs more than on the
+  layout (the terms above fit it within ±25% for almost no points), so the model bounds it instead:
+  ``bias <= b_rounding + b_excess * sqrt(floors**2 - 1)``, ``floors`` the predicted Frobenius error of the
+  weight gradient, both constants the fit split's 95th percentiles (of the bias where the excess is small,
+  and of bias over excess where it is not).
+* ``worst_row``: the worst class row's error, in that row's own floors (the rarely targeted classes,
+  whose small gradients a rounding of the whole sum swamps): ``worst_row**2 = 1 + sum_s w_s f_s``.
 """
 
 from __future__ import annotations
@@ -64,13 +77,21 @@ from .plan import Plan
 
 __all__ = ["InputStats", "WORST_COMMITTED_STATS", "ACCURACY", "Constants", "load_constants", "constants_from_json",
            "source_terms",
-           "predict_errors", "measure_input_stats", "OUTPUTS", "TERMS"]
+           "predict_errors", "predict_weight_details", "measure_input_stats", "OUTPUTS", "TERMS", "DETAILS",
+           "DETAIL_TERMS", "DETAIL_ACCURACY"]
 
 OUTPUTS: tuple[str, ...] = ("grad_input", "grad_weight")
 """The gradients the model predicts (the loss is not modeled: its floor is a single rounding)."""
 
 TERMS: tuple[str, ...] = ("dz", "logits", "chunk_product", "chunk_walk", "chunk_stagnation", "gemm", "logits_gemm")
 """The error sources, each with one fitted constant (the module docstring says what each is)."""
+
+DETAILS: tuple[str, ...] = ("weight_bias", "worst_row")
+"""The weight gradient's details :func:`predict_weight_details` predicts (the module docstring says what each is)."""
+
+DETAIL_TERMS: dict[str, tuple[str, ...]] = {"weight_bias": ("rounding", "excess"), "worst_row": TERMS}
+"""Each detail's constants: the bias bound's two (the module docstring), the worst row's one per term of
+:data:`TERMS` (``worst_row**2 = 1 + sum_s w_s f_s``)."""
 
 _FP32_UNIT_ROUNDOFF = 2.0 ** -24
 _CONSTANTS_FILE = "error_model.json"
@@ -124,6 +145,8 @@ class Constants:
     worst_stats: InputStats
     accuracy: str
     provenance: dict[str, str]
+    details: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    detail_accuracy: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @functools.cache
@@ -138,14 +161,25 @@ def constants_from_json(data: dict) -> Constants:
     missing = set(TERMS) - set(data["terms"])
     if missing:
         raise ValueError(f"error model constants lack the terms {sorted(missing)}")
+    details = data.get("details", {})
+    for detail, entry in details.items():
+        if detail not in DETAIL_TERMS or set(entry.get("terms", {})) != set(DETAIL_TERMS[detail]):
+            raise ValueError(f"error model detail {detail!r} must have the terms {DETAIL_TERMS.get(detail)}, got "
+                             f"{sorted(entry.get('terms', {}))}")
     return Constants(terms={name: float(data["terms"][name]) for name in TERMS},
                      gemm_length_exponent=float(data["gemm_length_exponent"]),
                      worst_stats=InputStats(**data["worst_stats"]), accuracy=str(data["accuracy"]),
-                     provenance=dict(data.get("provenance", {})))
+                     provenance=dict(data.get("provenance", {})),
+                     details={detail: {name: float(value) for name, value in entry["terms"].items()}
+                              for detail, entry in details.items()},
+                     detail_accuracy={detail: str(entry["accuracy"]) for detail, entry in details.items()})
 
 
 ACCURACY: str = load_constants().accuracy
 """How close the model came on held-out data (as the last fit measured it; ``lce/error_model.json``)."""
+
+DETAIL_ACCURACY: dict[str, str] = load_constants().detail_accuracy
+"""How close :func:`predict_weight_details` came on held-out data, per detail (``lce/error_model.json``)."""
 
 WORST_COMMITTED_STATS: InputStats = load_constants().worst_stats
 """The conservative default of :func:`predict_errors`: the committed input family (and shape) whose statistics
@@ -231,6 +265,24 @@ def predict_errors(plan: Plan, stats: InputStats | None = None) -> dict[str, flo
     terms = source_terms(plan, constants.worst_stats if stats is None else stats)
     return {output: math.sqrt(1.0 + sum(constants.terms[name] * value for name, value in terms[output].items()))
             for output in OUTPUTS}
+
+
+def predict_weight_details(plan: Plan, stats: InputStats | None = None) -> dict[str, float]:
+    """Predicted :data:`DETAILS` of the weight gradient for ``plan``'s numerics: ``"weight_bias"`` (the error along
+    the exact gradient, in Frobenius floors) and ``"worst_row"`` (the worst class row's error, in its own floors).
+    ``stats`` as for :func:`predict_errors`. Both are ``nan`` where the plan computes no weight gradient."""
+    if not isinstance(plan, Plan):
+        raise TypeError(f"plan must be an lce.Plan (lce.plan.make_plan), got {type(plan).__name__}")
+    if stats is not None and not isinstance(stats, InputStats):
+        raise TypeError(f"stats must be an InputStats or None, got {type(stats).__name__}")
+    constants = load_constants()
+    if not plan.needs_grad.weight:
+        return dict.fromkeys(DETAILS, math.nan)
+    terms = source_terms(plan, constants.worst_stats if stats is None else stats)["grad_weight"]
+    excess = sum(constants.terms[name] * value for name, value in terms.items())  # floors**2 - 1
+    bias, worst = constants.details["weight_bias"], constants.details["worst_row"]
+    return {"weight_bias": bias["rounding"] + bias["excess"] * math.sqrt(excess),
+            "worst_row": math.sqrt(1.0 + sum(worst[name] * value for name, value in terms.items()))}
 
 
 def measure_input_stats(input: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, *,

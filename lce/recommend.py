@@ -95,6 +95,11 @@ class Recommendation:
             f"{TIME_SOURCE[p.device_kind].split(' from ')[0]}",
             f"  objective  {OBJECTIVE}",
         ]
+        if chosen.details and math.isfinite(chosen.details["worst_row"]):
+            details = chosen.details
+            lines.append(f"  details    weight gradient: bias at most {details['weight_bias']:.2g} floors, worst "
+                         f"class row ~{details['worst_row']:.3g} of its floors (predicted, no condition of "
+                         "their own: lce.decide)")
         if self.auto is not None:
             lines.append(f"  auto       {self.auto.label()}: peak {_mib(self.auto.peak_bytes)}, error "
                          f"{_errors_text(self.auto)}, ~{self.auto.seconds * 1e3:.3g} ms (one rule for every shape: "

@@ -123,6 +123,35 @@ so the list is the same on every machine.
 much more confident rows) is outside what was validated.""")
 
 # %% [markdown]
+# ### Two details of the weight gradient: its bias and its worst row
+# The rule judges a bias (the error along the exact gradient, which steps do not average away) and the rare
+# classes' rows, which the Frobenius norm hides. `lce.error_model.predict_weight_details` predicts both from the same
+# terms, fitted and held out on the same split: the bias as an upper bound (its share along the gradient depends on
+# the inputs more than on the layout), the worst class row in that row's own floors.
+
+# %%
+details = nb07_choosing_options.detail_validation(RESULTS_DIR)
+show(details, {"covered": "{:.0%}", "within": "{:.0%}", "within_2x": "{:.0%}", "median_ratio": "{:.2f}"},
+     name="error-model-details",
+     caption="Held-out and fitted hit rates of the weight gradient's details (covered: prediction at or above the "
+             "measurement; median_ratio: predicted / measured)")
+
+# %%
+by = details.set_index(["detail", "split"])
+bias, worst_row = by.loc[("weight_bias", "held out")], by.loc[("worst_row", "held out")]
+Markdown(f"""**Conclusion.** The bias bound holds: it sits at or above the measured bias for {bias.covered:.0%} of
+the {bias.points:.0f} held-out points, a median {bias.median_ratio:.1f}x above it, so it can clear a candidate but
+not measure one. The worst-row model is a low estimate: held out, {worst_row.within:.0%} of its predictions fall
+within ±{error_model_fit.SHARE_BAND:.0%} and {worst_row.within_2x:.0%} within 2x, but the median measurement is
+{1 / worst_row.median_ratio:.1f}x the prediction (it was fitted at N = 32, where a class row sums few tokens).
+Neither is a condition of `lce.decide`: the rule's bias condition is judged against one batch's sampling noise,
+which no model here predicts at LLM batch sizes, and the rare rows' effect on training is what the training
+condition measures (notebook 10). They are reported beside each pick (the decision table, `explain()`).
+
+*Inputs:* as above; the worst row comes from the grids only (the noise study records no per-row errors), and bias
+points below {error_model_fit.DETAIL_MIN:g} floors are left out (sign noise).""")
+
+# %% [markdown]
 # ## Predictions at LLM heads
 # The three heads of notebook 06's memory table, bf16, CUDA layouts with fp32 `acc_dtype`, the
 # default (worst committed) input statistics. These are **extrapolations**, far beyond the

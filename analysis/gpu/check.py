@@ -66,12 +66,15 @@ from analysis.gpu.wheels import GPU_PACKAGES, WHEELS_DIR, unpack_wheels, wheel_s
 from analysis.paths import ROOT, display_path
 from analysis.sweep.grids import CUDA_HEADLINE_SHAPES, Grid, Measurement, get_grid
 from analysis.sweep.run import reference_block_elements, results_path, run_grid
+from lce import decide
+from lce.options import EXPLICIT_POLICIES
 from lce.testing import emulate_device_kind
 
 __all__ = ["Step", "STEPS", "DEFAULT_STEPS", "DEFAULT_BUDGET_S", "GRACE_S", "TOKENS_FILE", "step_seconds", "Deadline",
            "dry_run_configs", "estimate_seconds", "run_grid_step", "run_memory_step", "run_bench_step",
            "run_tests_step", "run_noise_step", "run_train_step", "run_hf_step", "run_step", "run_check",
-           "gpu_provenance", "CUDA_TEST_FILES", "MEMORY_SHAPES", "BENCH_SPECS", "MEMORY_SPECS"]
+           "gpu_provenance", "CUDA_TEST_FILES", "MEMORY_SHAPES", "BENCH_SPECS", "MEMORY_SPECS",
+           "decision_specs", "bench_specs"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +141,36 @@ MEMORY_SPECS: tuple[ImplSpec, ...] = _LCE_SPECS
 ``acc_dtype`` is bf16, where every policy computes the same thing)."""
 BENCH_SPECS: tuple[ImplSpec, ...] = (*_LCE_SPECS, ImplSpec("reference"), ImplSpec("liger"), ImplSpec("cce"),
                                      ImplSpec("compiled"))
-"""The bench's contenders; ``compiled`` last: compiling takes tens of seconds, the others fractions of one."""
+"""The bench's fixed contenders; ``compiled`` last: compiling takes tens of seconds, the others fractions of one.
+:func:`bench_specs` adds the decision procedure's own candidates."""
+
+
+def decision_specs(shape: Shape, dtype: torch.dtype = torch.bfloat16) -> tuple[ImplSpec, ...]:
+    """What :func:`lce.recommend` picks at ``shape`` on CUDA without a budget, and the best row-chunked candidate
+    of each other policy it weighed, as bench contenders with explicit rows (class-tiled picks are left out: the
+    bench's ops take rows only). These are the choices whose CUDA times are predictions until this bench times
+    them (``lce.time_model.TIME_SOURCE``)."""
+    tuned = lce.recommend(shape.N, shape.D, shape.C, dtype, "cuda")
+    picks = [tuned.chosen]
+    for policy in EXPLICIT_POLICIES:
+        rivals = [c for c in tuned.considered if c.plan.acc_policy == policy and not c.plan.tiles_classes
+                  and c is not tuned.chosen and not decide.faults(c, tuned.max_error)]
+        if rivals:
+            picks.append(decide.objective(rivals))
+    specs = []
+    for candidate in picks:
+        if candidate.plan.tiles_classes:
+            continue
+        spec = ImplSpec("lce", candidate.plan.acc_policy, f"rows:{candidate.plan.batch_chunk_size}", "float32")
+        if spec not in specs:
+            specs.append(spec)
+    return tuple(specs)
+
+
+def bench_specs(shape: Shape) -> tuple[ImplSpec, ...]:
+    """:data:`BENCH_SPECS` with :func:`decision_specs` before ``compiled``."""
+    extra = tuple(spec for spec in decision_specs(shape) if spec not in BENCH_SPECS)
+    return (*BENCH_SPECS[:-1], *extra, BENCH_SPECS[-1])
 
 DRY_SHAPES: dict[str, Shape] = {"random": Shape(64, 32, 512), "calibrated": Shape(64, 32, 512),
                                 "trained": Shape(8, 128, 16384)}
@@ -395,7 +427,7 @@ def _bench_estimate(spec: ImplSpec, shape: Shape) -> float:
 
 def run_bench_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
                    echo: Callable[[str], None] = print) -> Counter[str]:
-    """Step 4: each of :data:`BENCH_SPECS` at :data:`CCE_SHAPE` in bf16, ``random`` inputs, no bias (Liger's
+    """Step 4: each of :func:`bench_specs` at :data:`CCE_SHAPE` in bf16, ``random`` inputs, no bias (Liger's
     and CCE's plain call), into ``out/gpu_bench.csv``: errors vs fp64 and allocator peaks from one call after
     :data:`BENCH_WARMUP`, then the median of :data:`BENCH_REPEATS` CUDA-event timings. The dry run runs a
     tiny shape on the CPU (``compiled`` left out: it compiles for tens of seconds there). Returns the rows'
@@ -407,7 +439,7 @@ def run_bench_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
     reference = _reference(inputs)
     echo(f"bench {shape} {BENCH_DTYPE} on {device}: inputs and fp64 reference in {time.monotonic() - started:.1f} s")
     statuses: Counter[str] = Counter()
-    for spec in BENCH_SPECS:
+    for spec in bench_specs(shape):
         row: dict[str, object] = dict(impl=str(spec), op=spec.op, policy=spec.policy, acc_dtype=spec.acc_dtype,
                                       dtype=BENCH_DTYPE, family="random", N=shape.N, D=shape.D, C=shape.C)
         reason = unavailable_reason(spec.op, device)

@@ -63,12 +63,24 @@ def decision_table(results: Path) -> pd.DataFrame:
                     saves_gib=(theirs.peak_bytes - auto.peak_bytes) / 2**30,
                     grad_input_floors=auto.errors["grad_input"], grad_weight_floors=auto.errors["grad_weight"],
                     torch_grad_weight_floors=theirs.errors["grad_weight"],
+                    worst_row_floors=auto.details["worst_row"], weight_bias_bound=auto.details["weight_bias"],
                     limit=DEFAULT_MAX_ERROR.get(dtype, float("inf")),
                     seconds=auto.seconds, torch_seconds=theirs.seconds, time_source=TIME_SOURCE[kind],
                     bias_over_noise=bias.get((kind, dtype_name(dtype)), float("nan")),
                     recommend=tuned.chosen.label(), recommend_peak_gib=tuned.peak_bytes / 2**30,
-                    recommend_grad_weight_floors=tuned.errors["grad_weight"]))
+                    recommend_grad_weight_floors=tuned.errors["grad_weight"],
+                    recommend_worst_row_floors=tuned.chosen.details["worst_row"]))
     return pd.DataFrame(rows)
+
+
+def _worst_row_caveat(results: Path) -> str:
+    from analysis.report.nb07_choosing_options import detail_validation
+
+    held = detail_validation(results).set_index(["detail", "split"]).loc[("worst_row", "held out")]
+    if held["median_ratio"] >= 1:
+        return f"held out, it covered {held['covered']:.0%} of the measurements"
+    return (f"a low estimate: held out, it fell short of {1 - held['covered']:.0%} of the measurements, the median "
+            f"measurement {1 / held['median_ratio']:.1f}x the prediction")
 
 
 def readme_decision_table(results: Path) -> str:
@@ -83,6 +95,7 @@ def readme_decision_table(results: Path) -> str:
         "floors (input, weight)": [f"{a:.2f}, {b:.2f}" for a, b in zip(table["grad_input_floors"],
                                                                        table["grad_weight_floors"], strict=True)],
         "torch's weight floors": table["torch_grad_weight_floors"],
+        "worst row floors": table["worst_row_floors"],
         "time vs torch's default": table["seconds"] / table["torch_seconds"],
         "bias/noise (measured)": table["bias_over_noise"],
         "recommend, no budget": [f"{label}: {gib:.2f} GiB, {floors:.2f} floors" for label, gib, floors in
@@ -93,6 +106,9 @@ def readme_decision_table(results: Path) -> str:
     legend = [
         "- *floor*: a gradient's Frobenius error against fp64, over the error of the exact answer rounded once to "
         "the input dtype; 1 is the best any implementation can do.",
+        "- *worst row*: the weight gradient's worst class row, in that row's own floors (the rare classes'); "
+        f"predicted by `lce.error_model.predict_weight_details`, {lce.error_model.DETAIL_ACCURACY['worst_row']}; "
+        f"{_worst_row_caveat(results)}.",
         "- every peak, floor and time is a prediction of lce's models (`lce.decide`); times: CUDA "
         f"{TIME_SOURCE['cuda']}; CPU predicted for a CPU with native bf16 GEMMs at "
         f"{REFERENCE_NATIVE_RATE:g}x fp32's rate (`lce.cpu_gemms.REFERENCE_NATIVE_RATE`).",
@@ -104,6 +120,6 @@ def readme_decision_table(results: Path) -> str:
         "a default no less accurate than torch's. Objective: " + OBJECTIVE + ".",
     ]
     formats = {"peak GiB": "{:.2f}", "GiB saved vs torch's default (− more)": "{:+.2f}",
-               "torch's weight floors": "{:.2f}", "time vs torch's default": "{:.2f}x",
+               "torch's weight floors": "{:.2f}", "worst row floors": "{:.1f}", "time vs torch's default": "{:.2f}x",
                "bias/noise (measured)": "{:.2g}"}
     return markdown_table(shown, formats) + "\n" + "\n".join(legend) + "\n"

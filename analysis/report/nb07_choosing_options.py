@@ -318,6 +318,25 @@ def planned_peaks(shape: Shape = TEMPORARIES_SHAPE) -> pd.DataFrame:
 
 # --- README blocks ---------------------------------------------------------------------------------------------
 
+def detail_validation(results: Path) -> pd.DataFrame:
+    """Per detail of the weight gradient (bias bound, worst row) and split: points, the share the prediction covers
+    (at or above the measurement), within ±25% and within 2x, and the median prediction over measurement."""
+    from analysis.studies.error_model import DETAIL_VALIDATION_FILE, SHARE_BAND
+    from lce.error_model import DETAILS
+
+    rows = pd.read_csv(results / DETAIL_VALIDATION_FILE)
+    rows = rows.assign(split=rows["split"].where(rows["split"] == "fit", "held out"),
+                       ratio=rows["predicted"] / rows["measured"])
+    summary = rows.groupby(["output", "split"]).agg(
+        points=("ratio", "size"), covered=("ratio", lambda r: (r >= 1).mean()),
+        within=("ratio", lambda r: ((r - 1).abs() <= SHARE_BAND).mean()),
+        within_2x=("ratio", lambda r: r.between(0.5, 2.0).mean()), median_ratio=("ratio", "median"),
+    ).reset_index().rename(columns={"output": "detail"})
+    order = {name: i for i, name in enumerate(DETAILS)}
+    return summary.sort_values(["detail", "split"], key=lambda column: column.map(order) if column.name == "detail"
+                               else column != "held out", ignore_index=True)
+
+
 def readme_error_model(results: Path) -> str:
     """The validation's shares and worst held-out misses; predicted floors at LLM heads (extrapolations)."""
     from analysis.studies.error_model import VALIDATION_FILE, llm_predictions
@@ -334,9 +353,13 @@ def readme_error_model(results: Path) -> str:
         cells = [f"{row.grad_weight:.1f} (k={row.num_chunks})" for row in group.itertuples()]
         cells.append(f"{group['grad_input'].min():.2f}-{group['grad_input'].max():.2f}")
         lines.append(f"| {shape} | {policy} | " + " | ".join(cells) + " |")
+    details = markdown_table(detail_validation(results), {"covered": "{:.0%}", "within": "{:.0%}",
+                                                          "within_2x": "{:.0%}", "median_ratio": "{:.2f}"})
     return (markdown_table(shares.reset_index(), {"within": "{:.0%}", "rank": "{:.3f}"}) + "\n"
             + markdown_table(worst, {"predicted": "{:.2f}", "measured": "{:.2f}", "relative_miss": "{:+.0%}"})
-            + "\n" + "\n".join(lines) + "\n")
+            + "\n" + "\n".join(lines) + "\n\nThe weight gradient's details (`lce.error_model.predict_weight_details`; "
+            "the bias is a bound, so *covered* is its hit rate; `error_model/detail_validation.csv`):\n\n"
+            + details)
 
 
 def readme_recommend(results: Path) -> str:

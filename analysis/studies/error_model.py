@@ -42,7 +42,8 @@ from lce.options import EXPLICIT_POLICIES, LinearCrossEntropyOptions
 from lce.plan import make_plan
 from lce.testing import emulate_device_kind
 
-__all__ = ["stats_pairs", "GRID_FILES", "NOISE_FILES", "STATS_FILE", "VALIDATION_FILE", "CONSTANTS_FILE", "SHARE_BAND",
+__all__ = ["stats_pairs", "DETAIL_VALIDATION_FILE", "DETAIL_COLUMNS", "DETAIL_MIN", "GRID_FILES", "NOISE_FILES",
+           "STATS_FILE", "VALIDATION_FILE", "CONSTANTS_FILE", "SHARE_BAND",
            "GAMMA_CANDIDATES", "split_of", "load_measurements", "measure_family_stats",
            "load_stats", "plan_for", "predict_rows", "fit", "FitResult", "run", "check",
            "llm_predictions", "summary"]
@@ -51,6 +52,16 @@ GRID_FILES: tuple[str, ...] = ("quick.csv", "medium.csv")
 NOISE_FILES: tuple[str, ...] = ("noise.csv", "noise_cuda.csv")
 STATS_FILE = "error_model/stats.csv"  # model inputs and artifacts, not results kinds: a folder of their own
 VALIDATION_FILE = "error_model/validation.csv"
+DETAIL_VALIDATION_FILE = "error_model/detail_validation.csv"
+DETAIL_COLUMNS: dict[str, str] = {"weight_bias": "bias", "worst_row": "worst_row"}
+"""Each detail of :func:`lce.error_model.predict_weight_details` and the measured column it is fitted to."""
+DETAIL_MIN = 1e-3
+"""Points whose measured detail is below this many floors are neither fitted nor scored (a bias that small is the
+sign noise of an error unrelated to the gradient; a relative miss on it says nothing)."""
+BIAS_QUANTILE = 0.95
+"""The bias bound's constants are this quantile of the fit split (see :mod:`lce.error_model`)."""
+BIAS_SMALL_EXCESS = 0.1
+"""Below this predicted ``floors**2 - 1`` a point fits the bound's ``rounding`` constant, above it ``excess``."""
 CONSTANTS_FILE: Path = ROOT / "lce" / "error_model.json"
 SHARE_BAND = 0.25
 """A prediction counts as a hit when ``|predicted / measured - 1| <= SHARE_BAND``."""
@@ -64,7 +75,10 @@ LLM_CHUNKINGS: tuple[str, ...] = ("aspect_ratio", "aspect_ratio:2", "chunks:1", 
                                   "chunks:1024")
 LLM_POLICIES: tuple[str, ...] = EXPLICIT_POLICIES
 MEASURED_COLUMNS = ["source", "device", "kind", "dtype", "acc_dtype", "policy", "N", "D", "C", "chunk_size",
-                    "num_chunks", "family", "output", "measured", "seeds"]
+                    "num_chunks", "family", "output", "measured", "seeds", "bias", "worst_row"]
+"""One row per measured point; ``bias`` and ``worst_row`` (the weight gradient's rows only): the seed-mean of
+``|grad_weight_bias_in_floors|`` (the error's component along the exact gradient, over the Frobenius floor) and of
+``grad_weight_row_max`` (the worst class row's error in that row's floors; the grids only)."""
 
 
 def split_of(family: str, shape: Shape) -> str:
@@ -82,9 +96,14 @@ def _grid_rows(path: Path) -> pd.DataFrame:
     table = table[(table["op"] == "lce") & (table["status"] == "ok")]
     keys = ["device", "dtype", "resolved_acc_dtype", "resolved_policy", "N", "D", "C", "chunk_size", "num_chunks",
             "family"]
+    table = table.assign(_bias=table["grad_weight_bias_in_floors"].abs())
     frames = []
     for output in OUTPUTS:
         grouped = table.groupby(keys)[f"{output}_fro_in_floors"].agg(["mean", "count"]).reset_index()
+        if output == "grad_weight":
+            details = table.groupby(keys)[["_bias", "grad_weight_row_max"]].mean().reset_index(drop=True)
+            grouped = grouped.assign(bias=details["_bias"].to_numpy(),
+                                     worst_row=details["grad_weight_row_max"].to_numpy())
         frames.append(grouped.rename(columns={"resolved_acc_dtype": "acc_dtype", "resolved_policy": "policy",
                                               "mean": "measured", "count": "seeds"}).assign(output=output))
     rows = pd.concat(frames, ignore_index=True)
@@ -98,9 +117,12 @@ def _noise_rows(path: Path) -> pd.DataFrame:
                   & table["policy"].isin(EXPLICIT_POLICIES)]
     table = table.assign(chunk_size=table["N"] // table["num_chunks"], acc_dtype="float32")
     keys = ["device", "dtype", "acc_dtype", "policy", "N", "D", "C", "chunk_size", "num_chunks", "family"]
+    table = table.assign(_bias=table["grad_weight_bias_in_floors"].abs())
     frames = []
     for output in OUTPUTS:
         grouped = table.groupby(keys)[f"{output}_floors"].agg(["mean", "count"]).reset_index()
+        if output == "grad_weight":  # the noise study records no per-row errors
+            grouped = grouped.assign(bias=table.groupby(keys)["_bias"].mean().to_numpy())
         frames.append(grouped.rename(columns={"mean": "measured", "count": "seeds"}).assign(output=output))
     return pd.concat(frames, ignore_index=True).assign(kind="cuda", source=path.name)
 
@@ -111,7 +133,7 @@ def load_measurements(results: Path = RESULTS_DIR) -> pd.DataFrame:
     frames += [_noise_rows(results / name) for name in NOISE_FILES if (results / name).exists()]
     if not frames:
         raise FileNotFoundError(f"no measurements in {results}: expected {GRID_FILES + NOISE_FILES}")
-    rows = pd.concat(frames, ignore_index=True)[MEASURED_COLUMNS]
+    rows = pd.concat(frames, ignore_index=True).reindex(columns=MEASURED_COLUMNS)
     rows = rows.astype({"N": int, "D": int, "C": int, "chunk_size": int, "num_chunks": int})
     # Policies that resolve to the same numerics measured the same run twice over: count each once per file.
     return rows.assign(_key=rows["measured"].round(9)).drop_duplicates(
@@ -177,10 +199,10 @@ def predict_rows(rows: pd.DataFrame, stats: dict[tuple[str, Shape], InputStats])
     return np.sqrt(1.0 + _features(rows, stats) @ weights)
 
 
-def _nonnegative_fit(features: np.ndarray, measured: np.ndarray) -> tuple[np.ndarray, float]:
-    """Minimise ``sum ((1 + F c) / m**2 - 1)**2`` over ``c >= 0``: the best feasible subset of terms."""
+def _nonnegative_fit(features: np.ndarray, measured: np.ndarray, offset: float = 1.0) -> tuple[np.ndarray, float]:
+    """Minimise ``sum ((offset + F c) / m**2 - 1)**2`` over ``c >= 0``: the best feasible subset of terms."""
     a = features / measured[:, None] ** 2
-    b = 1.0 - 1.0 / measured ** 2
+    b = 1.0 - offset / measured ** 2
     best, best_loss = np.zeros(features.shape[1]), float(np.sum(b ** 2))
     used = [j for j in range(features.shape[1]) if np.any(a[:, j] > 0)]
     for size in range(1, len(used) + 1):
@@ -201,6 +223,7 @@ class FitResult:
 
     constants: dict
     rows: pd.DataFrame
+    detail_rows: pd.DataFrame
 
 
 def fit(measurements: pd.DataFrame, stats: dict[tuple[str, Shape], InputStats]) -> FitResult:
@@ -217,6 +240,7 @@ def fit(measurements: pd.DataFrame, stats: dict[tuple[str, Shape], InputStats]) 
     gamma, coefficients, _, features = best
     rows["predicted"] = np.sqrt(1.0 + features @ coefficients)
     rows["relative_miss"] = rows["predicted"] / rows["measured"] - 1.0
+    details, detail_rows = _fit_details(rows, features, train)
     worst = _worst_stats(stats, coefficients, gamma)
     held_out = rows[rows["split"] != "fit"]
     accuracy = (f"within ±{SHARE_BAND:.0%} on held-out data for "
@@ -227,13 +251,60 @@ def fit(measurements: pd.DataFrame, stats: dict[tuple[str, Shape], InputStats]) 
         "gemm_length_exponent": gamma,
         "worst_stats": {name: _round(value) for name, value in dataclasses.asdict(worst).items()},
         "accuracy": accuracy,
+        "details": details,
         "provenance": {"fit_date": datetime.date.today().isoformat(), "git_revision": git_revision(),
                        "files": ", ".join([*GRID_FILES, *NOISE_FILES, STATS_FILE]),
                        "rows": f"{int(train.sum())} fit, {int((~train).sum())} held out "
                                "(analysis.studies.error_model.split_of)",
                        "command": "python -m analysis error-model"},
     }
-    return FitResult(constants, rows)
+    return FitResult(constants, rows.drop(columns=list(DETAIL_COLUMNS.values())), detail_rows)
+
+
+def _accuracy_text(rows: pd.DataFrame) -> str:
+    held_out, fitted = rows[rows["split"] != "fit"], rows[rows["split"] == "fit"]
+    within_two = np.mean((held_out["predicted"] / held_out["measured"]).between(0.5, 2.0))
+    return (f"within ±{SHARE_BAND:.0%} on held-out data for {hit_share(held_out):.0%} of {len(held_out)} points, "
+            f"within 2x for {within_two:.0%} (fit: {hit_share(fitted):.0%} of {len(fitted)} within ±{SHARE_BAND:.0%})")
+
+
+def _bound_text(rows: pd.DataFrame) -> str:
+    held_out, fitted = rows[rows["split"] != "fit"], rows[rows["split"] == "fit"]
+    covered = np.mean(held_out["predicted"] >= held_out["measured"])
+    return (f"an upper bound: at or above the measurement for {covered:.0%} of {len(held_out)} held-out points "
+            f"(fit: {np.mean(fitted['predicted'] >= fitted['measured']):.0%} of {len(fitted)}), a median "
+            f"{np.median(held_out['predicted'] / held_out['measured']):.1f}x the measurement there")
+
+
+def _fit_details(rows: pd.DataFrame, features: np.ndarray, train: np.ndarray) -> tuple[dict, pd.DataFrame]:
+    """Fit each detail of :data:`DETAIL_COLUMNS` on the weight gradient's ``fit`` points, with the Frobenius fit's
+    features and predictions; return the constants (as ``lce/error_model.json`` stores them) and every scored point
+    with its prediction."""
+    weight = (rows["output"] == "grad_weight").to_numpy()
+    excess = rows["predicted"].to_numpy() ** 2 - 1.0
+    constants, frames = {}, []
+    for detail, column in DETAIL_COLUMNS.items():
+        measured = rows[column].to_numpy(dtype=float)
+        scored = weight & np.isfinite(measured) & (np.nan_to_num(measured) >= DETAIL_MIN)
+        fitted = scored & train
+        if detail == "weight_bias":
+            small = fitted & (excess <= BIAS_SMALL_EXCESS)
+            large = fitted & (excess > BIAS_SMALL_EXCESS)
+            values = {"rounding": float(np.quantile(measured[small], BIAS_QUANTILE)),
+                      "excess": float(np.quantile(measured[large] / np.sqrt(excess[large]), BIAS_QUANTILE))}
+            values = {name: _round(value) for name, value in values.items()}
+            predicted = values["rounding"] + values["excess"] * np.sqrt(np.maximum(excess, 0.0))
+        else:
+            coefficients, _ = _nonnegative_fit(features[fitted], measured[fitted])
+            values = {name: _round(value) for name, value in zip(TERMS, coefficients, strict=True)}
+            predicted = np.sqrt(1.0 + features @ np.array([values[name] for name in TERMS]))
+        frame = rows.loc[scored].drop(columns=list(DETAIL_COLUMNS.values())).assign(
+            output=detail, measured=measured[scored], predicted=predicted[scored])
+        frame["relative_miss"] = frame["predicted"] / frame["measured"] - 1.0
+        text = _bound_text(frame) if detail == "weight_bias" else _accuracy_text(frame)
+        constants[detail] = {"terms": values, "accuracy": text}
+        frames.append(frame)
+    return constants, pd.concat(frames, ignore_index=True)
 
 
 def _round(value: float) -> float:
@@ -274,9 +345,10 @@ def fit_and_write(results: Path = RESULTS_DIR, constants_file: Path = CONSTANTS_
         written.append(results / STATS_FILE)
     result = fit(measurements, load_stats(results))
     result.rows.to_csv(results / VALIDATION_FILE, index=False, float_format="%.6g")
+    result.detail_rows.to_csv(results / DETAIL_VALIDATION_FILE, index=False, float_format="%.6g")
     constants_file.write_text(json.dumps(result.constants, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     error_model.load_constants.cache_clear()
-    return result, [*written, results / VALIDATION_FILE, constants_file]
+    return result, [*written, results / VALIDATION_FILE, results / DETAIL_VALIDATION_FILE, constants_file]
 
 
 def check(results: Path = RESULTS_DIR, constants_file: Path = CONSTANTS_FILE) -> list[str]:
@@ -292,6 +364,13 @@ def check(results: Path = RESULTS_DIR, constants_file: Path = CONSTANTS_FILE) ->
                         f"refit {refit['gemm_length_exponent']}")
     if committed["accuracy"] != refit["accuracy"]:
         problems.append(f"accuracy: committed {committed['accuracy']!r}, refit {refit['accuracy']!r}")
+    for detail, entry in refit["details"].items():
+        stored = committed.get("details", {}).get(detail, {"terms": {}, "accuracy": None})
+        problems += [f"{detail} {name}: committed {stored['terms'].get(name)}, refit {value}"
+                     for name, value in entry["terms"].items()
+                     if not math.isclose(stored["terms"].get(name, math.nan), value, rel_tol=1e-3, abs_tol=1e-9)]
+        if stored["accuracy"] != entry["accuracy"]:
+            problems.append(f"{detail} accuracy: committed {stored['accuracy']!r}, refit {entry['accuracy']!r}")
     return problems
 
 
@@ -373,6 +452,8 @@ def run(args) -> int:
         return 1 if problems else 0
     result, paths = fit_and_write(args.results, remeasure_stats=args.remeasure_stats)
     print(result.constants["accuracy"])
+    for detail, entry in result.constants["details"].items():
+        print(f"{detail}: {entry['accuracy']}")
     for line in summary(result.rows)["worst"]:
         print(f"  worst held-out miss: {line}")
     for path in paths:

@@ -118,3 +118,44 @@ def test_llm_predictions_are_marked_as_extrapolations():
     table = error_model_fit.llm_predictions(shapes=error_model_fit.LLM_SHAPES[:1], dtypes=("bfloat16",))
     assert set(table["status"]) == {"prediction (extrapolation)"}
     assert set(table["kind"]) == {"cpu", "cuda"}
+
+
+def _detail_points():
+    committed = pd.read_csv(RESULTS_DIR / error_model_fit.DETAIL_VALIDATION_FILE)
+    stats = error_model_fit.load_stats(RESULTS_DIR)
+    predicted = []
+    for row in committed.itertuples():
+        shape = error_model_fit.Shape(int(row.N), int(row.D), int(row.C))
+        plan = error_model_fit.plan_for(row.kind, row.dtype, row.acc_dtype, row.policy, shape, int(row.chunk_size))
+        family = "trained:final" if row.family == "trained" else row.family
+        predicted.append(error_model.predict_weight_details(plan, stats[(family, shape)])[row.output])
+    return committed.assign(recomputed=predicted)
+
+
+def test_weight_details_reproduce_their_stated_held_out_accuracy():
+    points = _detail_points()
+    assert points["recomputed"].to_numpy() == pytest.approx(points["predicted"].to_numpy(), rel=2e-3)
+    held_out = points[points["split"] != "fit"]
+    bias = held_out[held_out["output"] == "weight_bias"]
+    stated = re.search(r"for (\d+)% of (\d+) held-out points", error_model.DETAIL_ACCURACY["weight_bias"])
+    assert stated and len(bias) == int(stated[2])
+    assert round(100 * (bias["recomputed"] >= bias["measured"]).mean()) == int(stated[1])
+    worst = held_out[held_out["output"] == "worst_row"].assign(
+        relative_miss=lambda t: t["recomputed"] / t["measured"] - 1)
+    stated = re.search(r"held-out data for (\d+)% of (\d+) points", error_model.DETAIL_ACCURACY["worst_row"])
+    assert stated and len(worst) == int(stated[2])
+    assert round(100 * error_model_fit.hit_share(worst)) == int(stated[1])
+
+
+def test_the_bias_bound_grows_with_compacts_chunks_and_is_the_rounding_constant_at_one_floor():
+    bounds = [error_model.predict_weight_details(_plan("compact", k))["weight_bias"] for k in (1, 16, 256)]
+    assert bounds == sorted(bounds) and bounds[-1] > 5 * bounds[0]
+    accurate = error_model.predict_weight_details(_plan("accurate", 64))
+    rounding = error_model.load_constants().details["weight_bias"]["rounding"]
+    assert accurate["weight_bias"] == pytest.approx(rounding, rel=0.05)
+    assert accurate["worst_row"] >= 1.0
+
+
+def test_weight_details_refuse_what_is_not_a_plan():
+    with pytest.raises(TypeError, match="plan must be an lce.Plan"):
+        error_model.predict_weight_details("compact")

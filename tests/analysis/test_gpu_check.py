@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+import lce
 from analysis.core.fp64 import REFERENCE_BLOCK_ELEMENTS
 from analysis.core.implementations import float32_matmul_precision, tensor_device
 from analysis.core.results_io import file_kind
@@ -213,3 +214,13 @@ def test_cuda_verdicts_use_the_gpus_runs_where_there_are_any():
     assert _devices_for("cuda", both, "bfloat16") == ("cuda",)
     assert _devices_for("cuda", both, "float16") == ("cuda-emulated",)
     assert _devices_for("cpu", both, "bfloat16") == ("cpu",)
+
+
+def test_the_bench_times_the_decision_procedures_candidates_at_the_cce_head():
+    from analysis.core.problem import CCE_SHAPE
+
+    tuned = lce.recommend(CCE_SHAPE.N, CCE_SHAPE.D, CCE_SHAPE.C, torch.bfloat16, "cuda")
+    specs = [str(spec) for spec in check.bench_specs(CCE_SHAPE)]
+    assert f"lce[{tuned.chosen.plan.acc_policy},rows:{tuned.chosen.plan.batch_chunk_size},acc=float32]" in specs
+    assert {spec.policy for spec in check.decision_specs(CCE_SHAPE)} == {"accurate", "balanced", "compact"}
+    assert specs[-1] == "compiled" and len(specs) == len(set(specs))

@@ -153,3 +153,22 @@ def test_on_cuda_balanced_does_not_undercut_accurate_and_cpu_policies_plan_alike
     peaks = nb07.planned_peaks()
     cuda, cpu = (peaks[peaks["layouts"] == kind].set_index("policy")["peak_kib"] for kind in ("cuda", "cpu"))
     assert cuda["balanced"] >= cuda["accurate"] > cuda["compact"] and cpu.nunique() == 1
+
+
+def _details():
+    from analysis.report.nb07_choosing_options import detail_validation
+
+    return detail_validation(RESULTS_DIR).set_index(["detail", "split"])
+
+
+def test_the_bias_bound_holds_held_out_and_is_loose():
+    """"The bias bound holds: it sits at or above the measured bias for most held-out points ... so it can clear a
+    candidate but not measure one"."""
+    bias = _details().loc[("weight_bias", "held out")]
+    assert bias["covered"] >= 0.9 and bias["median_ratio"] > 1.5
+
+
+def test_the_worst_row_model_is_a_low_estimate_held_out():
+    """"The worst-row model is a low estimate ... the median measurement is above the prediction"."""
+    worst = _details().loc[("worst_row", "held out")]
+    assert worst["median_ratio"] < 1 and worst["within_2x"] > 0.5

@@ -72,11 +72,12 @@ def test_error_model_block_is_the_same_whatever_the_row_order(tmp_path):
     import pandas as pd
 
     from analysis.report.nb07_choosing_options import readme_error_model
-    from analysis.studies.error_model import VALIDATION_FILE
+    from analysis.studies.error_model import DETAIL_VALIDATION_FILE, VALIDATION_FILE
 
-    validation = pd.read_csv(ROOT / "analysis" / "results" / VALIDATION_FILE)
     (tmp_path / VALIDATION_FILE).parent.mkdir(parents=True)
-    validation.sample(frac=1, random_state=0).to_csv(tmp_path / VALIDATION_FILE, index=False)
+    for name in (VALIDATION_FILE, DETAIL_VALIDATION_FILE):
+        validation = pd.read_csv(ROOT / "analysis" / "results" / name)
+        validation.sample(frac=1, random_state=0).to_csv(tmp_path / name, index=False)
     assert readme_error_model(tmp_path) == readme_error_model(ROOT / "analysis" / "results")
 
 
