@@ -21,7 +21,7 @@ import torch
 from .chunked import HeadTensors, Targets, per_row_grads, per_row_loss, scalar_loss_and_grads
 from .plan import Plan
 
-__all__ = ["ScalarReductionLoss", "PerRowLoss", "hand_out_gradients"]
+__all__ = ["ScalarReductionLoss", "PerRowLoss", "keep_gradients", "hand_out_gradients"]
 
 _SECOND_BACKWARD = (
     "lce.linear_cross_entropy: backward ran a second time through a chunked loss whose gradients were "
@@ -44,12 +44,26 @@ def _with_lse(ctx, loss: torch.Tensor, lse: torch.Tensor | None):
     return loss, lse
 
 
+def keep_gradients(ctx, grads, plan: Plan) -> None:
+    """Keep a scalar reduction's gradients (and the powers of two they are stored scaled by) for backward."""
+    ctx.grads = (grads.input, grads.weight, grads.bias)
+    ctx.grad_scales = grads.scales
+    ctx.allow_retain_graph = plan.allow_retain_graph
+
+
 def hand_out_gradients(ctx, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """The gradients a scalar reduction computed in forward (``ctx.grads``), times the incoming ``grad_loss``:
-    in place, and only once, unless ``ctx.allow_retain_graph``."""
+    in place, and only once, unless ``ctx.allow_retain_graph``. fp16 gradients stored scaled
+    (``ctx.grad_scales``, :mod:`lce.headroom`) are multiplied by ``grad_loss`` over their scale in fp32 and
+    rounded once."""
     if ctx.grads is None:
         raise RuntimeError(_SECOND_BACKWARD)
     grads = ctx.grads
+    scales = getattr(ctx, "grad_scales", None)
+    if scales is not None:
+        if not ctx.allow_retain_graph:
+            ctx.grads = None
+        return scales.unscale_(grads, grad_loss, in_place=not ctx.allow_retain_graph)
     if ctx.allow_retain_graph:
         return tuple(None if g is None else g * grad_loss for g in grads)
     ctx.grads = None
@@ -63,8 +77,7 @@ class ScalarReductionLoss(torch.autograd.Function):
     def forward(ctx, input, weight, bias, target, class_weight, ignore_index, label_smoothing, plan: Plan):
         targets = _targets(plan, target, class_weight, ignore_index, label_smoothing)
         loss, grads, lse = scalar_loss_and_grads(plan, HeadTensors(input, weight, bias), targets)
-        ctx.grads = (grads.input, grads.weight, grads.bias)
-        ctx.allow_retain_graph = plan.allow_retain_graph
+        keep_gradients(ctx, grads, plan)
         return _with_lse(ctx, loss, lse)
 
     @staticmethod

@@ -59,12 +59,13 @@ from typing import Protocol
 import torch
 
 from .gemm import add_mm_, mm, mm_upcast_weight, mm_upcast_weight_t
+from .headroom import STORE_LIMIT, RunningSum, largest_entry, power_of_two_under, scale_to_fit, unscale_factor
 from .plan import LOSS_SUM_DTYPE, Plan
 
 __all__ = [
     "scalar_loss_and_grads", "per_row_loss", "per_row_grads", "HeadTensors", "Targets", "GroupReduction",
     "RowStatistics", "ChunkLoop", "DzScale", "chunk_logits", "chunk_loss_and_softmax_",
-    "chunk_grad_logits_", "grad_logits_rescale", "GradientSums",
+    "chunk_grad_logits_", "grad_logits_rescale", "GradientSums", "GradientScales",
 ]
 
 
@@ -72,10 +73,12 @@ __all__ = [
 
 def scalar_loss_and_grads(plan: Plan, head: HeadTensors, targets: Targets, group: GroupReduction | None = None,
                           ) -> tuple[torch.Tensor, Gradients, torch.Tensor | None]:
-    """Loss for "mean"/"sum" and, as the plan requests, its gradients (already scaled for the reduction), and
-    the per-row log-sum-exp in fp32 when the plan returns it (else None)."""
+    """Loss for "mean"/"sum" and, as the plan requests, its gradients (already scaled for the reduction; in fp16
+    also by the powers of two in their :class:`GradientScales`, :mod:`lce.headroom`), and the per-row log-sum-exp
+    in fp32 when the plan returns it (else None)."""
     n, device = head.input.shape[0], head.input.device
-    sums = GradientSums(plan, head, wide_input_partials=group is not None) if any(plan.needs_grad) else None
+    sums = (GradientSums(plan, head, wide_input_partials=group is not None, scaled_output=True)
+            if any(plan.needs_grad) else None)
     reduction = ScalarReduction.of(plan, targets, sums is not None)
     loop = ChunkLoop.of(plan, head, targets, sums=sums, scales=reduction.scales, group=group)
     lse_out = torch.empty(n, dtype=torch.float32, device=device) if plan.return_lse else None
@@ -99,7 +102,7 @@ def per_row_loss(plan: Plan, head: HeadTensors, targets: Targets, group: GroupRe
     log-sum-exp rows and ``1 - p_y`` where backward never sees every class of a row at once (None otherwise):
     where the plan :attr:`~lce.plan.Plan.saves_other_prob`, and under a group."""
     n, device = head.input.shape[0], head.input.device
-    losses = torch.empty(n, dtype=plan.input_dtype, device=device)
+    losses = torch.empty(n, dtype=plan.output_loss_dtype, device=device)
     lse = torch.empty(n, dtype=plan.stats_dtype, device=device)
     saves_other_prob = plan.saves_other_prob or group is not None
     other_prob = torch.empty(n, dtype=plan.stats_dtype, device=device) if saves_other_prob else None
@@ -241,7 +244,7 @@ def _tiled_gradients(loop: ChunkLoop, chunk: Chunk, lse: torch.Tensor, other_pro
     if input_sum is not None:
         if loop.group is not None:
             loop.group.complete_input_sum(input_sum)
-        sums.input[chunk.rows].copy_(input_sum)
+        sums.round_input_rows(chunk.rows, input_sum)
 
 
 # ---- what a pass is given, and what it hands each chunk ------------------------------------------
@@ -374,11 +377,39 @@ class Chunk:
 
 @dataclasses.dataclass
 class Gradients:
-    """The gradients a pass hands out, in the input dtype (None where not requested)."""
+    """The gradients a pass hands out, in the input dtype (None where not requested), and the powers of two they
+    are stored scaled by (``scales``; None: none)."""
 
     input: torch.Tensor | None = None
     weight: torch.Tensor | None = None
     bias: torch.Tensor | None = None
+    scales: GradientScales | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientScales:
+    """The powers of two a scalar reduction's fp16 gradients are stored scaled by (:mod:`lce.headroom`):
+    ``input`` as runs of rows ``(rows, scale)``, ``weight`` and ``bias`` one each. Backward divides them out."""
+
+    input: tuple[tuple[slice, float], ...] = ()
+    weight: float = 1.0
+    bias: float = 1.0
+
+    def unscale_(self, grads: tuple[torch.Tensor | None, ...], incoming: torch.Tensor, *, in_place: bool
+                 ) -> tuple[torch.Tensor | None, ...]:
+        """``(input, weight, bias)`` times ``incoming`` over their scales, each computed in fp32 and rounded once
+        (in place, or into new tensors)."""
+        out = []
+        for grad, scale in zip(grads, (None, self.weight, self.bias), strict=True):
+            if grad is None:
+                out.append(None)
+                continue
+            target = grad if in_place else torch.empty_like(grad)
+            runs = self.input if scale is None and self.input else ((slice(None), scale or 1.0),)
+            for rows, run_scale in runs:
+                torch.mul(grad[rows], unscale_factor(incoming, run_scale), out=target[rows])
+            out.append(target)
+        return tuple(out)
 
 
 # ---- the logits, and the softmax statistics of a chunk's rows ------------------------------------
@@ -677,11 +708,11 @@ class ScalarReduction:
         return cls(RowScales(main, z, main, rescale), total_weight, z_scale)
 
     def loss(self, plan: Plan, targets: Targets, loss_sum: torch.Tensor, z_sum: torch.Tensor) -> torch.Tensor:
-        """The reduced loss in the input dtype, from the fp64 sums of the row losses and of ``lse**2``."""
+        """The reduced loss in the plan's loss dtype, from the fp64 sums of the row losses and of ``lse**2``."""
         loss = loss_sum / self.total_weight if plan.reduction == "mean" else loss_sum
         if self.z_scale is not None:
             loss = loss + targets.z_loss * z_sum * self.z_scale
-        return loss.to(plan.input_dtype)
+        return loss.to(plan.output_loss_dtype)
 
 
 @dataclasses.dataclass
@@ -755,7 +786,8 @@ class GradientSums:
     (a :class:`GroupReduction`).
     """
 
-    def __init__(self, plan: Plan, head: HeadTensors, *, wide_input_partials: bool = False):
+    def __init__(self, plan: Plan, head: HeadTensors, *, wide_input_partials: bool = False,
+                 scaled_output: bool = False):
         self.plan = plan
         self.wide_input_partials = wide_input_partials
         n, d = head.input.shape
@@ -764,6 +796,13 @@ class GradientSums:
         self.input = torch.empty(n, d, dtype=plan.input_dtype, device=device) if wanted.input else None
         self.weight = torch.zeros(c, d, dtype=plan.weight_grad_sum_dtype, device=device) if wanted.weight else None
         self.bias = torch.zeros(c, dtype=plan.stats_dtype, device=device) if wanted.bias else None
+        # fp16 headroom (lce.headroom): running fp16 sums always; scaled outputs where backward unscales them
+        self.headroom = plan.gradient_headroom
+        self.scaled_output = scaled_output and self.headroom
+        narrow_sum = self.weight is not None and self.weight.dtype == torch.float16 and self.headroom
+        self._weight_sum = RunningSum(self.weight) if narrow_sum else None
+        self._input_scales: list[tuple[slice, float]] = []
+        self._weight_max: float | None = None
 
     def add_chunk(self, chunk: Chunk, dz: torch.Tensor, rescale: float, cols: slice = slice(None),
                   input_sum: torch.Tensor | None = None) -> None:
@@ -792,16 +831,28 @@ class GradientSums:
                 input_sum.add_(self._grad_input_product(dz_as(operands), weight, rescale, input_sum.dtype))
             elif input_sum is not None:
                 input_sum.add_(self._grad_input_product(dz_as(operands), weight, rescale).to(input_sum.dtype))
-            elif plan.upcasts_weight_for("grad_input") or result != plan.input_dtype:
-                self.input[rows].copy_(self._grad_input_product(dz_as(operands), weight, rescale))
             else:
-                mm(dz_as(operands), weight, result, out=self.input[rows], alpha=rescale,
-                   in_fp32=plan.gemm_in_fp32("grad_input"))
+                scale = self._input_rows_scale(dz, weight, rescale)
+                self._input_scales.append((rows, scale))
+                if plan.upcasts_weight_for("grad_input") or result != plan.input_dtype:
+                    self.input[rows].copy_(self._grad_input_product(dz_as(operands), weight, rescale * scale))
+                else:
+                    mm(dz_as(operands), weight, result, out=self.input[rows], alpha=rescale * scale,
+                       in_fp32=plan.gemm_in_fp32("grad_input"))
         if self.weight is not None:
             operands, product = plan.gemm_dtypes("grad_weight")
             x = head.input[rows] if operands == plan.input_dtype else chunk.x_in_acc
-            add_mm_(self.weight[cols], dz_as(operands).T, x, product, alpha=rescale,
-                    in_fp32=plan.gemm_in_fp32("grad_weight"))
+            alpha, product_scale = rescale, 1.0
+            if self.headroom and (self._weight_sum is not None or product == torch.float16):
+                # a bound on the product's entries: max over classes of sum_i |dz_ic|, times max |x|
+                bound = rescale * largest_entry(torch.linalg.vector_norm(dz, ord=1, dim=0)) * largest_entry(x)
+                if self._weight_sum is not None:
+                    alpha = rescale * self._weight_sum.scale_for(bound)
+                else:  # a narrow product added to a wide sum: scaled for its rounding, unscaled in the add
+                    product_scale = power_of_two_under(STORE_LIMIT, bound)
+                    alpha = rescale * product_scale
+            add_mm_(self.weight[cols], dz_as(operands).T, x, product, alpha=alpha,
+                    in_fp32=plan.gemm_in_fp32("grad_weight"), product_scale=product_scale)
         if self.bias is not None:
             self.bias[cols].add_(dz.sum(0), alpha=rescale)
 
@@ -815,14 +866,60 @@ class GradientSums:
         return mm(dz, weight, result or self.plan.gemm_dtypes("grad_input").result, alpha=rescale,
                   in_fp32=self.plan.gemm_in_fp32("grad_input"))
 
+    def _input_rows_scale(self, dz: torch.Tensor, weight: torch.Tensor, rescale: float) -> float:
+        """The power of two a chunk's input-gradient rows are stored scaled by (1.0 unless scaled output): from
+        the bound ``max_i sum_c |dz_ic| * max |W|``."""
+        if not self.scaled_output:
+            return 1.0
+        if self._weight_max is None:
+            self._weight_max = largest_entry(weight)
+        row_sums = torch.linalg.vector_norm(dz, ord=1, dim=1)
+        return power_of_two_under(STORE_LIMIT, rescale * largest_entry(row_sums) * self._weight_max)
+
+    def round_input_rows(self, rows: slice, input_sum: torch.Tensor) -> None:
+        """Round a chunk's input-gradient rows, summed over class blocks in ``input_sum`` (stats dtype), into the
+        input gradient (scaled by its largest entry under scaled output; ``input_sum`` is consumed)."""
+        scale = 1.0
+        if self.scaled_output:
+            scale = power_of_two_under(STORE_LIMIT, largest_entry(input_sum))
+            input_sum.mul_(scale)
+        self._input_scales.append((rows, scale))
+        self.input[rows].copy_(input_sum)
+
     def finish(self) -> Gradients:
-        """Round the sums to the input dtype, once, and hand out the gradients (the sum itself where
-        it already has that dtype)."""
+        """Round the sums to the input dtype, once, and hand out the gradients (the sum itself where it already
+        has that dtype): under scaled output with the powers of two they are stored scaled by
+        (:class:`GradientScales`); otherwise at their size."""
         dtype = self.plan.input_dtype
         grads = Gradients(input=self.input)
+        weight_scale = bias_scale = 1.0
         if self.weight is not None:
-            grads.weight = self.weight.to(dtype)
+            if self._weight_sum is not None:
+                grads.weight, weight_scale = self.weight, self._weight_sum.scale or 1.0
+            elif self.scaled_output:
+                grads.weight, weight_scale = scale_to_fit(self.weight, dtype)
+            else:
+                grads.weight = self.weight.to(dtype)
             self.weight = None  # a separate accumulator is freed now, not when the sums object goes
+            if not self.scaled_output and weight_scale != 1.0:  # the running sum's scale, divided out here
+                grads.weight.mul_(1.0 / weight_scale)
+                weight_scale = 1.0
         if self.bias is not None:
-            grads.bias = self.bias.to(dtype)
+            if self.scaled_output:
+                grads.bias, bias_scale = scale_to_fit(self.bias, dtype)
+            else:
+                grads.bias = self.bias.to(dtype)
+        if self.scaled_output:
+            grads.scales = GradientScales(_runs(self._input_scales), weight_scale, bias_scale)
         return grads
+
+
+def _runs(scales: list[tuple[slice, float]]) -> tuple[tuple[slice, float], ...]:
+    """Consecutive row ranges with the same scale, merged."""
+    runs: list[tuple[slice, float]] = []
+    for rows, scale in sorted(scales, key=lambda item: item[0].start):
+        if runs and runs[-1][1] == scale and runs[-1][0].stop == rows.start:
+            runs[-1] = (slice(runs[-1][0].start, rows.stop), scale)
+        else:
+            runs.append((rows, scale))
+    return tuple(runs)

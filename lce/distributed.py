@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .autograd import hand_out_gradients
+from .autograd import hand_out_gradients, keep_gradients
 from .chunked import (
     GroupReduction,
     HeadTensors,
@@ -220,8 +220,7 @@ class _ScalarVocabParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weight, bias, targets, layout, plan):
         loss, grads, _ = scalar_loss_and_grads(plan, HeadTensors(input, weight, bias), targets, layout)
-        ctx.grads = (grads.input, grads.weight, grads.bias)
-        ctx.allow_retain_graph = plan.allow_retain_graph
+        keep_gradients(ctx, grads, plan)
         return loss
 
     @staticmethod

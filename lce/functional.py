@@ -128,7 +128,11 @@ def first_out_of_range(target: torch.Tensor, num_classes: int, ignore_index: int
     return None
 
 
-def check_features(softcap: float | None, z_loss: float, return_lse: bool) -> None:
+LOSS_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_features(softcap: float | None, z_loss: float, return_lse: bool,
+                   loss_dtype: torch.dtype | None = None) -> None:
     """Reject bad values of lce's features beyond torch's op, naming the argument."""
     number = (int, float)
     if softcap is not None:
@@ -142,6 +146,8 @@ def check_features(softcap: float | None, z_loss: float, return_lse: bool) -> No
         raise ValueError(f"z_loss must be a finite float >= 0, got {z_loss!r}")
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    if loss_dtype is not None and loss_dtype not in LOSS_DTYPES:
+        raise ValueError(f"loss_dtype must be None or one of {[str(d) for d in LOSS_DTYPES]}, got {loss_dtype!r}")
 
 
 def _fallback_reason(linear_weight: torch.Tensor, target_is_probabilities: bool) -> str | None:
@@ -165,7 +171,7 @@ def grads_needed(input: torch.Tensor, linear_weight: torch.Tensor,
 
 def plan(options: LinearCrossEntropyOptions, input: torch.Tensor, linear_weight: torch.Tensor, *,
          linear_bias: torch.Tensor | None = None, reduction: str = "mean", softcap: float | None = None,
-         z_loss: float = 0.0, return_lse: bool = False) -> Plan:
+         z_loss: float = 0.0, return_lse: bool = False, loss_dtype: torch.dtype | None = None) -> Plan:
     """The resolved :class:`~lce.plan.Plan` the chunked path would run for these arguments.
 
     Gradients are planned for the tensors that require grad (under grad mode).
@@ -173,7 +179,7 @@ def plan(options: LinearCrossEntropyOptions, input: torch.Tensor, linear_weight:
     the predicted peak extra memory.
     """
     options = LinearCrossEntropyOptions.coerce(options)
-    check_features(softcap, z_loss, return_lse)
+    check_features(softcap, z_loss, return_lse, loss_dtype)
     if input.dim() not in (1, 2) or linear_weight.dim() != 2:
         raise ValueError(f"plan needs input (N, D) or (D,) and linear_weight (C, D), got {_shape(input)} "
                          f"and {_shape(linear_weight)}")
@@ -190,6 +196,7 @@ def plan(options: LinearCrossEntropyOptions, input: torch.Tensor, linear_weight:
         softcap=softcap,
         z_loss=z_loss,
         return_lse=return_lse,
+        loss_dtype=None if loss_dtype == input.dtype else loss_dtype,
     )
 
 
@@ -224,6 +231,7 @@ def linear_cross_entropy(
     softcap: float | None = None,
     z_loss: float = 0.0,
     return_lse: bool = False,
+    loss_dtype: torch.dtype | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of ``input @ linear_weight.T + linear_bias`` against ``target``.
 
@@ -267,10 +275,14 @@ def linear_cross_entropy(
         return_lse: lce only. If True, return ``(loss, lse)``: ``lse`` is the
             per-row log-sum-exp of the (capped) logits, ``(N,)`` (``()`` for
             1-D input), fp32, detached (for logging; ignored rows included).
+        loss_dtype: lce only. ``None`` (the input dtype, as torch's op) or a floating dtype for the returned
+            loss, computed wide and rounded once to it. The gradient that comes back to the loss arrives in
+            that dtype: an fp16 loss cannot carry a loss scale of 2**16 (65536 is inf in fp16), an fp32 one
+            can, as torch's cross_entropy under fp16 autocast returns fp32.
 
     Returns:
         The loss: a scalar, or per-sample losses (``(N,)``, or ``()`` for 1-D
-        input) for ``reduction="none"``, in ``input``'s dtype; with
+        input) for ``reduction="none"``, in ``input``'s dtype (or ``loss_dtype``); with
         ``return_lse``, the pair ``(loss, lse)``.
 
     Raises:
@@ -279,8 +291,9 @@ def linear_cross_entropy(
     """
     is_probabilities = check_arguments(input, linear_weight, target, linear_bias, weight, reduction,
                                        ignore_index, label_smoothing)
-    check_features(softcap, z_loss, return_lse)
-    features = dict(softcap=None if softcap is None else float(softcap), z_loss=float(z_loss), return_lse=return_lse)
+    check_features(softcap, z_loss, return_lse, loss_dtype)
+    features = dict(softcap=None if softcap is None else float(softcap), z_loss=float(z_loss), return_lse=return_lse,
+                    loss_dtype=loss_dtype)
     keywords = dict(linear_bias=linear_bias, weight=weight, reduction=reduction, ignore_index=ignore_index,
                     label_smoothing=label_smoothing, **features)
     if options is None:

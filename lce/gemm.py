@@ -134,14 +134,19 @@ def mm_upcast_weight(a: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0) 
 
 
 def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtype: torch.dtype,
-            alpha: float = 1.0, *, in_fp32: bool = False) -> None:
-    """``target += alpha * (a @ b)`` where the product is rounded to ``product_dtype`` before the add.
+            alpha: float = 1.0, *, in_fp32: bool = False, product_scale: float = 1.0) -> None:
+    """``target += alpha * (a @ b) / product_scale`` where ``alpha * (a @ b)`` is rounded to ``product_dtype``
+    before the add (``product_scale``: a power of two that lifts a narrow product into its dtype's normal range
+    for that rounding; the add divides it out exactly, so it applies only to a product narrower than the target).
 
     When operands, product and target share a dtype this is a single in-place
     ``addmm_`` (no temporary, one rounding of ``target + alpha * a @ b``);
     otherwise the product is formed by :func:`mm` a block of ``target`` rows at a time (about
     :data:`_BLOCK_ELEMENTS` elements) and each block added as soon as it exists. ``in_fp32``: as for :func:`mm`.
     """
+    if product_scale != 1.0 and torch.promote_types(target.dtype, product_dtype) == product_dtype:
+        raise ValueError(f"add_mm_: product_scale applies to a product narrower than its target, got a "
+                         f"{product_dtype} product for a {target.dtype} target")
     if target.dtype == a.dtype == product_dtype and not in_fp32:
         target.addmm_(a, b, alpha=alpha)
         return
@@ -161,4 +166,5 @@ def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtyp
     for start in range(0, target.shape[0], step):
         block = slice(start, start + step)
         # unnamed: each block's product is freed before the next one is made
-        target[block].add_(mm(a[block], b, product_dtype, alpha=alpha, in_fp32=in_fp32).to(common))
+        target[block].add_(mm(a[block], b, product_dtype, alpha=alpha, in_fp32=in_fp32).to(common),
+                           alpha=1.0 / product_scale)

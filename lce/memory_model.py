@@ -223,6 +223,7 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
         add("grad_input_chunk", (rows, d), grad_input_dt, ("grad_input",),
             "grad_input of one chunk before rounding")
     weight_gemm = plan.gemm_dtypes("grad_weight")
+    # (lce.headroom's bounds, a (rows,) or (C,) fp32 sum of |dz|, are made and freed before the step's GEMM)
     if "grad_weight" in steps and not weight_gemm.operands == weight_gemm.result == plan.weight_grad_sum_dtype:
         block = (min(rows_per_block(d), c), d)
         add("weight_grad_chunk", block, weight_gemm.result, ("grad_weight",),

@@ -92,11 +92,24 @@ class Plan:
     softcap: float | None = None
     z_loss: float = 0.0
     return_lse: bool = False
+    loss_dtype: torch.dtype | None = None
+    """The returned loss's dtype (lce only); None: the input dtype, as torch's op."""
     cpu_gemms: GemmSupport | None = None
     """How the CPU the call runs on does GEMMs in the input dtype (:mod:`lce.cpu_gemms`); None off the CPU
     and for fp32/fp64 input. Recorded when the plan is made, so the loop and the memory model agree with it."""
 
     # ---- what the chunk loop asks ------------------------------------------
+    @property
+    def gradient_headroom(self) -> bool:
+        """Whether the gradients are formed scaled by powers of two that keep them in fp16's normal range
+        (:mod:`lce.headroom`): fp16 input."""
+        return self.input_dtype == torch.float16
+
+    @property
+    def output_loss_dtype(self) -> torch.dtype:
+        """The dtype the loss is returned in: :attr:`loss_dtype`, else the input dtype."""
+        return self.input_dtype if self.loss_dtype is None else self.loss_dtype
+
     def dtype(self, role: Role) -> torch.dtype:
         """The dtype a layout role ("input" or "acc") stands for in this plan."""
         return self.input_dtype if role == "input" else self.acc_dtype
@@ -282,6 +295,7 @@ def make_plan(
     z_loss: float = 0.0,
     return_lse: bool = False,
     chunking_classes: int | None = None,
+    loss_dtype: torch.dtype | None = None,
 ) -> Plan:
     """Resolve ``options`` for one call (the rules of the options contract).
 
@@ -368,6 +382,7 @@ def make_plan(
         softcap=None if softcap is None else float(softcap),
         z_loss=float(z_loss),
         return_lse=bool(return_lse),
+        loss_dtype=loss_dtype,
         cpu_gemms=support,
     )
 

@@ -31,8 +31,11 @@ def unfused_linear_cross_entropy(
     softcap: float | None = None,
     z_loss: float = 0.0,
     return_lse: bool = False,
+    loss_dtype: torch.dtype | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """``cross_entropy(linear(input, linear_weight, linear_bias), target, ...)`` in the input's dtype.
+    """``cross_entropy(linear(input, linear_weight, linear_bias), target, ...)`` in the input's dtype (or
+    ``loss_dtype``: the logits are converted to it first, as fp16 autocast converts them to fp32 for
+    ``cross_entropy``, so the loss's gradient comes back in that dtype).
 
     ``linear_weight`` may be ``(C, D)`` or ``(C, d1, ..., dK, D)``; in the
     K-dimensional case the logits are reshaped to ``(N, C, d1, ..., dK)``.
@@ -48,6 +51,8 @@ def unfused_linear_cross_entropy(
     logits = F.linear(input, flat_weight, flat_bias)
     if len(out_features):
         logits = logits.reshape(input.shape[0], num_classes, *out_features)
+    if loss_dtype is not None and loss_dtype != logits.dtype:
+        logits = logits.to(loss_dtype)
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     ignored = DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index

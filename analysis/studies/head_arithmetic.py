@@ -13,9 +13,13 @@ rows cut into ``num_chunks`` contiguous chunks of ``ceil(N / num_chunks)`` rows,
 * ``compact``: ``dz`` rounded to ``t``; each chunk's product ``s * dz_j.T @ x_j`` (fp32) is added to
   the gradient *in* ``t``: ``g = round_t(g + product_j)``, once per chunk, in chunk order;
 
-where ``s = loss_scale / N`` multiplies the products (lce applies the reduction's scale and the
-incoming gradient -- a loss scale -- to the products, after ``dz`` is rounded). The result is
-returned unscaled in fp32, with a flag saying whether it is finite (a loss-scaled step overflows).
+where ``s = 1 / N`` multiplies the products. In fp16 lce keeps the gradient scaled by a power of two
+``sigma`` (:mod:`lce.headroom`): chosen from the fp32 sum's largest entry for accurate and balanced, and for
+compact kept by :class:`lce.headroom.RunningSum` from a bound on each chunk's product; backward then
+multiplies the stored gradient by ``loss_scale / sigma`` in fp32 and rounds once, so a loss scale decides the
+rounding of the entries fp16 could not hold at their true size. The result is returned unscaled in fp32, with
+a flag saying whether it is finite (a loss-scaled step overflows). ``headroom=False`` restates lce before
+the headroom (issue 31): the gradient rounded at its true size, the loss scale multiplied in afterwards.
 
 The restatement differs from lce only in the order of fp32 sums inside a GEMM. That it is lce's
 arithmetic is checked, not assumed: :func:`check_against_lce` runs lce itself on the same inputs and
@@ -30,6 +34,7 @@ import math
 import torch
 
 import lce
+from lce.headroom import STORE_LIMIT, RunningSum, largest_entry, power_of_two_under
 from lce.testing import emulate_device_kind
 
 __all__ = ["POLICIES", "HeadStep", "head_step", "restated_loss", "grad_logits_scale", "chunk_rows",
@@ -41,13 +46,15 @@ POLICIES: tuple[str, ...] = ("accurate", "balanced", "compact")
 class HeadStep:
     """One forward and weight-gradient of the head: ``loss`` (fp32 scalar, mean over rows), ``grad_weight``
     ((C, D) fp32, unscaled), ``finite`` (False when the scaled gradient overflowed its dtype) and, when asked for,
-    ``grad_input`` ((N, D) in the input dtype, as lce returns it)."""
+    ``grad_input`` (as lce stores it: the (N, D) gradient in the input dtype and its per-chunk scales) and
+    ``stored_weight`` (the weight gradient as lce stores it, and its scale)."""
 
-    __slots__ = ("loss", "grad_weight", "finite", "grad_input")
+    __slots__ = ("loss", "grad_weight", "finite", "grad_input", "stored_weight")
 
-    def __init__(self, loss: torch.Tensor, grad_weight: torch.Tensor, finite: bool,
-                 grad_input: torch.Tensor | None = None):
+    def __init__(self, loss: torch.Tensor, grad_weight: torch.Tensor, finite: bool, grad_input=None,
+                 stored_weight: tuple[torch.Tensor, float] | None = None):
         self.loss, self.grad_weight, self.finite, self.grad_input = loss, grad_weight, finite, grad_input
+        self.stored_weight = stored_weight
 
 
 def chunk_rows(num_rows: int, num_chunks: int) -> int:
@@ -67,12 +74,13 @@ def grad_logits_scale(num_rows: int, dtype: torch.dtype) -> tuple[float, float]:
 
 
 def head_step(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype: torch.dtype, policy: str,
-              num_chunks: int, loss_scale: float = 1.0, *, with_input: bool = False) -> HeadStep:
+              num_chunks: int, loss_scale: float = 1.0, *, with_input: bool = False,
+              headroom: bool = True) -> HeadStep:
     """lce's CUDA-layout loss and weight gradient for fp32 ``x`` (N, D) and ``weight`` (C, D), both rounded to
-    ``dtype`` first (see the module docstring). ``loss_scale`` only decides ``finite``: lce rounds the gradient
-    before the incoming gradient (the loss scale) multiplies it, so the rounding is the unscaled one.
-    ``with_input`` also forms the input gradient, ``round_t(s * dz @ W_t)`` with fp32 sums (``dz`` rounded
-    first except in accurate), whose rows do not depend on the chunking."""
+    ``dtype`` first (see the module docstring), as lce returns them under an incoming gradient ``loss_scale``,
+    divided by it again. ``with_input`` also forms the input gradient, ``round_t(s * dz @ W_t)`` with fp32 sums
+    (``dz`` rounded first except in accurate; in fp16 stored scaled per chunk as lce does), whose rows do not
+    depend on the chunking of the weight gradient. ``headroom=False``: lce before :mod:`lce.headroom`."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
     if dtype not in (torch.bfloat16, torch.float16):
@@ -80,6 +88,7 @@ def head_step(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype
     n = x.shape[0]
     rows = chunk_rows(n, num_chunks)
     row_scale, rescale = grad_logits_scale(n, dtype)
+    headroom = headroom and dtype == torch.float16
     x_t = x.to(dtype).float()  # exact: the rounded values, held in fp32 for the fp32-sum GEMMs
     w_t = weight.to(dtype).float()
     z = x_t @ w_t.T
@@ -91,34 +100,64 @@ def head_step(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype
     if policy != "accurate":
         dz = dz.to(dtype).float()
     if policy == "compact":
-        grad = _compact_sum(dz, x_t, rows, rescale, dtype)
+        stored, sigma = _compact_sum(dz, x_t, rows, rescale, dtype, headroom)
     else:
-        grad = (dz.T @ x_t).mul_(rescale).to(dtype)
-    grad_input = (dz @ w_t).mul_(rescale).to(dtype) if with_input else None
-    finite = bool(torch.isfinite(grad.float().mul_(loss_scale)).all()) and \
-        float(grad.float().abs().max()) * loss_scale <= torch.finfo(dtype).max
-    return HeadStep(loss, grad.float(), finite, grad_input)
+        total = (dz.T @ x_t).mul_(rescale)
+        sigma = power_of_two_under(STORE_LIMIT, largest_entry(total)) if headroom else 1.0
+        stored = total.mul_(sigma).to(dtype)
+    returned = _returned(stored, sigma, loss_scale, headroom)
+    grad_input = _grad_input(dz, w_t, rows, rescale, dtype, headroom) if with_input else None
+    finite = bool(torch.isfinite(returned).all())
+    return HeadStep(loss, returned.float().div_(loss_scale), finite, grad_input, (stored, sigma))
+
+
+def _returned(stored: torch.Tensor, sigma: float, loss_scale: float, headroom: bool) -> torch.Tensor:
+    """The gradient lce hands out: ``stored * (loss_scale / sigma)`` in fp32, rounded once (with the headroom), or
+    the stored gradient times the loss scale in its dtype (before it)."""
+    if headroom:
+        return stored.mul(loss_scale / sigma)
+    return stored.mul(torch.tensor(loss_scale, dtype=stored.dtype))
+
+
+def _grad_input(dz: torch.Tensor, w_t: torch.Tensor, rows: int, rescale: float, dtype: torch.dtype,
+                headroom: bool) -> tuple[torch.Tensor, tuple[tuple[slice, float], ...]]:
+    """The input gradient as lce stores it (rounded to ``dtype``) and its per-chunk scales."""
+    stored = torch.empty(dz.shape[0], w_t.shape[1], dtype=dtype)
+    scales = []
+    weight_max = largest_entry(w_t)
+    for start in range(0, dz.shape[0], rows):
+        block = slice(start, min(start + rows, dz.shape[0]))
+        sigma = 1.0
+        if headroom:
+            bound = rescale * largest_entry(torch.linalg.vector_norm(dz[block], ord=1, dim=1)) * weight_max
+            sigma = power_of_two_under(STORE_LIMIT, bound)
+        stored[block] = (dz[block] @ w_t).mul_(rescale * sigma).to(dtype)
+        scales.append((block, sigma))
+    return stored, tuple(scales)
 
 
 class _RestatedLoss(torch.autograd.Function):
-    """The restated op as an autograd function: gradients formed in forward, scaled by the incoming gradient in
-    backward (as lce does for a scalar loss)."""
+    """The restated op as an autograd function: gradients formed in forward, multiplied by the incoming gradient
+    in backward as lce does for a scalar loss (over their stored scales in fp32, rounded once, in fp16)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, target, dtype, policy, num_chunks):
         step = head_step(hidden.detach().float(), weight.detach().float(), target, dtype, policy, num_chunks,
                          with_input=True)
-        ctx.grads = (step.grad_input, step.grad_weight.to(dtype))
+        ctx.grads = (step.grad_input, step.stored_weight)
         ctx.dtypes = (hidden.dtype, weight.dtype)
         return step.loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        grad_input, grad_weight = ctx.grads
+        (stored_input, input_scales), (stored_weight, weight_scale) = ctx.grads
         ctx.grads = None
-        scale = grad_loss.to(grad_input.dtype)
-        return ((grad_input * scale).to(ctx.dtypes[0]), (grad_weight * scale).to(ctx.dtypes[1]),
-                None, None, None, None)
+        incoming = float(grad_loss)
+        grad_input = torch.empty_like(stored_input)
+        for rows, sigma in input_scales:
+            torch.mul(stored_input[rows], incoming / sigma, out=grad_input[rows])
+        grad_weight = stored_weight.mul(incoming / weight_scale)
+        return grad_input.to(ctx.dtypes[0]), grad_weight.to(ctx.dtypes[1]), None, None, None, None
 
 
 def restated_loss(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype: torch.dtype, policy: str,
@@ -129,16 +168,26 @@ def restated_loss(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tens
     return _RestatedLoss.apply(hidden, weight, target, dtype, policy, num_chunks)
 
 
-def _compact_sum(dz: torch.Tensor, x: torch.Tensor, rows: int, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """``g = round(g + scale * dz_j.T @ x_j)`` over the chunks ``j`` of ``rows`` rows, in order: each chunk's
-    product is added to the fp32 copy of the rounded sum by one ``addmm_`` and the sum rounded again."""
+def _compact_sum(dz: torch.Tensor, x: torch.Tensor, rows: int, scale: float, dtype: torch.dtype,
+                 headroom: bool) -> tuple[torch.Tensor, float]:
+    """``g = round(g + alpha * dz_j.T @ x_j)`` over the chunks ``j`` of ``rows`` rows, in order: each chunk's
+    product is added to the fp32 copy of the rounded sum by one ``addmm_`` and the sum rounded again; with the
+    headroom ``alpha`` is ``scale`` times :class:`lce.headroom.RunningSum`'s scale, as lce keeps it. Returns the
+    sum and its scale."""
     total = torch.zeros(dz.shape[1], x.shape[1], dtype=torch.float32)
-    rounded = torch.empty(total.shape, dtype=dtype)
+    rounded = torch.zeros(total.shape, dtype=dtype)
+    running = RunningSum(rounded) if headroom else None
     for start in range(0, dz.shape[0], rows):
-        total.addmm_(dz[start:start + rows].T, x[start:start + rows], alpha=scale)
+        alpha = scale
+        if running is not None:
+            chunk, block = dz[start:start + rows], x[start:start + rows]
+            bound = scale * largest_entry(torch.linalg.vector_norm(chunk, ord=1, dim=0)) * largest_entry(block)
+            alpha = scale * running.scale_for(bound)
+            total.copy_(rounded)  # the running sum may have been divided by a power of two
+        total.addmm_(dz[start:start + rows].T, x[start:start + rows], alpha=alpha)
         rounded.copy_(total)
         total.copy_(rounded)
-    return rounded
+    return rounded, (running.scale or 1.0) if running is not None else 1.0
 
 
 def lce_weight_gradient(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype: torch.dtype,

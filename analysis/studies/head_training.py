@@ -54,7 +54,7 @@ from analysis.core.problem import DTYPES
 from analysis.core.results_io import write_csv_atomically
 from analysis.studies.head_arithmetic import head_step, lce_weight_gradient
 
-__all__ = ["Arm", "ADAMW_ARMS", "SGD_ARMS", "BUDGET_ARMS",
+__all__ = ["Arm", "ADAMW_ARMS", "SGD_ARMS", "BUDGET_ARMS", "HEADROOM_ARMS",
            "ARM_GROUPS", "Setting", "SETTINGS", "METRICS", "Pool", "make_pool", "run_group",
            "collect", "run_study", "HEAD_TRAINING_FILE", "CACHE_DIR"]
 
@@ -112,8 +112,16 @@ BUDGET_ARMS: tuple[Arm, ...] = (
 weight gradient's roundings as they are (each class block's rows are the same chunk products; only the softmax
 statistics' last bits move, ``tests/analysis/test_head_training.py``), so a row-chunk arm stands for its class-tiled
 pick too."""
+HEADROOM_ARMS: tuple[Arm, ...] = (
+    FP32,
+    Arm("fp16 balanced@64", "float16", "lce", "balanced", 64),
+    Arm("fp16 compact@64", "float16", "lce", "compact", 64),
+)
+"""The fp16 arms of :data:`ADAMW_ARMS` again, with lce's fp16 gradients kept scaled by powers of two so that the
+loss scale protects them (:mod:`lce.headroom`, issue 31): the ``adamw`` group's fp16 rows were trained before it."""
 ARM_GROUPS: dict[str, tuple[str, tuple[Arm, ...]]] = {
-    "adamw": ("adamw", ADAMW_ARMS), "sgd": ("sgd", SGD_ARMS), "adamw-budget": ("adamw", BUDGET_ARMS)}
+    "adamw": ("adamw", ADAMW_ARMS), "sgd": ("sgd", SGD_ARMS), "adamw-budget": ("adamw", BUDGET_ARMS),
+    "adamw-headroom": ("adamw", HEADROOM_ARMS)}
 """Each group of arms trained in lockstep, by the name its rows carry in the ``optimizer`` column: the optimizer it
 trains with and its arms (fp32 first; every gap is measured against the group's own fp32 arm)."""
 ARMS_BY_OPTIMIZER = {group: arms for group, (_, arms) in ARM_GROUPS.items()}
@@ -537,7 +545,8 @@ def add_arguments(parser) -> None:
                         help="stop each group at its first evaluation after S seconds (the rows so far are kept)")
     parser.add_argument("--optimizers", default="adamw,sgd",
                         help="groups of arms: adamw, sgd, adamw-budget (AdamW, the arms of recommend's tight-budget "
-                             "picks), comma-separated (default: adamw,sgd)")
+                             "picks), adamw-headroom (the fp16 arms with lce.headroom), comma-separated (default: "
+                             "adamw,sgd)")
     parser.add_argument("--cache", type=Path, default=CACHE_DIR, help="run folders (resumable state)")
     parser.add_argument("--file", default=None, metavar="NAME", help="results file name")
     parser.add_argument("--bucket-bias-at-end", action="store_true",
@@ -565,6 +574,7 @@ def run(args) -> None:
     stamp = provenance(args.device)
 
     def write(table: pd.DataFrame) -> None:
+        table = table[table["optimizer"].isin(optimizers)] if not table.empty else table  # the cache holds others
         if table.empty:
             return
         partial = path.with_name(path.name + ".partial")

@@ -383,16 +383,26 @@ def _lce_loss(x, weight, bias, target, *, num_items_in_batch, ignore_index: int,
     returns its dtype, so the value is recomputed in fp64 from lce's fp32 log-sum-exp (:func:`_loss_value`), and
     the gradient's scale -- the one incoming the loss, times ``count / num_items_in_batch`` -- is applied to
     lce's gradients in fp32 on their way back (:class:`_GradientScale`) instead of reaching lce rounded to its
-    dtype, where a scale such as 1/37 would be off by up to 2**-9 in every gradient alike. lce runs "mean"
+    dtype, where a scale such as 1/37 would be off by up to 2**-9 in every gradient alike. For fp16 input lce
+    returns its loss in fp32 (``loss_dtype``) and that scale reaches lce's backward, which multiplies it into
+    the gradients it keeps scaled by powers of two (:mod:`lce.headroom`): a GradScaler's scale then protects
+    them as it protects the unpatched model's. lce runs "mean"
     there, its gradients O(1/count) before they are rounded (a sum's can overflow fp16)."""
     keywords = dict(ignore_index=ignore_index, options=options, softcap=softcap, z_loss=z_loss)
     if x.dtype.itemsize >= 4:
         reduction = "mean" if num_items_in_batch is None else "sum"
         loss = linear_cross_entropy(x, weight, target, linear_bias=bias, reduction=reduction, **keywords)
         return loss if num_items_in_batch is None else loss / _on(num_items_in_batch, loss.device)
-    scale = _GradientScale()
-    loss, lse = linear_cross_entropy(scale.on(x), scale.on(weight), target, linear_bias=scale.on(bias),
-                                     reduction="mean", return_lse=True, **keywords)
+    if x.dtype == torch.float16:
+        # fp16: the incoming gradient (a GradScaler's scale, times the factor) reaches lce's backward in fp32,
+        # where it lifts the gradients lce keeps scaled (lce.headroom) before they are rounded
+        scale = None
+        loss, lse = linear_cross_entropy(x, weight, target, linear_bias=bias, reduction="mean", return_lse=True,
+                                         loss_dtype=torch.float32, **keywords)
+    else:
+        scale = _GradientScale()
+        loss, lse = linear_cross_entropy(scale.on(x), scale.on(weight), target, linear_bias=scale.on(bias),
+                                         reduction="mean", return_lse=True, **keywords)
     with torch.no_grad():
         value = _loss_value(x, weight, bias, target, lse, ignore_index=ignore_index, softcap=softcap, z_loss=z_loss)
     factor = 1.0
@@ -458,7 +468,8 @@ class _ScaledBackward(torch.autograd.Function):
 
 class _ValueWithGradient(torch.autograd.Function):
     """Forward: ``value`` (fp32). Backward: sets ``scale.factor`` to the incoming gradient times ``factor`` and
-    sends lce's loss a gradient of one, which its dtype holds exactly."""
+    sends lce's loss a gradient of one, which its dtype holds exactly; with no ``scale`` (an fp32 lce loss), sends
+    lce's loss the incoming gradient times ``factor`` itself."""
 
     @staticmethod
     def forward(ctx, loss: torch.Tensor, value: torch.Tensor, factor: float, scale: _GradientScale) -> torch.Tensor:
@@ -467,6 +478,8 @@ class _ValueWithGradient(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        if ctx.scale is None:  # an fp32 lce loss (fp16 input): the gradient goes to lce itself
+            return (grad * ctx.factor).to(ctx.dtype), None, None, None
         ctx.scale.factor = float(grad) * ctx.factor
         return torch.ones((), dtype=ctx.dtype, device=grad.device), None, None, None
 

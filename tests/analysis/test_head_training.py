@@ -41,15 +41,29 @@ def test_restated_arithmetic_with_rows_not_a_power_of_two_and_a_loss_scale():
     assert check["elements_differing"] < 0.01 and check["mismatch_over_error"] < 0.05, check
 
 
-def test_lce_rounds_the_fp16_gradient_before_the_loss_scale_multiplies_it():
-    """The fact the fp16 arms' arithmetic rests on: lce computes a scalar loss's gradients in forward and
-    multiplies them by the incoming gradient in backward, so a loss scale does not change their rounding."""
+def test_a_loss_scale_now_decides_the_rounding_of_lces_fp16_gradient_and_the_restatement_follows():
+    """lce keeps fp16 gradients scaled by powers of two and multiplies the loss scale in before their last
+    rounding (lce.headroom): under 2**12 the entries fp16 cannot hold at their true size keep their digits, so the
+    scaled step's gradient is closer to fp64 than the unscaled one; the restatement without the headroom (lce
+    before it) loses them, and the restatement with it is lce's arithmetic."""
     x, w, y = _head()
     unscaled = arithmetic.lce_weight_gradient(x, w, y, torch.float16, "accurate", 4)
     scaled = arithmetic.lce_weight_gradient(x, w, y, torch.float16, "accurate", 4, loss_scale=2.0**12)
-    assert torch.equal(unscaled, scaled)
-    # and the rounding is coarse where the unscaled gradient is subnormal in fp16 (below 2**-14)
-    assert bool((unscaled.abs() < 2.0**-14).any())
+    before = arithmetic.head_step(x, w, y, torch.float16, "accurate", 4, 2.0**12, headroom=False).grad_weight
+    after = arithmetic.head_step(x, w, y, torch.float16, "accurate", 4, 2.0**12).grad_weight
+    x64, w64 = x.half().double(), w.half().double()
+    p = torch.softmax(x64 @ w64.T, dim=1)
+    p[torch.arange(x.shape[0]), y] -= 1.0
+    exact = p.T @ x64 / x.shape[0]
+
+    def error(grad):
+        return float(torch.linalg.vector_norm(grad.double() - exact))
+
+    assert bool((exact.abs() < 2.0**-14).any())  # entries below fp16's normal range at their true size
+    assert error(scaled) < error(unscaled) and error(after) < error(before)
+    assert float((after != scaled).double().mean()) < 0.01  # fp32 summation order only
+    check = arithmetic.check_against_lce(x, w, y, torch.float16, "compact", 16, loss_scale=2.0**12)
+    assert check["elements_differing"] < 0.01 and check["mismatch_over_error"] < 0.05, check
 
 
 def test_compact_error_grows_with_chunks_against_fp64():

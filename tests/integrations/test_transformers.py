@@ -528,3 +528,31 @@ def test_the_fine_tuning_example_trains_both_models_on_the_repos_corpus(tmp_path
         rows = list(csv.DictReader(handle))
     assert [(row["step"], row["split"]) for row in rows] == [("2", "train"), ("2", "heldout"), ("4", "train"),
                                                              ("4", "heldout")]
+
+
+# ---- fp16 autocast with a loss scale (lce.headroom) -------------------------------------------------------------
+
+def _scaled_head_gradient(model, ids, mask, labels, scale: float) -> torch.Tensor:
+    """lm_head's weight gradient after one fp16-autocast step whose loss is multiplied by ``scale`` (as
+    torch.amp.GradScaler does), divided by the scale again."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(ids, attention_mask=mask, labels=labels)
+    (out.loss.float() * scale).backward()
+    return model.lm_head.weight.grad.double() / scale
+
+
+@pytest.mark.parametrize("scale", [2.0 ** 12, 2.0 ** 16])
+def test_under_fp16_autocast_a_loss_scale_reaches_lces_gradients_as_it_reaches_the_unpatched_heads(scale):
+    ids, mask, labels = batch()
+    unpatched = tiny("llama", torch.float32)
+    patched = integration.patch(copy.deepcopy(unpatched))
+    reference = tiny("llama", torch.float64)
+    _, exact = step(reference, ids, attention_mask=mask, labels=labels)
+    head = next(name for name, p in reference.named_parameters() if p is reference.lm_head.weight)
+    truth = exact[head]
+    theirs = _scaled_head_gradient(unpatched, ids, mask, labels, scale)
+    mine = _scaled_head_gradient(patched, ids, mask, labels, scale)
+    assert torch.isfinite(mine).all()
+    error = float((mine - truth).norm() / truth.norm())
+    assert error <= 1.1 * float((theirs - truth).norm() / truth.norm()) + 1e-4, error
