@@ -13,7 +13,8 @@ from analysis.judge.horizon import CONFIDENCE, arm_summary, final_gaps, gaps
 from analysis.report.style import CaptionedFigure, apply_style, new_figure
 from analysis.report.tables import markdown_table
 
-__all__ = ["plot_gap_vs_step", "plot_gap_vs_bias", "plot_row_distance", "draw_long_horizon_figures",
+__all__ = ["headroom_comparison", "BEFORE_HEADROOM", "AFTER_HEADROOM",
+           "plot_gap_vs_step", "plot_gap_vs_bias", "plot_row_distance", "draw_long_horizon_figures",
            "readme_long_horizon", "lm_long_gaps"]
 
 
@@ -151,6 +152,25 @@ def lm_long_gaps(training: pd.DataFrame) -> pd.DataFrame:
     reference = rows[rows["arm"] == "fp32"].set_index(keys)["loss"].rename("fp32")
     joined = rows[rows["arm"] != "fp32"].join(reference, on=keys).dropna(subset=["fp32"])
     return joined.assign(gap=joined["loss"] - joined["fp32"])[["arm", "seed", "step", "bucket", "gap", "chunking"]]
+
+
+BEFORE_HEADROOM, AFTER_HEADROOM = "adamw", "adamw-headroom"
+"""The groups whose fp16 arms were trained before and after lce.headroom (issue 31)."""
+
+
+def headroom_comparison(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per fp16 arm trained in both groups: its final gap to its group's fp32 arm, overall and on the rare classes
+    (with intervals), and the buckets where it counts, before and after lce.headroom; empty without both groups."""
+    keep = ["arm", "step", "seeds", "gap_all", "gap_all_low", "gap_all_high", "gap_rare", "gap_rare_low",
+            "gap_rare_high", "counts_in", "systematic_in"]
+    before = summary[summary["optimizer"] == BEFORE_HEADROOM][keep].set_index("arm")
+    after = summary[summary["optimizer"] == AFTER_HEADROOM][keep].set_index("arm")
+    arms = [arm for arm in after.index if arm in before.index]
+    if not arms:
+        return pd.DataFrame(columns=["arm", "when", *keep[1:]])
+    rows = [before.loc[arms].assign(when="before"), after.loc[arms].assign(when="after")]
+    table = pd.concat(rows).reset_index()
+    return table.sort_values(["arm", "when"], ascending=[True, False], ignore_index=True)[["arm", "when", *keep[1:]]]
 
 
 # ---- README --------------------------------------------------------------------------------------------------

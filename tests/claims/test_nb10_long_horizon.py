@@ -209,3 +209,18 @@ def test_compact_with_few_chunks_trains_like_balanced_and_its_bias_stays_near_th
     final = _final()
     budget = final.loc["adamw-budget"]
     assert not budget["counts"].any()
+
+
+def _headroom():
+    return nb10.headroom_comparison(horizon.arm_summary(_head())).set_index(["arm", "when"])
+
+
+def test_with_the_headroom_torchs_fp16_pick_no_longer_counts_on_the_rare_classes():
+    """"With the loss scale reaching lce's fp16 gradients, torch 2.13's fp16 pick (compact, 64 chunks) moves the
+    rare classes' held-out loss by ... against ... before; its gap counts in ... (before: ...)"."""
+    table = _headroom()
+    before, after = table.loc[("fp16 compact@64", "before")], table.loc[("fp16 compact@64", "after")]
+    assert "rare" in before["counts_in"].split(", ")
+    assert after["counts_in"] == ""  # "no longer counts in any bucket" (README)
+    assert abs(after["gap_rare"]) < 0.1 * abs(before["gap_rare"])
+    assert int(after["step"]) == study.SETTINGS["full"].steps and int(after["seeds"]) == 3
