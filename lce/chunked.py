@@ -59,7 +59,7 @@ from typing import Protocol
 import torch
 
 from .gemm import add_mm_, mm, mm_upcast_weight, mm_upcast_weight_t
-from .headroom import STORE_LIMIT, RunningSum, largest_entry, power_of_two_under, scale_to_fit, unscale_factor
+from .headroom import STORE_LIMIT, RunningSum, largest_entry, power_of_two_under, scale_to_fit
 from .plan import LOSS_SUM_DTYPE, Plan
 
 __all__ = [
@@ -395,10 +395,11 @@ class GradientScales:
     weight: float = 1.0
     bias: float = 1.0
 
-    def unscale_(self, grads: tuple[torch.Tensor | None, ...], incoming: torch.Tensor, *, in_place: bool
+    def unscale_(self, grads: tuple[torch.Tensor | None, ...], incoming: torch.Tensor | float, *, in_place: bool
                  ) -> tuple[torch.Tensor | None, ...]:
         """``(input, weight, bias)`` times ``incoming`` over their scales, each computed in fp32 and rounded once
         (in place, or into new tensors)."""
+        incoming = float(incoming)  # one host synchronisation per backward; a Python float keeps the multiply fp32
         out = []
         for grad, scale in zip(grads, (None, self.weight, self.bias), strict=True):
             if grad is None:
@@ -407,7 +408,7 @@ class GradientScales:
             target = grad if in_place else torch.empty_like(grad)
             runs = self.input if scale is None and self.input else ((slice(None), scale or 1.0),)
             for rows, run_scale in runs:
-                torch.mul(grad[rows], unscale_factor(incoming, run_scale), out=target[rows])
+                torch.mul(grad[rows], incoming / run_scale, out=target[rows])
             out.append(target)
         return tuple(out)
 

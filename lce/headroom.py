@@ -5,8 +5,8 @@ incoming gradient (a loss scale, under ``torch.amp.GradScaler``) is known; forme
 class's weight-gradient entries (about ``p / N``) fall below that range and are rounded to subnormals or zero
 before the scale could lift them, and compact's running fp16 sum loses them for good. So in fp16 every gradient is
 formed *scaled* by a power of two that puts its largest entry near the top of fp16's range, and backward folds
-the unscale into its multiply by the incoming gradient (:func:`unscale_factor`: one multiply by a Python float,
-which torch's fp16 kernels compute in fp32 and round once, with no temporary).
+the unscale into its multiply by the incoming gradient (:meth:`lce.chunked.GradientScales.unscale_`: one multiply by a
+Python float, which torch's fp16 kernels compute in fp32 and round once, with no temporary).
 Powers of two are exact: the scaled gradient holds the same digits as the unscaled one would, without the
 underflow.
 
@@ -31,8 +31,7 @@ import math
 
 import torch
 
-__all__ = ["STORE_LIMIT", "SUM_LIMIT", "power_of_two_under", "largest_entry", "scale_to_fit", "RunningSum",
-           "unscale_factor"]
+__all__ = ["STORE_LIMIT", "SUM_LIMIT", "power_of_two_under", "largest_entry", "scale_to_fit", "RunningSum"]
 
 STORE_LIMIT = 2.0 ** 15
 """The largest entry a scaled fp16 gradient is stored at (fp16's largest finite number is 65504)."""
@@ -93,8 +92,3 @@ class RunningSum:
         self._bound += added
         return self.scale
 
-
-def unscale_factor(incoming: torch.Tensor | float, scale: float) -> float:
-    """The factor a gradient stored scaled by ``scale`` is multiplied by in backward: the incoming gradient over
-    the scale, as a Python float (for a tensor, one host synchronisation), so the multiply runs in fp32."""
-    return float(incoming) / scale

@@ -112,11 +112,8 @@ BUDGET_ARMS: tuple[Arm, ...] = (
 weight gradient's roundings as they are (each class block's rows are the same chunk products; only the softmax
 statistics' last bits move, ``tests/analysis/test_head_training.py``), so a row-chunk arm stands for its class-tiled
 pick too."""
-HEADROOM_ARMS: tuple[Arm, ...] = (
-    FP32,
-    Arm("fp16 balanced@64", "float16", "lce", "balanced", 64),
-    Arm("fp16 compact@64", "float16", "lce", "compact", 64),
-)
+HEADROOM_ARMS: tuple[Arm, ...] = (FP32, *(dataclasses.replace(arm, rule="") for arm in ADAMW_ARMS
+                                           if arm.dtype == "float16"))
 """The fp16 arms of :data:`ADAMW_ARMS` again, with lce's fp16 gradients kept scaled by powers of two so that the
 loss scale protects them (:mod:`lce.headroom`, issue 31): the ``adamw`` group's fp16 rows were trained before it."""
 ARM_GROUPS: dict[str, tuple[str, tuple[Arm, ...]]] = {
