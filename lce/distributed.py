@@ -116,12 +116,12 @@ class ShardLayout(GroupReduction):
 # ---- agreement before any collective of the loop ---------------------------------------------------------------
 
 def _local_problem(input, weight_shard, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
-                   softcap, z_loss, options) -> str | None:
+                   softcap, z_loss, options, loss_dtype) -> str | None:
     """This rank's own argument errors (as text), or None: the single-device checks on its shard."""
     try:
         if options is not None:
             LinearCrossEntropyOptions.coerce(options)
-        check_features(softcap, z_loss, False)
+        check_features(softcap, z_loss, False, loss_dtype)
         if not isinstance(weight_shard, torch.Tensor) or weight_shard.dim() != 2:
             shape = tuple(weight_shard.shape) if isinstance(weight_shard, torch.Tensor) else type(weight_shard)
             raise ValueError(f"weight_shard must be a (C_shard, in_features) tensor, got {shape}")
@@ -146,7 +146,7 @@ def _target_checksum(target: torch.Tensor) -> int:
 
 
 def _description(input, weight_shard, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
-                 softcap, z_loss, options, problem) -> dict:
+                 softcap, z_loss, options, loss_dtype, problem) -> dict:
     """What every rank must agree on, and this rank's shard size and errors."""
     tensors_ok = problem is None
     return {
@@ -155,7 +155,7 @@ def _description(input, weight_shard, target, linear_bias, weight, reduction, ig
         "input": (tuple(input.shape), dtype_name(input.dtype)) if tensors_ok else None,
         "target": (tuple(target.shape), _target_checksum(target)) if tensors_ok else None,
         "bias": linear_bias is not None, "weight": weight is not None,
-        "call": (reduction, ignore_index, float(label_smoothing), softcap, float(z_loss)),
+        "call": (reduction, ignore_index, float(label_smoothing), softcap, float(z_loss), str(loss_dtype)),
         "options": None if options is None or not tensors_ok else repr(LinearCrossEntropyOptions.coerce(options)),
         "plan": _plan_inputs(input, weight_shard, linear_bias) if tensors_ok else None,
     }
@@ -173,7 +173,7 @@ def _plan_inputs(input: torch.Tensor, weight_shard: torch.Tensor, linear_bias: t
 
 _AGREED = {"input": "input shape or dtype", "target": "target (shape or values)",
            "bias": "whether linear_bias is given", "weight": "whether a class weight is given",
-           "call": "reduction, ignore_index, label_smoothing, softcap or z_loss", "options": "options",
+           "call": "reduction, ignore_index, label_smoothing, softcap, z_loss or loss_dtype", "options": "options",
            "plan": "the device kind or which tensors require grad"}
 
 
@@ -258,6 +258,7 @@ def vocab_parallel_linear_cross_entropy(
     options: LinearCrossEntropyOptions | None = None,
     softcap: float | None = None,
     z_loss: float = 0.0,
+    loss_dtype: torch.dtype | None = None,
     num_classes: int | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of ``input @ W.T + b`` against ``target``, with ``W``'s rows (the classes) sharded across the
@@ -276,18 +277,19 @@ def vocab_parallel_linear_cross_entropy(
     default options; the unfused formula has no sharded form). Rows per chunk
     are resolved for the largest shard, so every rank walks the same row chunks;
     ``class_chunk_size`` tiles each rank's own shard.
-    ``softcap`` and ``z_loss`` are as in :func:`lce.linear_cross_entropy`.
-    ``num_classes``, if given, is checked against the sum of the shards.
+    ``softcap``, ``z_loss`` and ``loss_dtype`` are as in
+    :func:`lce.linear_cross_entropy` (``loss_dtype=torch.float32`` lets a fp16
+    loss scale of 2^16 reach backward). ``num_classes``, if given, is checked against the sum of the shards.
     Bad arguments, or ranks that disagree, raise ``ValueError``/``TypeError``
     on every rank before any collective of the loop.
     """
     world = dist.get_world_size(group)
     problem = _local_problem(input, weight_shard, target, linear_bias, weight, reduction, ignore_index,
-                             label_smoothing, softcap, z_loss, options)
+                             label_smoothing, softcap, z_loss, options, loss_dtype)
     descriptions: list[dict | None] = [None] * world
     dist.all_gather_object(descriptions, _description(input, weight_shard, target, linear_bias, weight, reduction,
                                                       ignore_index, label_smoothing, softcap, z_loss, options,
-                                                      problem), group=group)
+                                                      loss_dtype, problem), group=group)
     sizes = _agree(descriptions, num_classes)
     rank = dist.get_rank(group)
     start, stop = shard_bounds(sizes)[rank]
@@ -308,7 +310,7 @@ def vocab_parallel_linear_cross_entropy(
                          num_rows=input.shape[0], in_features=input.shape[1], num_classes=layout.size,
                          dtype=input.dtype, device=input.device, reduction=reduction,
                          needs_grad=grads_needed(input, weight_shard, linear_bias), softcap=softcap, z_loss=z_loss,
-                         chunking_classes=max(sizes))
+                         loss_dtype=None if loss_dtype == input.dtype else loss_dtype, chunking_classes=max(sizes))
     targets = _shard_targets(target, weight, ignored, float(label_smoothing), float(z_loss), layout,
                              resolved.stats_dtype)
     function = _PerRowVocabParallel if reduction == "none" else _ScalarVocabParallel
@@ -330,19 +332,19 @@ class VocabParallelLinearCrossEntropyLoss(nn.Module):
                  bias: bool = False, device=None, dtype=None, reduction: str = "mean",
                  weight: torch.Tensor | None = None, ignore_index: int | None = None, label_smoothing: float = 0.0,
                  options: LinearCrossEntropyOptions | None = None, softcap: float | None = None,
-                 z_loss: float = 0.0) -> None:
+                 z_loss: float = 0.0, loss_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         if not shard_sizes or any(not isinstance(s, int) or s < 1 for s in shard_sizes):
             raise ValueError(f"shard_sizes must list one positive int per rank, got {shard_sizes!r}")
         check_settings(reduction, ignore_index, label_smoothing)
-        check_features(softcap, z_loss, False)
+        check_features(softcap, z_loss, False, loss_dtype)
         self.group, self.shard_sizes = group, list(shard_sizes)
         rank = dist.get_rank(group) if dist.is_initialized() else 0
         if len(self.shard_sizes) != (dist.get_world_size(group) if dist.is_initialized() else 1):
             raise ValueError(f"shard_sizes has {len(self.shard_sizes)} entries for a group of "
                              f"{dist.get_world_size(group) if dist.is_initialized() else 1} ranks")
         self.reduction, self.ignore_index, self.label_smoothing = reduction, ignore_index, label_smoothing
-        self.options, self.softcap, self.z_loss = options, softcap, float(z_loss)
+        self.options, self.softcap, self.z_loss, self.loss_dtype = options, softcap, float(z_loss), loss_dtype
         self.register_buffer("weight", weight)
         self.linear = nn.Linear(in_features, self.shard_sizes[rank], bias=bias, device=device, dtype=dtype)
 
@@ -350,7 +352,8 @@ class VocabParallelLinearCrossEntropyLoss(nn.Module):
         return vocab_parallel_linear_cross_entropy(
             input, self.linear.weight, target, group=self.group, linear_bias=self.linear.bias, weight=self.weight,
             reduction=self.reduction, ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
-            options=self.options, softcap=self.softcap, z_loss=self.z_loss, num_classes=sum(self.shard_sizes))
+            options=self.options, softcap=self.softcap, z_loss=self.z_loss, loss_dtype=self.loss_dtype,
+            num_classes=sum(self.shard_sizes))
 
     def extra_repr(self) -> str:
         return f"shard_sizes={self.shard_sizes}, reduction={self.reduction!r}, options={self.options}"

@@ -19,8 +19,9 @@ class LinearCrossEntropyLoss(nn.Module):
     The head is ``self.linear``, an ``nn.Linear(in_features, C * prod(out_features))``
     whose weight is viewed as ``(C, *out_features, in_features)`` in forward.
     ``weight`` (per-class) is a buffer. See :func:`lce.linear_cross_entropy`
-    for the loss, ``options`` and lce's own keywords ``softcap``, ``z_loss``
-    and ``return_lse`` (with the last, forward returns ``(loss, lse)``).
+    for the loss, ``options`` and lce's own keywords ``softcap``, ``z_loss``,
+    ``return_lse`` (with it, forward returns ``(loss, lse)``) and ``loss_dtype``
+    (the dtype the loss is returned in; fp32 lets a 2^16 fp16 loss scale through).
     """
 
     def __init__(
@@ -40,11 +41,12 @@ class LinearCrossEntropyLoss(nn.Module):
         softcap: float | None = None,
         z_loss: float = 0.0,
         return_lse: bool = False,
+        loss_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         # the function's own checks, now rather than at the first forward (the dtypes are checked there)
         check_settings(reduction, ignore_index, label_smoothing)
-        check_features(softcap, z_loss, return_lse)
+        check_features(softcap, z_loss, return_lse, loss_dtype)
         check_class_weight(weight, num_classes)
         self.num_classes = num_classes
         self.out_features = tuple(out_features)
@@ -55,6 +57,7 @@ class LinearCrossEntropyLoss(nn.Module):
         self.softcap = None if softcap is None else float(softcap)
         self.z_loss = float(z_loss)
         self.return_lse = return_lse
+        self.loss_dtype = loss_dtype
         self.register_buffer("weight", weight)
         self.linear = nn.Linear(in_features, math.prod(self.out_features, start=num_classes), bias=bias,
                                 device=device, dtype=dtype)
@@ -75,11 +78,13 @@ class LinearCrossEntropyLoss(nn.Module):
             softcap=self.softcap,
             z_loss=self.z_loss,
             return_lse=self.return_lse,
+            loss_dtype=self.loss_dtype,
         )
 
     def extra_repr(self) -> str:
         features = "".join([f", softcap={self.softcap:g}" if self.softcap is not None else "",
                             f", z_loss={self.z_loss:g}" if self.z_loss else "",
-                            ", return_lse=True" if self.return_lse else ""])
+                            ", return_lse=True" if self.return_lse else "",
+                            f", loss_dtype={self.loss_dtype}" if self.loss_dtype is not None else ""])
         return (f"num_classes={self.num_classes}, out_features={self.out_features}, "
                 f"reduction={self.reduction!r}, options={self.options}{features}")

@@ -20,6 +20,7 @@ import torch
 from . import memory_model
 from .cpu_gemms import LOW_PRECISION, GemmSupport, gemm_support
 from .device import device_kind_of, has_mixed_precision_mm
+from .headroom import HEADROOM_OFF
 from .memory_model import Buffer
 from .options import LinearCrossEntropyOptions, dtype_name, parse_chunking_method
 from .policies import COMPACT_ON_CPU_NOTE, LAYOUTS, Gemm, Layout, Role, auto_pick
@@ -97,14 +98,12 @@ class Plan:
     cpu_gemms: GemmSupport | None = None
     """How the CPU the call runs on does GEMMs in the input dtype (:mod:`lce.cpu_gemms`); None off the CPU
     and for fp32/fp64 input. Recorded when the plan is made, so the loop and the memory model agree with it."""
+    gradient_headroom: bool = False
+    """Whether the gradients are formed scaled by powers of two that keep them in fp16's normal range
+    (:mod:`lce.headroom`): fp16 input, unless the plan was made under :func:`lce.testing.without_headroom`.
+    Recorded when the plan is made, so forward and a recomputing backward agree."""
 
     # ---- what the chunk loop asks ------------------------------------------
-    @property
-    def gradient_headroom(self) -> bool:
-        """Whether the gradients are formed scaled by powers of two that keep them in fp16's normal range
-        (:mod:`lce.headroom`): fp16 input."""
-        return self.input_dtype == torch.float16
-
     @property
     def output_loss_dtype(self) -> torch.dtype:
         """The dtype the loss is returned in: :attr:`loss_dtype`, else the input dtype."""
@@ -384,6 +383,7 @@ def make_plan(
         return_lse=bool(return_lse),
         loss_dtype=loss_dtype,
         cpu_gemms=support,
+        gradient_headroom=dtype == torch.float16 and not HEADROOM_OFF.get(),
     )
 
 

@@ -9,8 +9,9 @@ import torch
 
 from .cpu_gemms import CPU_GEMMS_OVERRIDE, LOW_PRECISION, SUPPORTS, Support
 from .device import DEVICE_KIND_OVERRIDE, DEVICE_KINDS
+from .headroom import HEADROOM_OFF
 
-__all__ = ["emulate_device_kind", "cpu_gemms"]
+__all__ = ["emulate_device_kind", "cpu_gemms", "without_headroom"]
 
 
 @contextlib.contextmanager
@@ -49,3 +50,19 @@ def cpu_gemms(support: Support | dict[torch.dtype, Support]) -> Iterator[None]:
         yield
     finally:
         CPU_GEMMS_OVERRIDE.reset(token)
+
+
+@contextlib.contextmanager
+def without_headroom() -> Iterator[None]:
+    """Run lce's fp16 arithmetic as it was before :mod:`lce.headroom`: gradients formed at their true size in
+    forward, the incoming gradient (a loss scale) multiplied in afterwards, so entries below fp16's normal range
+    are rounded before the scale can lift them.
+
+    For studies that measure what the headroom changes (``analysis.studies.loss_scale``). Plans made inside the
+    block record it (:attr:`lce.Plan.gradient_headroom`), so a backward run outside it follows its forward.
+    """
+    token = HEADROOM_OFF.set(True)
+    try:
+        yield
+    finally:
+        HEADROOM_OFF.reset(token)

@@ -29,7 +29,8 @@ from analysis.core.provenance import provenance
 from analysis.core.results_io import Kind, append_rows, set_aside
 from lce.options import dtype_name
 
-__all__ = ["Contender", "lce_contenders", "run_contenders", "Result", "LAYOUT_NAMES", "record_study"]
+__all__ = ["Contender", "lce_contenders", "run_contenders", "Result", "LAYOUT_NAMES", "record_study",
+           "plan_arithmetic"]
 
 LAYOUT_NAMES: dict[str, str] = {"cpu": "cpu", "cuda-emulated": "cuda", "cuda": "cuda"}
 """Device of a contender -> the name of the lce layout table it runs (``cuda-emulated``: CUDA's on CPU tensors)."""
@@ -81,13 +82,15 @@ class Result:
     num_chunks: int | None = None
 
 
-def _arithmetic(plan) -> tuple:
+def plan_arithmetic(plan) -> tuple:
     """What the chunk loop's numbers depend on: the dtypes each GEMM and sum resolve to (not the layout roles
-    that name them, nor the policy name), the chunk size, the reduction and the gradients asked for."""
+    that name them, nor the policy name), the chunk size, the reduction, the gradients asked for and whether fp16
+    gradients keep their headroom (:mod:`lce.headroom`)."""
     gemms = tuple(plan.gemm_dtypes(name) for name in ("logits", "grad_input", "grad_weight"))
     return (plan.device_kind, plan.input_dtype, plan.acc_dtype, gemms, plan.weight_grad_sum_dtype,
             plan.stats_dtype, plan.rescales_grad_logits, plan.upcasts_weight_for("logits"),
-            plan.upcasts_weight_for("grad_input"), plan.batch_chunk_size, plan.reduction, plan.needs_grad)
+            plan.upcasts_weight_for("grad_input"), plan.batch_chunk_size, plan.reduction, plan.needs_grad,
+            plan.gradient_headroom)
 
 
 def _rounded(outputs: Outputs, dtype: torch.dtype) -> Outputs:
@@ -113,7 +116,7 @@ def run_contenders(contenders: Sequence[Contender], inputs: Inputs) -> dict[str,
             results[contender.label] = Result(outputs)
             continue
         plan = implementation.plan(inputs)
-        key = (contender.spec.op, contender.device, *_arithmetic(plan))
+        key = (contender.spec.op, contender.device, *plan_arithmetic(plan))
         if contender.spec.op != "lce" or key not in done:  # torch's op: its own arithmetic, always run
             done[key] = implementation.run(inputs)
         results[contender.label] = Result(done[key], plan.acc_policy, dtype_name(plan.acc_dtype), plan.num_chunks)

@@ -258,6 +258,7 @@ def bad_inputs(rank: int, world: int) -> list[dict]:
         "targets differ": dict(target=torch.roll(target, 1) if rank == world - 1 else target),
         "bad bias shard": dict(linear_bias=b[start:stop - 1] if rank == 0 else b[start:stop]),
         "bad softcap": dict(softcap=-1.0),
+        "bad loss_dtype": dict(loss_dtype=torch.int32 if rank == 0 else None),
         "options differ": dict(options=lce.LinearCrossEntropyOptions(acc_policy="accurate" if rank == 1
                                                                       else "balanced")),
         "chunking differs": dict(options=lce.LinearCrossEntropyOptions(batch_chunk_size=4 + (rank == 0))),
@@ -298,6 +299,54 @@ def module(rank: int, world: int) -> list[dict]:
                  repr=repr(head))]
 
 
+def loss_scale(rank: int, world: int) -> list[dict]:
+    """fp16 shards under a loss scale of 2**16 with an fp32 loss (lce.headroom on every rank): gradient entries
+    lost to fp16's subnormal range, sharded and single-process, against fp64; a Zipfian prior makes most classes
+    rare."""
+    from lce.testing import emulate_device_kind, without_headroom
+
+    n, d, c = 512, 32, 2048
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    w = torch.randn(c, d, generator=g, dtype=torch.float64) * 0.1
+    b = -torch.log(torch.arange(1, c + 1, dtype=torch.float64))
+    target = torch.multinomial(torch.softmax(x @ w.T + b, 1), 1, generator=g).squeeze(1)
+    start, stop = shard_bounds(even_shard_sizes(c, world))[rank]
+    scale, tiny = 2.0 ** 16, torch.finfo(torch.float16).tiny
+
+    def scaled(fn, dtype, weight, bias, **kw):
+        leaves = [t.to(dtype).detach().requires_grad_() for t in (x, weight, bias)]
+        loss = fn(leaves[0], leaves[1], target, linear_bias=leaves[2], **kw)
+        (loss.to(torch.float64 if dtype == torch.float64 else torch.float32) * scale).backward()
+        return loss.dtype, [t.grad for t in leaves]
+
+    _, exact = scaled(lce.linear_cross_entropy, torch.float64, w, b, options=lce.LinearCrossEntropyOptions())
+    rows = []
+    for kind, policy in itertools.product(("cpu", "cuda"), ("auto", "balanced", "compact")):
+        options = lce.LinearCrossEntropyOptions(acc_policy=policy, batch_chunk_size=64,
+                                                acc_dtype=None if policy == "auto" else torch.float32)
+        with emulate_device_kind(kind):
+            loss_dtype, sharded = scaled(vocab_parallel_linear_cross_entropy, torch.float16, w[start:stop],
+                                         b[start:stop], options=options, loss_dtype=torch.float32)
+            _, single = scaled(lce.linear_cross_entropy, torch.float16, w, b, options=options,
+                               loss_dtype=torch.float32)
+            with without_headroom():  # the check can fail: lce's arithmetic before the headroom loses entries
+                _, before = scaled(vocab_parallel_linear_cross_entropy, torch.float16, w[start:stop], b[start:stop],
+                                   options=options, loss_dtype=torch.float32)
+        full = [sharded[0], _gathered(sharded[1]), _gathered(sharded[2])]
+        row = dict(label=f"{kind} {policy}", loss_dtype=str(loss_dtype),
+                   weight_lost_before=int(((_gathered(before[1]).double().abs() < tiny)
+                                           & (exact[1].abs() >= tiny)).sum()))
+        for name, mine, theirs, truth in zip(("input", "weight", "bias"), full, single, exact, strict=True):
+            normal = truth.abs() >= tiny
+            row[f"{name}_finite"] = bool(torch.isfinite(mine).all())
+            row[f"{name}_lost_sharded"] = int(((mine.double().abs() < tiny) & normal).sum())
+            row[f"{name}_lost_single"] = int(((theirs.double().abs() < tiny) & normal).sum())
+            row[f"{name}_rel"] = float((mine.double() - theirs.double()).norm() / truth.norm())
+        rows.append(row)
+    return rows
+
+
 SCENARIOS = {"fp64": fp64_parity, "low_precision": low_precision, "all_ignored": all_ignored,
              "bad_inputs": bad_inputs, "module": module, "uneven": uneven_parity, "reported": reported_case,
-             "random": random_parity}
+             "random": random_parity, "loss_scale": loss_scale}

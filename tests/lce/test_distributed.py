@@ -96,6 +96,7 @@ EXPECTED_ERRORS = {
     "targets differ": "disagree on target",
     "bad bias shard": "rank 0: ValueError: linear_bias must have shape",
     "bad softcap": "softcap must be a finite float > 0",
+    "bad loss_dtype": "rank 0: ValueError: loss_dtype must be None or one of",
     "options differ": "disagree on options",
     "chunking differs": "disagree on options",
     "bad options type": "TypeError: options must be None or a LinearCrossEntropyOptions",
@@ -113,6 +114,20 @@ def test_bad_input_fails_on_every_rank_and_never_hangs(world, tmp_path):
             assert text in by_case[case]["message"], f"rank {rank}, {case}: {by_case[case]['message']}"
     losses = {rows[-1]["message"] for rows in ranks}
     assert len(losses) == 1, f"after the errors every rank must still compute the same loss, got {losses}"
+
+
+def test_a_loss_scale_of_2_16_reaches_every_shard_and_keeps_what_one_process_keeps(tmp_path):
+    """fp16 shards, an fp32 loss scaled by 2**16: every gradient finite, no more entries lost to fp16's subnormal
+    range than single-process lce loses (which the single-device tests hold to the autocast reference)."""
+    for rank, rows in enumerate(_spawn(2, "loss_scale", tmp_path)):
+        assert len(rows) == 6
+        for row in rows:
+            assert row["loss_dtype"] == "torch.float32", row
+            for name in ("input", "weight", "bias"):
+                assert row[f"{name}_finite"], (rank, row)
+                assert row[f"{name}_lost_sharded"] <= row[f"{name}_lost_single"] + 2, (rank, row)
+                assert row[f"{name}_rel"] <= 1e-2, (rank, row)
+            assert row["weight_lost_before"] > 40 * (row["weight_lost_sharded"] + 1), (rank, row)
 
 
 def test_module_matches_single_process(tmp_path):

@@ -149,3 +149,23 @@ def test_loss_dtype_is_checked_and_returned():
     assert unfused.dtype == torch.float32 and float(loss) == pytest.approx(float(unfused), rel=1e-4)
     with pytest.raises(ValueError, match="loss_dtype must be None or one of"):
         lce.linear_cross_entropy(*half, y, loss_dtype=torch.int32)
+
+
+def test_the_module_passes_loss_dtype_and_a_scale_of_2_16_through():
+    x, w, b, y = _problem()
+    head = lce.LinearCrossEntropyLoss(D, C, bias=True, dtype=torch.float16, options=lce.LinearCrossEntropyOptions(),
+                                      loss_dtype=torch.float32)
+    with torch.no_grad():
+        head.linear.weight.copy_(w.half())
+        head.linear.bias.copy_(b.half())
+    assert "loss_dtype=torch.float32" in repr(head)
+    loss = head(x.half(), y)
+    assert loss.dtype == torch.float32
+    (loss * 2.0 ** 16).backward()
+    exact, reference = _exact(2.0 ** 16), _reference(2.0 ** 16)
+    for mine, theirs, truth in zip((head.linear.weight.grad, head.linear.bias.grad), reference[1:], exact[1:],
+                                   strict=True):
+        assert torch.isfinite(mine).all()
+        assert _lost(mine, truth) <= _lost(theirs, truth)
+    with pytest.raises(ValueError, match="loss_dtype must be None or one of"):
+        lce.LinearCrossEntropyLoss(D, C, loss_dtype=torch.int64)
