@@ -41,7 +41,7 @@ from analysis.core.run_config import RunConfig
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
            "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "FEATURES",
            "FEATURE_COST", "VOCAB_PARALLEL", "CPU_GEMM_RATES", "CPU_GEMM_PROBE", "RECOMMEND_CHECK", "GPU_BENCH",
-           "GPU_MEMORY", "HF_STEP", "HEAD_TRAINING", "COLUMNS",
+           "GPU_MEMORY", "HF_STEP", "HEAD_TRAINING", "LOSS_SCALE", "HF_FP16", "COLUMNS",
            "append_rows", "append_row", "write_csv_atomically", "set_aside", "read_rows", "read_table", "file_kind",
            "paths_of_kind", "load_kind", "done_keys", "latest", "load_results"]
 
@@ -218,6 +218,22 @@ HEAD_TRAINING = Kind("head_training", tuple(["kind", "setting", "optimizer", "ar
                      "loss per target-frequency bucket, distance to the fp32 arm's head, bias/noise along the run "
                      "(python -m analysis head-train)")
 
+LOSS_SCALE = Kind("loss_scale", tuple(["kind", "impl", "op", "layout", "policy", "acc_dtype", "headroom",
+                                       "resolved_policy", "resolved_acc_dtype", "num_chunks", "family", "dtype",
+                                       "N", "D", "C", "seed",
+                                       "scale_log2", "gradient", "eligible", "lost", "lost_fraction", "floors",
+                                       "untargeted_floors", "finite", "wall_s", "cpu_s", *PROVENANCE_COLUMNS]),
+                  "fp16 gradient entries lost to the subnormal range and floors under a loss scale, per "
+                  "implementation (lce before and after lce.headroom), scale, gradient and seed "
+                  "(python -m analysis loss-scale)")
+
+HF_FP16 = Kind("hf_fp16", tuple(["kind", "arm", "seed", "step", "train_loss", "heldout_loss", "loss_scale",
+                                  "skipped_steps", "finite", "hidden", "layers", "vocab", "batch", "seq_len", "steps",
+                                  "every", "lr", "heldout", "zipf", "wall_s", *PROVENANCE_COLUMNS]),
+               "a small transformers Llama trained under fp16 autocast with a GradScaler, unpatched and patched by "
+               "lce, per arm, seed and evaluated step: training and held-out loss, the scaler's scale, skipped "
+               "steps (python -m analysis hf-fp16)")
+
 REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s", "memory_study_s", "figures_s",
                                      "total_s", *PROVENANCE_COLUMNS]),
                  "the wall time of one whole `python -m analysis reproduce` (the READMEs quote it)")
@@ -226,7 +242,8 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
                                                        TRAINING, BUDGETS, CLASS_TILING, FEATURES, FEATURE_COST,
                                                        VOCAB_PARALLEL, CPU_GEMM_RATES, CPU_GEMM_PROBE, RECOMMEND_CHECK,
-                                                       GPU_BENCH, GPU_MEMORY, HF_STEP, HEAD_TRAINING)}
+                                                       GPU_BENCH, GPU_MEMORY, HF_STEP, HEAD_TRAINING,
+                                                       LOSS_SCALE, HF_FP16)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

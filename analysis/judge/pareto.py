@@ -306,8 +306,12 @@ def verdicts(table: pd.DataFrame) -> pd.DataFrame:
                 if mine.empty:
                     continue
                 memory, time = _rival(problem, mine, MEMORY), _rival(problem, mine, TIME)
+                label = f"{pick.acc_policy} {pick.chunking_method}"
+                measured = sorted(set(mine["resolved_policy"].dropna().astype(str)) - {pick.acc_policy})
+                if measured:  # rows from before the auto table changed: say what they measured
+                    label += f" (rows measured when auto resolved to {', '.join(measured)}; rerun the sweep)"
                 rows.append(Verdict(
-                    family, device, dtype, f"{n}x{d}x{c}", f"{pick.acc_policy} {pick.chunking_method}", listed,
+                    family, device, dtype, f"{n}x{d}x{c}", label, listed,
                     len(mine), float(mine[ERROR].median()), float(mine[ERROR].quantile(low)),
                     float(mine[ERROR].quantile(high)), float(mine[VS_UNFUSED].median()),
                     float(mine[MEMORY].median()), float(mine[TIME].median()),

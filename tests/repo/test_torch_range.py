@@ -45,6 +45,8 @@ GUARDED_BY: dict[tuple[str, str], str] = {
     ("analysis/core/implementations.py", "_torch_loss"):
         "make_implementation refuses op 'torch' when unavailable_reason finds no "
         "torch.nn.functional.linear_cross_entropy",
+    ("analysis/studies/loss_scale.py", "_chunked_gradients"):
+        "contenders adds the 'torch' contender only when torch.nn.functional has linear_cross_entropy",
 }
 """(file, function) -> the guard that runs before it, for uses guarded by their caller."""
 
