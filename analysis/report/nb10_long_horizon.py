@@ -135,7 +135,8 @@ def draw_long_horizon_figures(table: pd.DataFrame) -> list[CaptionedFigure]:
     if table.empty:
         return []
     candidates = (plot_gap_vs_step(table, "adamw"), plot_gap_vs_step(table, "sgd"),
-                  plot_gap_vs_step(table, "adamw-budget"), plot_gap_vs_bias(table),
+                  plot_gap_vs_step(table, "adamw-budget"), plot_gap_vs_step(table, "adamw-headroom"),
+                  plot_gap_vs_bias(table),
                   plot_row_distance(table, "adamw"))
     return [figure for figure in candidates if figure is not None]
 

@@ -23,6 +23,7 @@ from analysis.core.provenance import bf16_gemms, cpu_kind, cpu_kinds
 from analysis.core.results_io import BENCH, CHUNK_SWEEP, REPRODUCE, latest, load_kind
 from analysis.paths import RESULTS_DIR, ROOT
 from analysis.report.decision_table import readme_decision_table
+from analysis.report.hf_fp16 import readme_hf_fp16
 from analysis.report.hf_step import readme_hf_step
 from analysis.report.nb02_accuracy import readme_bf16_errors
 from analysis.report.nb05_realistic_inputs import readme_realistic_inputs
@@ -31,6 +32,7 @@ from analysis.report.nb07_choosing_options import readme_budgets, readme_error_m
 from analysis.report.nb08_beyond_torch import readme_features, readme_vocab_parallel
 from analysis.report.nb09_cpu_kinds import readme_cpu_kinds, readme_cpu_probe
 from analysis.report.nb10_long_horizon import readme_long_horizon
+from analysis.report.nb10_loss_scale import readme_loss_scale
 from analysis.sweep.grids import GRIDS
 from lce.policies import CPU_MIN_ROWS
 
@@ -199,6 +201,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "cpu-probe": readme_cpu_probe,
     "hf-step": readme_hf_step,
     "long-horizon": readme_long_horizon,
+    "loss-scale": readme_loss_scale,
+    "hf-fp16": readme_hf_fp16,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""
 
