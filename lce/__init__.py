@@ -5,6 +5,7 @@ A drop-in, independent implementation of torch 2.13's
 """
 
 from .functional import linear_cross_entropy, plan
+from .logprobs import linear_log_probs
 from .modules import LinearCrossEntropyLoss
 from .options import LinearCrossEntropyOptions
 from .plan import Plan
@@ -12,5 +13,5 @@ from .recommend import Recommendation, recommend
 
 __version__ = "0.1.0"
 
-__all__ = ["linear_cross_entropy", "LinearCrossEntropyLoss", "LinearCrossEntropyOptions", "plan", "Plan", "recommend",
-           "Recommendation"]
+__all__ = ["linear_cross_entropy", "linear_log_probs", "LinearCrossEntropyLoss", "LinearCrossEntropyOptions", "plan",
+           "Plan", "recommend", "Recommendation"]

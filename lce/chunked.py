@@ -65,7 +65,8 @@ from .plan import LOSS_SUM_DTYPE, Plan
 __all__ = [
     "scalar_loss_and_grads", "per_row_loss", "per_row_grads", "HeadTensors", "Targets", "GroupReduction",
     "RowStatistics", "ChunkLoop", "DzScale", "chunk_logits", "chunk_loss_and_softmax_",
-    "chunk_grad_logits_", "grad_logits_rescale", "GradientSums", "GradientScales",
+    "chunk_grad_logits_", "grad_logits_rescale", "grad_logits_rescale_for", "GradientSums", "GradientScales",
+    "block_logits", "block_target_index", "cap_logits_", "column_blocks", "Gradients",
 ]
 
 
@@ -309,6 +310,9 @@ class GroupReduction(Protocol):
 
     def reduce_statistics(self, stats: RowStatistics) -> RowStatistics:
         """The statistics of the chunk's rows over the whole vocabulary, from this process's over its shard."""
+
+    def reduce_token_statistics(self, stats):
+        """The same for the per-token log-probabilities' :class:`lce.logprob_passes.TokenStatistics`."""
 
     def complete_input_sum(self, input_sum: torch.Tensor) -> None:
         """Add the other processes' input-gradient products of the chunk (rows, D) to ``input_sum``, in place."""
@@ -676,6 +680,12 @@ def grad_logits_rescale(plan: Plan, targets: Targets, max_row_scale: torch.Tenso
     bound = 2.0 * float(max_row_scale) * max_weight
     if lse_coef is not None and lse_coef.numel():
         bound += float(lse_coef.abs().max())
+    return grad_logits_rescale_for(bound)
+
+
+def grad_logits_rescale_for(bound: float) -> float:
+    """The power of two that puts a bound on every entry of dz just under 2**14 (1.0 for a bound that is 0 or not
+    finite): see :func:`grad_logits_rescale`."""
     if bound > 0 and math.isfinite(bound):
         return 2.0 ** (math.ceil(math.log2(bound)) - 14)
     return 1.0
@@ -742,7 +752,7 @@ def capped_statistics(t: torch.Tensor, chunk: Chunk, cols: slice, previous: RowS
     """Fold the soft-capped logits ``softcap * t`` of the classes ``cols`` into the statistics of the chunk's rows,
     a workspace of columns at a time; ``t`` is left as it is."""
     stats, softcap = previous, chunk.plan.softcap
-    for classes, columns in _column_blocks(chunk.plan, cols):
+    for classes, columns in column_blocks(chunk.plan, cols):
         stats = block_statistics_(t[:, columns] * softcap, chunk, classes, stats)
     return stats
 
@@ -757,7 +767,7 @@ def capped_grad_logits_(t: torch.Tensor, chunk: Chunk, cols: slice, lse: torch.T
     through the cap.
     """
     softcap = chunk.plan.softcap
-    for classes, columns in _column_blocks(chunk.plan, cols):
+    for classes, columns in column_blocks(chunk.plan, cols):
         probs = (t[:, columns] * softcap).sub_(lse[:, None]).exp_()
         dz = chunk_grad_logits_(probs, chunk, other_prob, scale, classes)
         t[:, columns].square_().sub_(1.0).mul_(dz).neg_()
@@ -765,9 +775,9 @@ def capped_grad_logits_(t: torch.Tensor, chunk: Chunk, cols: slice, lse: torch.T
     return t
 
 
-def _column_blocks(plan: Plan, cols: slice) -> Iterator[tuple[slice, slice]]:
+def column_blocks(plan: Plan, cols: slice) -> Iterator[tuple[slice, slice]]:
     """The sub-blocks of the classes ``cols`` the soft-capped workspace covers, each as (classes, buffer columns)."""
-    width = plan.softcap_block_columns
+    width = plan.workspace_columns
     for start in range(cols.start, cols.stop, width):
         stop = min(start + width, cols.stop)
         yield slice(start, stop), slice(start - cols.start, stop - cols.start)

@@ -58,11 +58,14 @@ from .chunked import (
 )
 from .device import device_kind_of, has_mixed_precision_mm
 from .functional import check_arguments, check_features, check_settings, first_out_of_range, grads_needed
+from .logprob_passes import TokenStatistics
+from .logprobs import TokenCall, TokenLogProbs, check_log_probs_arguments, log_probs_plan, temperature_per_row
 from .options import LinearCrossEntropyOptions, dtype_name
 from .plan import make_plan
 from .unfused import DEFAULT_IGNORE_INDEX
 
 __all__ = ["vocab_parallel_linear_cross_entropy", "VocabParallelLinearCrossEntropyLoss", "ShardLayout",
+           "vocab_parallel_linear_log_probs",
            "shard_bounds", "even_shard_sizes"]
 
 def even_shard_sizes(num_classes: int, world: int) -> list[int]:
@@ -108,6 +111,16 @@ class ShardLayout(GroupReduction):
         return RowStatistics(row_max.contiguous(), sums[:, 0].contiguous(), target_logit.contiguous(),
                              sums[:, 1].contiguous() if sums.shape[1] > 1 else None)
 
+    def reduce_token_statistics(self, stats: TokenStatistics) -> TokenStatistics:
+        """The per-token log-probabilities' statistics of the whole vocabulary from each rank's, in the same way:
+        the maxima and target logits (MAX), then ``other`` and ``spread`` rescaled to the global maximum (SUM)."""
+        maxima = self.all_reduce_(torch.stack([stats.row_max, stats.target_logit], 1), dist.ReduceOp.MAX)
+        row_max = maxima[:, 0].contiguous()
+        other, spread = stats.rescaled_sums(row_max)
+        sums = self.all_reduce_(torch.stack([other] + ([] if spread is None else [spread]), 1))
+        return TokenStatistics(row_max, sums[:, 0].contiguous(), maxima[:, 1].contiguous(),
+                               None if spread is None else sums[:, 1].contiguous())
+
     def complete_input_sum(self, input_sum: torch.Tensor) -> None:
         """Every rank's input-gradient products of the chunk, summed in place (O(rows x D))."""
         self.all_reduce_(input_sum)
@@ -145,9 +158,9 @@ def _target_checksum(target: torch.Tensor) -> int:
     return int(((flat % 1_000_033) * weights).sum())
 
 
-def _description(input, weight_shard, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
-                 softcap, z_loss, options, loss_dtype, problem) -> dict:
-    """What every rank must agree on, and this rank's shard size and errors."""
+def _description(input, weight_shard, target, linear_bias, weight, call: tuple, options, problem) -> dict:
+    """What every rank must agree on (``call``: the call's arguments that are not tensors), and this rank's shard
+    size and errors."""
     tensors_ok = problem is None
     return {
         "problem": problem,
@@ -155,7 +168,7 @@ def _description(input, weight_shard, target, linear_bias, weight, reduction, ig
         "input": (tuple(input.shape), dtype_name(input.dtype)) if tensors_ok else None,
         "target": (tuple(target.shape), _target_checksum(target)) if tensors_ok else None,
         "bias": linear_bias is not None, "weight": weight is not None,
-        "call": (reduction, ignore_index, float(label_smoothing), softcap, float(z_loss), str(loss_dtype)),
+        "call": call,
         "options": None if options is None or not tensors_ok else repr(LinearCrossEntropyOptions.coerce(options)),
         "plan": _plan_inputs(input, weight_shard, linear_bias) if tensors_ok else None,
     }
@@ -173,7 +186,9 @@ def _plan_inputs(input: torch.Tensor, weight_shard: torch.Tensor, linear_bias: t
 
 _AGREED = {"input": "input shape or dtype", "target": "target (shape or values)",
            "bias": "whether linear_bias is given", "weight": "whether a class weight is given",
-           "call": "reduction, ignore_index, label_smoothing, softcap, z_loss or loss_dtype", "options": "options",
+           "call": "the arguments that are not tensors (reduction, ignore_index, label_smoothing, softcap, z_loss, "
+                   "loss_dtype; for log-probabilities ignore_index, return_entropy, softcap, temperature)",
+           "options": "options",
            "plan": "the device kind or which tensors require grad"}
 
 
@@ -287,9 +302,9 @@ def vocab_parallel_linear_cross_entropy(
     problem = _local_problem(input, weight_shard, target, linear_bias, weight, reduction, ignore_index,
                              label_smoothing, softcap, z_loss, options, loss_dtype)
     descriptions: list[dict | None] = [None] * world
-    dist.all_gather_object(descriptions, _description(input, weight_shard, target, linear_bias, weight, reduction,
-                                                      ignore_index, label_smoothing, softcap, z_loss, options,
-                                                      loss_dtype, problem), group=group)
+    call = (reduction, ignore_index, float(label_smoothing), softcap, float(z_loss), str(loss_dtype))
+    dist.all_gather_object(descriptions, _description(input, weight_shard, target, linear_bias, weight, call, options,
+                                                      problem), group=group)
     sizes = _agree(descriptions, num_classes)
     rank = dist.get_rank(group)
     start, stop = shard_bounds(sizes)[rank]
@@ -316,6 +331,77 @@ def vocab_parallel_linear_cross_entropy(
     function = _PerRowVocabParallel if reduction == "none" else _ScalarVocabParallel
     loss = function.apply(input, weight_shard, linear_bias, targets, layout, resolved)
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
+
+
+def _log_probs_problem(input, weight_shard, target, linear_bias, temperature, return_entropy, softcap, ignore_index,
+                       options) -> str | None:
+    """This rank's own argument errors for :func:`vocab_parallel_linear_log_probs` (as text), or None."""
+    try:
+        if options is not None:
+            LinearCrossEntropyOptions.coerce(options)
+        check_log_probs_arguments(input, weight_shard, target, linear_bias, temperature, return_entropy, softcap,
+                                  ignore_index, who="vocab_parallel_linear_log_probs")
+    except (TypeError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _temperature_description(temperature) -> object:
+    """A float as it is; a tensor as its shape and a checksum of its values (ranks must pass the same)."""
+    if not isinstance(temperature, torch.Tensor):
+        return temperature
+    flat = temperature.detach().reshape(-1).double()
+    weights = torch.arange(1, flat.numel() + 1, dtype=torch.float64, device=flat.device)
+    return tuple(temperature.shape), float((flat * weights).sum())
+
+
+def vocab_parallel_linear_log_probs(
+    input: torch.Tensor,
+    weight_shard: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    linear_bias: torch.Tensor | None = None,
+    temperature: float | torch.Tensor = 1.0,
+    return_entropy: bool = False,
+    softcap: float | None = None,
+    ignore_index: int = DEFAULT_IGNORE_INDEX,
+    options: LinearCrossEntropyOptions | None = None,
+    num_classes: int | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`lce.linear_log_probs` with ``W``'s rows (the classes) sharded across the ranks of ``group``, as
+    :func:`vocab_parallel_linear_cross_entropy` shards them.
+
+    Call it on every rank with the same ``input``, ``target``, ``temperature`` and arguments and this rank's
+    contiguous ``weight_shard`` (and ``linear_bias`` shard); every rank returns the log-probabilities (and entropy)
+    of the whole vocabulary, and backward gives every rank the full input gradient and its own shard's weight and
+    bias gradients. Every rank must run backward (it holds collectives). Bad arguments, or ranks that disagree,
+    raise on every rank before any collective of the loop.
+    """
+    world = dist.get_world_size(group)
+    who = "vocab_parallel_linear_log_probs"
+    problem = _log_probs_problem(input, weight_shard, target, linear_bias, temperature, return_entropy, softcap,
+                                 ignore_index, options)
+    call = ("log_probs", ignore_index, return_entropy, softcap,
+            _temperature_description(temperature) if problem is None else None)
+    descriptions: list[dict | None] = [None] * world
+    dist.all_gather_object(descriptions, _description(input, weight_shard, target, linear_bias, None, call, options,
+                                                      problem), group=group)
+    sizes = _agree(descriptions, num_classes)
+    rank = dist.get_rank(group)
+    start, stop = shard_bounds(sizes)[rank]
+    layout = ShardLayout(start, stop - start, sum(sizes), group)
+    flat_input, flat_target = input.reshape(-1, input.shape[-1]), target.reshape(-1)
+    plan = log_probs_plan(flat_input, weight_shard, linear_bias=linear_bias, return_entropy=return_entropy,
+                          softcap=None if softcap is None else float(softcap), options=options,
+                          chunking_classes=max(sizes))
+    targets = _shard_targets(flat_target, None, ignore_index, 0.0, 0.0, layout, plan.stats_dtype)
+    per_row = temperature_per_row(temperature, flat_target.shape[0], plan.stats_dtype)
+    out = TokenLogProbs.apply(flat_input, weight_shard, linear_bias, flat_target,
+                              TokenCall(targets, per_row, plan, ignore_index, layout, who))
+    if not return_entropy:
+        return out.reshape(target.shape)
+    return out[0].reshape(target.shape), out[1].reshape(target.shape)
 
 
 class VocabParallelLinearCrossEntropyLoss(nn.Module):

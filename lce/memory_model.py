@@ -3,9 +3,12 @@
 A class-tiled plan (``class_chunk_size`` below C) has the same buffers with a
 block of classes in place of the whole vocabulary, plus the input gradient of
 its rows summed over the blocks. Soft-capping adds one workspace of
-:attr:`~lce.plan.Plan.softcap_block_columns` columns beside a chunk's logits
-(step "softcap"); a z-loss adds per-row values only; ``return_lse`` adds the
-returned ``(N,)`` fp32 log-sum-exp.
+:attr:`~lce.plan.Plan.workspace_columns` columns beside a chunk's logits
+(step "workspace"); a z-loss adds per-row values only; ``return_lse`` adds the
+returned ``(N,)`` fp32 log-sum-exp. The per-token log-probabilities
+(``plan.op == "log_probs"``, :mod:`lce.logprob_passes`) run as reduction "none"
+does, with per-row outputs and saved statistics and workspaces of their own
+(:func:`_token_workspaces`).
 
 :func:`plan_buffers` follows the chunk loop of :mod:`lce.chunked` and the GEMMs
 of :mod:`lce.gemm` and lists what they allocate, with the shapes and dtypes the
@@ -42,10 +45,10 @@ __all__ = ["Buffer", "Stage", "Span", "Step", "plan_buffers", "chunk_peak_bytes"
 
 Stage = Literal["forward", "backward"]
 Span = Literal["call", "chunk", "final", "kept"]
-Step = Literal["logits", "to_stats", "softcap", "grad_input", "grad_weight", "grad_bias"]
+Step = Literal["logits", "to_stats", "workspace", "grad_input", "grad_weight", "grad_bias"]
 """The steps of one chunk: the logits GEMM, the logits' conversion to the stats dtype (when it
-differs), the soft-capped statistics and dz formed a workspace at a time (only with ``softcap``), the
-two backward GEMMs and the bias-gradient sum."""
+differs), the statistics and dz formed a workspace of columns at a time (soft-capped logits, and every block of
+the per-token log-probabilities), the two backward GEMMs and the bias-gradient sum."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +84,22 @@ def plan_buffers(plan: Plan) -> tuple[Buffer, ...]:
     return (*_call_buffers(plan), *_chunk_buffers(plan))
 
 
+def _token_row_buffers(plan: Plan) -> list[Buffer]:
+    """The per-row values of the per-token log-probabilities: outputs, what forward saves, backward's coefficients."""
+    n, stats_dt = plan.num_rows, plan.stats_dtype
+    entropy = plan.returns_entropy
+    rows = [("token_log_probs", "forward", "kept", "the returned log p(target) per row", True),
+            ("token_entropy", "forward", "kept", "the returned entropy per row", entropy),
+            ("row_nll", "forward", "kept", "-log p(target) per row, saved for backward", True),
+            ("row_logsumexp", "forward", "kept", "log-sum-exp of the tempered logits, saved for backward", True),
+            ("row_other_prob", "forward", "kept", "1 - p(target) per row, saved for backward", True),
+            ("row_entropy", "forward", "kept", "the entropy per row, saved for backward", entropy),
+            ("row_entropy_gap", "forward", "kept", "H + log p(target) per row, saved for backward", entropy),
+            ("row_grad_coefficients", "backward", "call", "incoming gradients over the temperature, 0 if ignored",
+             any(plan.needs_grad))]
+    return [Buffer(name, (n,), stats_dt, stage, span, purpose) for name, stage, span, purpose, made in rows if made]
+
+
 def _grad_stage(plan: Plan) -> Stage:
     """The pass that computes the gradients: forward for "mean"/"sum", backward for "none"."""
     return "forward" if plan.reduction != "none" else "backward"
@@ -113,7 +132,9 @@ def _call_buffers(plan: Plan) -> list[Buffer]:
     grad_stage = _grad_stage(plan)
     kept_grad: Span = "kept" if scalar else "call"
     out: list[Buffer] = []
-    if not scalar:
+    if plan.op == "log_probs":
+        out += _token_row_buffers(plan)
+    elif not scalar:
         out.append(Buffer("loss_per_row", (n,), in_dt, "forward", "kept", "the (N,) output of reduction='none'"))
         out.append(Buffer("row_logsumexp", (n,), stats_dt, "forward", "kept",
                           "log-sum-exp per row, saved for backward"))
@@ -123,7 +144,7 @@ def _call_buffers(plan: Plan) -> list[Buffer]:
     if plan.return_lse:
         out.append(Buffer("row_logsumexp_out", (n,), torch.float32, "forward", "kept",
                           "the returned per-row log-sum-exp (return_lse)"))
-    for stage in _stages(plan):
+    for stage in _stages(plan) if plan.op == "cross_entropy" else ("forward",):
         out.append(Buffer("row_weights", (n,), stats_dt, stage, "call",
                           "class weight of each row's target, 0 if ignored"))
     if plan.needs_grad.input:
@@ -154,12 +175,27 @@ def _steps(plan: Plan, stage: Stage) -> tuple[Step, ...]:
     steps: list[Step] = ["logits"]
     if plan.gemm_dtypes("logits").result != plan.stats_dtype:
         steps.append("to_stats")
-    if plan.softcap is not None:
-        steps.append("softcap")
+    if plan.softcap is not None or plan.op == "log_probs":
+        steps.append("workspace")
     if stage == _grad_stage(plan):
         steps += [step for step, wanted in zip(("grad_input", "grad_weight", "grad_bias"), plan.needs_grad,
                                                strict=True) if wanted]
     return tuple(steps)
+
+
+def _token_workspaces(plan: Plan, stage: Stage) -> list[tuple[str, str]]:
+    """The workspaces of columns one chunk of the per-token log-probabilities holds at once (name, purpose):
+    forward's exponentials; in backward the capped, tempered logits (with a soft cap) and the probabilities
+    beside their logarithms (when the entropy, whose gradient needs both, is computed; the model assumes a
+    gradient reaches it)."""
+    if stage == "forward":
+        return [("token_exp_workspace", "exp(u - max) of a few columns: the row sums, and the entropy's terms")]
+    out = []
+    if plan.softcap is not None:
+        out.append(("token_capped_workspace", "capped, tempered logits of a few columns, then log p and dz"))
+    if plan.returns_entropy:
+        out.append(("token_probs_workspace", "p of a few columns beside log p (the entropy's gradient)"))
+    return out
 
 
 def _chunk_buffers(plan: Plan) -> list[Buffer]:
@@ -185,8 +221,11 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
         keeps_input = plan.reduction != "none" or stage == "backward" or plan.tiles_classes
         add("input_chunk_in_acc", (rows, d), acc_dt, steps if keeps_input else ("logits", "to_stats"),
             "chunk of the input upcast to acc_dtype")
-    if "softcap" in steps:
-        add("softcap_workspace", (rows, plan.softcap_block_columns), stats_dt, ("softcap",),
+    if plan.op == "log_probs":
+        for name, purpose in _token_workspaces(plan, stage):
+            add(name, (rows, plan.workspace_columns), stats_dt, ("workspace",), purpose)
+    elif "workspace" in steps:
+        add("softcap_workspace", (rows, plan.workspace_columns), stats_dt, ("workspace",),
             "capped logits of a few columns, then their softmax and dz (the chunk's buffer keeps tanh)")
     # The logits exist from the GEMM on, until they are converted to the stats dtype.
     last = steps.index("to_stats") + 1 if "to_stats" in steps else len(steps)

@@ -28,13 +28,18 @@ from .policies import COMPACT_ON_CPU_NOTE, LAYOUTS, Gemm, Layout, Role, auto_pic
 __all__ = ["Plan", "GradsNeeded", "GemmDtypes", "LOSS_SUM_DTYPE", "make_plan"]
 
 GemmName = Literal["logits", "grad_input", "grad_weight"]
+Op = Literal["cross_entropy", "log_probs"]
+"""What a plan computes: the loss of :func:`lce.linear_cross_entropy`, or the per-token log-probabilities (and
+entropy) of :func:`lce.linear_log_probs`, which run as reduction "none" does (a forward of row statistics, a
+backward that recomputes the logits chunk by chunk)."""
 
 LOSS_SUM_DTYPE = torch.float64
 """The cross-chunk loss total: fp64, so the loss never drifts with the chunk count."""
 
-SOFTCAP_BLOCK_ELEMENTS = 1 << 20
-"""Soft-capped logits are turned into probabilities and dz this many elements at a time (see
-:attr:`Plan.softcap_block_columns`): the workspace beside a chunk's logits stays small at any C."""
+WORKSPACE_ELEMENTS = 1 << 20
+"""Soft-capped logits (and, for the per-token log-probabilities, every block of logits) are turned into
+probabilities and dz this many elements at a time (see :attr:`Plan.workspace_columns`): the workspace beside a
+chunk's logits stays small at any C."""
 
 
 class GradsNeeded(NamedTuple):
@@ -98,6 +103,9 @@ class Plan:
     cpu_gemms: GemmSupport | None = None
     """How the CPU the call runs on does GEMMs in the input dtype (:mod:`lce.cpu_gemms`); None off the CPU
     and for fp32/fp64 input. Recorded when the plan is made, so the loop and the memory model agree with it."""
+    op: Op = "cross_entropy"
+    returns_entropy: bool = False
+    """For ``op="log_probs"``: whether the entropy is computed (and its gradient formed in backward)."""
     gradient_headroom: bool = False
     """Whether the gradients are formed scaled by powers of two that keep them in fp16's normal range
     (:mod:`lce.headroom`): fp16 input, unless the plan was made under :func:`lce.testing.without_headroom`.
@@ -143,10 +151,11 @@ class Plan:
         return self.class_chunk_size < self.num_classes
 
     @property
-    def softcap_block_columns(self) -> int:
+    def workspace_columns(self) -> int:
         """Columns of the workspace in which soft-capped logits become probabilities and dz, a block at a time
-        (the logits buffer keeps ``tanh(z / softcap)`` until each block's dz replaces it)."""
-        return max(1, min(self.class_chunk_size, SOFTCAP_BLOCK_ELEMENTS // self.batch_chunk_size))
+        (the logits buffer keeps ``tanh(z / softcap)`` until each block's dz replaces it); the per-token
+        log-probabilities (:mod:`lce.logprobs`) form every block's exponentials in it."""
+        return max(1, min(self.class_chunk_size, WORKSPACE_ELEMENTS // self.batch_chunk_size))
 
     @property
     def saves_other_prob(self) -> bool:
@@ -234,8 +243,7 @@ class Plan:
         lines = [
             f"lce plan on {self.device_kind}: input {dtype_name(self.input_dtype)}, acc {dtype_name(self.acc_dtype)}, "
             f"policy {self.acc_policy}",
-            f"  shape      N={self.num_rows} D={self.in_features} C={self.num_classes}, "
-            f"reduction={self.reduction!r}",
+            f"  shape      N={self.num_rows} D={self.in_features} C={self.num_classes}, " + self._computes_text(),
             f"  chunking   {self.chunking_method or 'explicit'}: {self.num_chunks} chunk(s) of "
             f"{self.batch_chunk_size} rows"
             + (f" x {self.num_class_chunks} block(s) of {self.class_chunk_size} classes (logits computed twice)"
@@ -258,6 +266,12 @@ class Plan:
         lines.append(f"  predicted peak extra memory: {self.peak_extra_bytes / 2**20:.2f} MiB")
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
+
+    def _computes_text(self) -> str:
+        if self.op == "log_probs":
+            return ("per-token log-probabilities" + (" and entropy" if self.returns_entropy else "")
+                    + " under a temperature (lce.linear_log_probs)")
+        return f"reduction={self.reduction!r}"
 
     def _features_text(self) -> str:
         parts = ([f"softcap {self.softcap:g} (tanh in {dtype_name(self.stats_dtype)}, in place)"]
@@ -295,6 +309,8 @@ def make_plan(
     return_lse: bool = False,
     chunking_classes: int | None = None,
     loss_dtype: torch.dtype | None = None,
+    op: Op = "cross_entropy",
+    returns_entropy: bool = False,
 ) -> Plan:
     """Resolve ``options`` for one call (the rules of the options contract).
 
@@ -310,11 +326,18 @@ def make_plan(
     op (see :func:`lce.linear_cross_entropy`); they change what the loop
     computes and keeps, not the chunking or the precision layout.
 
+    ``op="log_probs"`` plans :func:`lce.linear_log_probs` (``reduction`` must then be "none", its per-row
+    structure; ``returns_entropy`` says whether the entropy is computed).
+
     ``chunking_classes`` (default ``num_classes``) is the class count the row
     chunking is sized for. :mod:`lce.distributed` passes the largest shard of
     its group, so that every rank walks the same row chunks, and so issues the
     same collectives in the same order, whatever the size of its own shard.
     """
+    if op == "log_probs" and (reduction != "none" or z_loss or return_lse or loss_dtype is not None):
+        raise ValueError("a log_probs plan has per-row outputs (reduction 'none') and none of the loss's features "
+                         f"(z_loss, return_lse, loss_dtype); got reduction={reduction!r}, z_loss={z_loss!r}, "
+                         f"return_lse={return_lse!r}, loss_dtype={loss_dtype!r}")
     sizing_classes = num_classes if chunking_classes is None else chunking_classes
     kind = device_kind_of(device)
     pick = auto_pick(kind, dtype)
@@ -383,6 +406,8 @@ def make_plan(
         return_lse=bool(return_lse),
         loss_dtype=loss_dtype,
         cpu_gemms=support,
+        op=op,
+        returns_entropy=bool(returns_entropy) and op == "log_probs",
         gradient_headroom=dtype == torch.float16 and not HEADROOM_OFF.get(),
     )
 

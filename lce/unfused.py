@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DEFAULT_IGNORE_INDEX", "unfused_linear_cross_entropy"]
+__all__ = ["DEFAULT_IGNORE_INDEX", "unfused_linear_cross_entropy", "unfused_linear_log_probs"]
 
 DEFAULT_IGNORE_INDEX = -100
 """What ``ignore_index=None`` stands for, as in ``torch.nn.functional.cross_entropy``."""
@@ -78,3 +78,37 @@ def _z_loss_term(lse: torch.Tensor, target: torch.Tensor, ignore_index: int, red
         return per_row
     total = per_row.sum()
     return total / valid.sum().clamp_min(1) if reduction == "mean" else total
+
+
+def unfused_linear_log_probs(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    linear_bias: torch.Tensor | None = None,
+    temperature: float | torch.Tensor = 1.0,
+    return_entropy: bool = False,
+    softcap: float | None = None,
+    ignore_index: int = DEFAULT_IGNORE_INDEX,
+    stats_dtype: torch.dtype | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The materialized formula :func:`lce.linear_log_probs` must reproduce: the ``(..., C)`` logits in the input's
+    dtype, converted to ``stats_dtype`` (default: at least fp32), soft-capped, divided by the temperature, then
+    ``log_softmax``, the target's entry and ``-sum p log p``. Ignored tokens give 0. The arguments are not validated
+    here (:func:`lce.linear_log_probs` does)."""
+    logits = F.linear(input, linear_weight, linear_bias)
+    logits = logits.to(stats_dtype or torch.promote_types(logits.dtype, torch.float32))
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    if isinstance(temperature, torch.Tensor):
+        temperature = temperature.to(logits.dtype)
+        temperature = temperature[..., None] if temperature.dim() else temperature
+    logits = logits / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
+    valid = target != ignore_index
+    picked = log_probs.gather(-1, torch.where(valid, target, 0)[..., None]).squeeze(-1)
+    picked = torch.where(valid, picked, 0)
+    if not return_entropy:
+        return picked
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return picked, torch.where(valid, entropy, 0)

@@ -20,7 +20,9 @@ from lce.distributed import (
     even_shard_sizes,
     shard_bounds,
     vocab_parallel_linear_cross_entropy,
+    vocab_parallel_linear_log_probs,
 )
+from lce.unfused import unfused_linear_log_probs
 
 TIMEOUT = datetime.timedelta(seconds=60)
 SHARDS = {2: [20, 17], 3: [10, 15, 12]}  # uneven, C = 37
@@ -347,6 +349,45 @@ def loss_scale(rank: int, world: int) -> list[dict]:
     return rows
 
 
-SCENARIOS = {"fp64": fp64_parity, "low_precision": low_precision, "all_ignored": all_ignored,
-             "bad_inputs": bad_inputs, "module": module, "uneven": uneven_parity, "reported": reported_case,
-             "random": random_parity, "loss_scale": loss_scale}
+def _log_probs_run(fn, x, w, b, target, grad_logp, grad_entropy, **kw):
+    """log-probs, entropy and the gradients of x, w and b of ``sum(grad_logp * logp + grad_entropy * H)``."""
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    log_probs, entropy = fn(leaves[0], leaves[1], target, linear_bias=leaves[2], return_entropy=True, **kw)
+    (grad_logp * log_probs + grad_entropy * entropy).sum().backward()
+    return log_probs.detach(), entropy.detach(), *[t.grad for t in leaves]
+
+
+def log_probs_parity(rank: int, world: int) -> list[dict]:
+    """Issue 32: vocab-parallel per-token log-probabilities and entropy against the materialized fp64 formula on
+    the unsharded weight, on uneven shards (:data:`UNEVEN`: a rank with one class), every policy, chunkings with
+    and without class tiling, scalar and per-row temperatures, soft-capping and ignore_index; and a bad
+    temperature failing on every rank."""
+    sizes = UNEVEN[world]
+    start, stop = shard_bounds(sizes)[rank]
+    x, w, b, _, target, grad_rows = _problem()
+    grad_entropy = torch.flip(grad_rows, (0,)) * 0.5
+    per_row = torch.linspace(0.6, 1.2, N, dtype=torch.float64)
+    results = []
+    cases = itertools.product(("accurate", "balanced", "compact"), ("explicit rows", "automatic, class tiled"),
+                              (("T=1", 1.0), ("T=0.7", 0.7), ("per-row T", per_row)), (None, 2.0))
+    for policy, chunking, (t_label, temperature), softcap in cases:
+        options = lce.LinearCrossEntropyOptions(acc_policy=policy, **CHUNKINGS[chunking])
+        kw = dict(temperature=temperature, softcap=softcap, ignore_index=IGNORE)
+        exact = _log_probs_run(unfused_linear_log_probs, x, w, b, target, grad_rows, grad_entropy, **kw)
+        sharded = _log_probs_run(vocab_parallel_linear_log_probs, x, w[start:stop], b[start:stop], target, grad_rows,
+                                 grad_entropy, options=options, num_classes=C, **kw)
+        results.append(dict(label=f"{policy} {chunking} {t_label} softcap={softcap}",
+                            log_probs=_rel(sharded[0], exact[0]), entropy=_rel(sharded[1], exact[1]),
+                            grad_input=_rel(sharded[2], exact[2]), grad_weight=_rel(sharded[3], exact[3][start:stop]),
+                            grad_bias=_rel(sharded[4], exact[4][start:stop])))
+    try:
+        vocab_parallel_linear_log_probs(x, w[start:stop], target, temperature=0.0 if rank == 0 else 1.0)
+        results.append(dict(label="bad temperature", error=None))
+    except ValueError as error:
+        results.append(dict(label="bad temperature", error=str(error)))
+    return results
+
+
+SCENARIOS = {"log_probs": log_probs_parity, "fp64": fp64_parity, "low_precision": low_precision,
+             "all_ignored": all_ignored, "bad_inputs": bad_inputs, "module": module, "uneven": uneven_parity,
+             "reported": reported_case, "random": random_parity, "loss_scale": loss_scale}

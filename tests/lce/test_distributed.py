@@ -130,6 +130,19 @@ def test_a_loss_scale_of_2_16_reaches_every_shard_and_keeps_what_one_process_kee
             assert row["weight_lost_before"] > 40 * (row["weight_lost_sharded"] + 1), (rank, row)
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_vocab_parallel_log_probs_and_entropy_equal_the_fp64_formula(world, tmp_path):
+    """Issue 32: per-token log-probabilities, entropy and their gradients on uneven shards (a rank with one class),
+    every policy, row chunking and class tiling, scalar and per-row temperatures, soft-capping, ignore_index."""
+    for rank, rows in enumerate(_spawn(world, "log_probs", tmp_path)):
+        *parity, bad = rows
+        assert len(parity) == 3 * 2 * 3 * 2
+        for row in parity:
+            worst = max(row[key] for key in ("log_probs", "entropy", "grad_input", "grad_weight", "grad_bias"))
+            assert worst <= 1e-12, f"{world} ranks, rank {rank}, {row['label']}: {row}"
+        assert "rank 0: ValueError" in bad["error"] and "temperature must be a finite float > 0" in bad["error"], bad
+
+
 def test_module_matches_single_process(tmp_path):
     for rows in _spawn(3, "module", tmp_path):
         (row,) = rows

@@ -35,6 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import lce
 import lce.chunked
 import lce.gemm
+import lce.logprob_passes
 from lce.memory_model import chunk_peak_bytes
 from lce.options import EXPLICIT_POLICIES, dtype_name
 from lce.testing import cpu_gemms, emulate_device_kind
@@ -45,6 +46,7 @@ N, D, C, ROWS = 80, 28, 320, 24  # three full chunks of 24 rows and one of 8; (C
 BLOCK_ELEMENTS = 64 * D  # weight blocks of 64 rows: the blocked upcasts are visible at this size
 CHUNK_FUNCTIONS = ("_scalar_chunk", "_per_row_loss_chunk", "_per_row_grad_chunk", "_scalar_chunk_tiled",
                    "_per_row_loss_chunk_tiled", "_per_row_grad_chunk_tiled")
+TOKEN_CHUNK_FUNCTIONS = ("_chunk_statistics", "_chunk_gradients")  # lce.linear_log_probs's passes
 CLASS_BLOCK = 96  # C = 320 in three blocks of 96 classes and one of 32
 
 
@@ -103,6 +105,8 @@ def recorder(monkeypatch):
     monkeypatch.setattr(lce.gemm, "_BLOCK_ELEMENTS", BLOCK_ELEMENTS)
     for name in CHUNK_FUNCTIONS:
         monkeypatch.setattr(lce.chunked, name, _marking_chunks(getattr(lce.chunked, name), recorder))
+    for name in TOKEN_CHUNK_FUNCTIONS:
+        monkeypatch.setattr(lce.logprob_passes, name, _marking_chunks(getattr(lce.logprob_passes, name), recorder))
     return recorder
 
 
@@ -259,12 +263,12 @@ def test_soft_capped_buffers_are_the_allocations_made(recorder, monkeypatch, kin
                                                       acc_dtype, tiled):
     if kind == "cuda":
         _emulate_cuda_gemms(monkeypatch, recorder)
-    monkeypatch.setattr(PLAN_MODULE, "SOFTCAP_BLOCK_ELEMENTS", ROWS * SOFTCAP_COLUMNS)
+    monkeypatch.setattr(PLAN_MODULE, "WORKSPACE_ELEMENTS", ROWS * SOFTCAP_COLUMNS)
     options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
                                             batch_chunk_size=ROWS, class_chunk_size=CLASS_BLOCK if tiled else None)
     features = dict(softcap=5.0, z_loss=1e-3, return_lse=True)
     plan = _record(recorder, kind, options, dtype, reduction, (True, True, True), features)
-    assert plan.softcap_block_columns == SOFTCAP_COLUMNS
+    assert plan.workspace_columns == SOFTCAP_COLUMNS
     assert any(b.name == "softcap_workspace" for b in plan.buffers)
     _check(plan, recorder, f"softcap {'tiled ' if tiled else ''}{kind} {policy} {reduction} {dtype_name(dtype)} "
                            f"acc={acc_dtype}")
@@ -291,3 +295,43 @@ def test_buffers_of_emulated_bf16_gemms_are_the_allocations_made(recorder, polic
     else:  # no bf16 GEMM is left to emulate
         assert all(plan.gemm_dtypes(name).operands == torch.float32 for name in ("logits", "grad_input", "grad_weight"))
     _check(plan, recorder, f"emulated bf16 {policy} {reduction} acc={acc_dtype} block={class_block}")
+
+
+# The per-token log-probabilities (lce.linear_log_probs, issue 32): its own per-row values and workspaces, the
+# loss's logits and gradient buffers; a gradient reaches both outputs (the most backward holds).
+TOKEN_GRID = [(k, p, d, a, tiled, softcap, entropy) for k, p, r, d, a in GRID[:len(GRID) - 5] if r == "none"
+              for tiled, softcap, entropy in ((False, None, True), (True, None, False), (False, 5.0, True),
+                                              (True, 5.0, True))
+              if d != torch.float32 or a is None]
+
+
+@pytest.mark.parametrize(("kind", "policy", "dtype", "acc_dtype", "tiled", "softcap", "entropy"), TOKEN_GRID,
+                         ids=[f"{k}-{p}-{dtype_name(d)}-{dtype_name(a) if a else 'acc=input'}{'-tiled' if t else ''}"
+                              f"{'-softcap' if s else ''}{'-entropy' if e else ''}"
+                              for k, p, d, a, t, s, e in TOKEN_GRID])
+def test_log_probs_buffers_are_the_allocations_made(recorder, monkeypatch, kind, policy, dtype, acc_dtype, tiled,
+                                                    softcap, entropy):
+    if kind == "cuda":
+        _emulate_cuda_gemms(monkeypatch, recorder)
+    monkeypatch.setattr(PLAN_MODULE, "WORKSPACE_ELEMENTS", ROWS * SOFTCAP_COLUMNS)
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
+                                            batch_chunk_size=ROWS, class_chunk_size=CLASS_BLOCK if tiled else None)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(N, D, generator=g).to(dtype).requires_grad_()
+    w = (torch.randn(C, D, generator=g) / D**0.5).to(dtype).requires_grad_()
+    b = torch.randn(C, generator=g).to(dtype).requires_grad_()
+    target = torch.randint(0, C, (N,), generator=g)
+    target[1::7] = -100
+    temperature = torch.linspace(0.6, 1.2, N)
+    with emulate_device_kind(kind):
+        plan = lce.logprobs.log_probs_plan(x, w, linear_bias=b, return_entropy=entropy, softcap=softcap,
+                                           options=options)
+        with recorder:
+            out = lce.linear_log_probs(x, w, target, linear_bias=b, temperature=temperature,
+                                       return_entropy=entropy, softcap=softcap, options=options)
+            recorder.stage = "backward"
+            total = out[0].sum() + out[1].sum() if entropy else out.sum()
+            total.backward()
+    assert plan.workspace_columns == SOFTCAP_COLUMNS and plan.op == "log_probs"
+    _check(plan, recorder, f"log_probs {kind} {policy} {dtype_name(dtype)} acc={acc_dtype} tiled={tiled} "
+                           f"softcap={softcap} entropy={entropy}")
