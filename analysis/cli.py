@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rare-rows": ("analysis.studies.rare_rows", "grad_weight's per-row error binned by class target count"),
     "loss-scale": ("analysis.studies.loss_scale",
                    "fp16 gradients under a loss scale: entries lost and floors, lce before/after its headroom"),
+    "rl-logprobs": ("analysis.studies.rl_logprobs",
+                    "RL's per-token log-probabilities and entropy: each recipe's ratio error, KL, floors; costs"),
     "noise": ("analysis.studies.noise", "gradient error against the sampling noise of the same batch"),
     "train": ("analysis.studies.training", "train the small language model with each head arm, several seeds"),
     "head-train": ("analysis.studies.head_training",

@@ -41,7 +41,7 @@ from analysis.core.run_config import RunConfig
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
            "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "FEATURES",
            "FEATURE_COST", "VOCAB_PARALLEL", "CPU_GEMM_RATES", "CPU_GEMM_PROBE", "RECOMMEND_CHECK", "GPU_BENCH",
-           "GPU_MEMORY", "HF_STEP", "HEAD_TRAINING", "LOSS_SCALE", "HF_FP16", "COLUMNS",
+           "GPU_MEMORY", "HF_STEP", "HEAD_TRAINING", "LOSS_SCALE", "HF_FP16", "RL_LOGPROBS", "RL_COST", "COLUMNS",
            "append_rows", "append_row", "write_csv_atomically", "set_aside", "read_rows", "read_table", "file_kind",
            "paths_of_kind", "load_kind", "done_keys", "latest", "load_results"]
 
@@ -238,12 +238,29 @@ REPRODUCE = Kind("reproduce", tuple(["kind", "grid", "runs", "workers", "sweep_s
                                      "total_s", *PROVENANCE_COLUMNS]),
                  "the wall time of one whole `python -m analysis reproduce` (the READMEs quote it)")
 
+_RL_PROBLEM = ["recipe", "op", "policy", "layout", "acc_dtype", "family", "margin", "dtype", "N", "D", "C"]
+RL_LOGPROBS = Kind("rl_logprobs", tuple(["kind", *_RL_PROBLEM, "temperature", "seed", "output_dtype",
+                                         "logp_err_median", "logp_err_p99", "logp_err_max", "ratio_err_median",
+                                         "ratio_err_p99", "ratio_err_max", "ratio_share_over_1e-3",
+                                         "ratio_share_over_clip", "kl_k3", "entropy_err_median", "entropy_err_p99",
+                                         "entropy_err_max", "logp_rel_err_max", "entropy_rel_err_max",
+                                         "worst_p_target", "worst_entropy", "worst_rank", "worst_ratio_err",
+                                         "median_p_target", "mean_entropy", "grad_input_floors",
+                                         "grad_weight_floors", "wall_s", *PROVENANCE_COLUMNS]),
+                   "per-token log-probabilities and entropy of one recipe at one problem against fp64: the "
+                   "importance-ratio error, implied KL, entropy error, policy-gradient floors "
+                   "(python -m analysis rl-logprobs)")
+RL_COST = Kind("rl_cost", tuple(["kind", "recipe", "op", "dtype", "N", "D", "C", "peak_bytes", "predicted_peak_bytes",
+                                 "logits_bytes", "time_median_s", "time_spread_s", "repeats", *PROVENANCE_COLUMNS]),
+               "peak extra memory and time of one recipe's forward and backward at a Qwen-size head "
+               "(python -m analysis rl-logprobs --costs)")
+
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
                                                        TRAINING, BUDGETS, CLASS_TILING, FEATURES, FEATURE_COST,
                                                        VOCAB_PARALLEL, CPU_GEMM_RATES, CPU_GEMM_PROBE, RECOMMEND_CHECK,
                                                        GPU_BENCH, GPU_MEMORY, HF_STEP, HEAD_TRAINING,
-                                                       LOSS_SCALE, HF_FP16)}
+                                                       LOSS_SCALE, HF_FP16, RL_LOGPROBS, RL_COST)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

@@ -1,0 +1,386 @@
+"""Per-token log-probabilities and entropy for RL fine-tuning: how far each recipe is from fp64, on RL's scale
+(issue 32).
+
+PPO and GRPO weigh every sampled token by the importance ratio ``exp(log p_trainer - log p_sampler)`` and clip it at
+``1 +- 0.2``; the training/inference mismatch debate (FP16 instead of BF16, fp32 LM heads) is about how far the
+trainer's log-probabilities drift from the exact ones. This study measures that drift for each recipe of the
+peers, written here from their formulas, and for lce, against the fp64 reference of
+:mod:`analysis.core.token_reference` on the same rounded inputs.
+
+Recipes (:data:`RECIPES`):
+
+* ``materialized bf16`` (TRL's path; ``materialized fp16`` in fp16): the logits from a GEMM in the input dtype
+  (fp32 sums rounded once), divided by T in that dtype, ``log_softmax`` and the entropy ``-sum p log p`` in that
+  dtype (torch's kernels sum in fp32 and round their results to it);
+* ``fp32 statistics, cast back`` (verl's torch path): the same logits divided by T in the input dtype, then
+  ``log_softmax``, ``softmax`` and the entropy ``lse - sum p u`` in fp32, both results rounded to the input dtype;
+* ``fp32 head``: hidden states and weight upcast to fp32 (the "fp32 LM head" remedy): every step in fp32;
+* ``lce ...``: :func:`lce.linear_log_probs` (fp32 results) with its default options on the CUDA layouts (emulated
+  on the CPU: :func:`lce.testing.emulate_device_kind`) and on the CPU's, compact on the CUDA layouts with fp32
+  accumulation, and compact on the CUDA layouts without ``acc_dtype`` (its logits GEMM then rounds to the input
+  dtype, as the materialized recipe's does).
+
+The peers' GEMMs in bf16/fp16 run on fp32 copies rounded once
+(:func:`analysis.core.emulated_gemms.low_precision_linear`): the arithmetic of a GPU's low-precision GEMM with fp32
+accumulation, at fp32's speed on every CPU.
+
+Inputs (:data:`PROBLEMS`): the trained LM's head dump (``trained``, 2048 x 128 x 16384), the ``calibrated`` family
+(2048 x 256 x 32768: a Zipfian prior, outlier features, a share of confident rows), and ``confident:M`` rows whose
+target leads every other class by M = 0..40 nats (:func:`analysis.core.families.confident_rows`). Temperatures
+0.6, 0.8, 1.0, 1.2; bf16 and fp16; three seeds. Targets are sampled from the exact tempered softmax
+(:func:`~analysis.core.token_reference.sample_targets`), as a rollout samples them; the confident rows keep their
+leading target. The advantages ``A`` are standard normal, seeded.
+
+Per (problem, recipe) one row of kind ``rl_logprobs``: the absolute error of log p (median, p99, max over tokens),
+the importance-ratio error ``|exp(delta) - 1|`` (median, p99, max; the share of tokens above 1e-3 and above the
+0.2 clip), the trainer-vs-sampler KL it implies (the k3 estimate ``mean(exp(delta) - 1 - delta)`` over the sampled
+tokens), the entropy's absolute error (median, p99, max), the relative errors of log p and H on confident rows,
+the worst token (its exact p_target, entropy and rank), and the policy-gradient loss ``-mean(A log p)``'s
+gradients with respect to the input and the weight in floors of the input dtype
+(:func:`analysis.core.metrics.report`; fp16 backpropagates the loss times 2^12, :data:`LOSS_SCALES`). The study
+appends each problem's rows as it finishes and resumes.
+
+:func:`measure_costs` (kind ``rl_cost``) measures each recipe's peak extra memory and time for one forward and
+backward at a Qwen-size head (D = 896, C = 151,936) on this CPU, at two batch sizes, so that the peak's growth
+with N is measured, not assumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+import lce
+from analysis.core.emulated_gemms import low_precision_linear
+from analysis.core.families import confident_rows, draw
+from analysis.core.memory import measure_peak
+from analysis.core.metrics import report
+from analysis.core.problem import DTYPES, Shape
+from analysis.core.provenance import provenance
+from analysis.core.results_io import RL_COST, RL_LOGPROBS, append_rows, read_table, set_aside
+from analysis.core.timing import time_call
+from analysis.core.token_reference import sample_targets, token_reference
+from lce.testing import emulate_device_kind
+
+__all__ = ["Recipe", "RECIPES", "Problem", "PROBLEMS", "TEMPERATURES", "STUDY_DTYPES", "SEEDS", "RL_LOGPROBS_FILE",
+           "RL_COST_FILE", "COST_SHAPES", "problem_inputs", "measure_problem", "record", "measure_costs",
+           "record_costs", "ratio_summary"]
+
+RL_LOGPROBS_FILE = "rl_logprobs.csv"
+RL_COST_FILE = "rl_cost.csv"
+TEMPERATURES: tuple[float, ...] = (0.6, 0.8, 1.0, 1.2)
+STUDY_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
+SEEDS: tuple[int, ...] = (0, 1, 2)
+RATIO_THRESHOLDS: dict[str, float] = {"ratio_share_over_1e-3": 1e-3, "ratio_share_over_clip": 0.2}
+"""The shares of tokens whose importance-ratio error passes 1e-3 and the usual PPO/GRPO clip of 0.2."""
+CONFIDENT_SHAPE = Shape(64, 128, 4096)
+MARGINS: tuple[float, ...] = (0.0, 10.0, 20.0, 30.0, 40.0)
+
+
+# ---- recipes ----------------------------------------------------------------------------------------------------
+
+Outputs = tuple[torch.Tensor, torch.Tensor]
+"""A recipe's log p(target) and entropy per row."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """One way to compute the per-token log-probabilities and entropy: ``label``, who uses it (``source``), and
+    ``run(x, w, b, target, T) -> (log_probs, entropy)`` on leaves that require grad."""
+
+    label: str
+    source: str
+    run: Callable[..., Outputs]
+    op: str = "peer"
+    policy: str = ""
+    layout: str = ""
+    acc_dtype: str = ""
+
+
+def _logits_in_input_dtype(x, w, b, temperature) -> torch.Tensor:
+    logits = low_precision_linear(x, w)
+    if b is not None:
+        logits = logits + b
+    return logits / temperature
+
+
+def _materialized_input_dtype(x, w, b, target, temperature) -> Outputs:
+    log_probs = torch.log_softmax(_logits_in_input_dtype(x, w, b, temperature), -1)
+    picked = log_probs.gather(1, target[:, None]).squeeze(1)
+    return picked, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def _fp32_statistics_cast_back(x, w, b, target, temperature) -> Outputs:
+    logits = _logits_in_input_dtype(x, w, b, temperature)
+    wide = logits.float()
+    picked = torch.log_softmax(wide, -1).gather(1, target[:, None]).squeeze(1)
+    entropy = torch.logsumexp(wide, -1) - (torch.softmax(wide, -1) * wide).sum(-1)
+    return picked.to(logits.dtype), entropy.to(logits.dtype)
+
+
+def _fp32_head(x, w, b, target, temperature) -> Outputs:
+    logits = x.float() @ w.float().T
+    if b is not None:
+        logits = logits + b.float()
+    log_probs = torch.log_softmax(logits / temperature, -1)
+    return log_probs.gather(1, target[:, None]).squeeze(1), -(log_probs.exp() * log_probs).sum(-1)
+
+
+def _lce(layout: str, policy: str, acc_dtype: str) -> Callable[..., Outputs]:
+    def run(x, w, b, target, temperature) -> Outputs:
+        options = lce.LinearCrossEntropyOptions(
+            acc_policy=policy, acc_dtype=torch.float32 if acc_dtype == "float32" else None)
+        with emulate_device_kind(layout):
+            return lce.linear_log_probs(x, w, target, linear_bias=b, temperature=temperature, return_entropy=True,
+                                        options=options)
+    return run
+
+
+RECIPES: tuple[Recipe, ...] = (
+    Recipe("materialized", "TRL: logits, log_softmax and entropy in the input dtype", _materialized_input_dtype),
+    Recipe("fp32 statistics, cast back", "verl's torch path: input-dtype logits, fp32 statistics, results rounded",
+           _fp32_statistics_cast_back),
+    Recipe("fp32 head", "hidden states and head weight upcast: every step in fp32", _fp32_head),
+    Recipe("lce auto cuda", "lce.linear_log_probs, default options, CUDA layouts", _lce("cuda", "auto", "default"),
+           "lce", "auto", "cuda", "default"),
+    Recipe("lce auto cpu", "lce.linear_log_probs, default options, CPU layouts", _lce("cpu", "auto", "default"),
+           "lce", "auto", "cpu", "default"),
+    Recipe("lce compact cuda acc=fp32", "lce, compact, fp32 accumulation, CUDA layouts",
+           _lce("cuda", "compact", "float32"), "lce", "compact", "cuda", "float32"),
+    Recipe("lce compact cuda acc=input", "lce, compact without acc_dtype: input-dtype logits GEMM",
+           _lce("cuda", "compact", "default"), "lce", "compact", "cuda", "default"),
+)
+
+
+# ---- problems ---------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One input: a ``family`` name (``trained``, ``calibrated``, ``confident:M``) at ``shape``."""
+
+    family: str
+    shape: Shape
+
+    @property
+    def margin(self) -> float | None:
+        return float(self.family.partition(":")[2]) if self.family.startswith("confident") else None
+
+
+PROBLEMS: tuple[Problem, ...] = (
+    Problem("trained", Shape(2048, 128, 16384)),
+    Problem("calibrated", Shape(2048, 256, 32768)),
+    *(Problem(f"confident:{margin:g}", CONFIDENT_SHAPE) for margin in MARGINS),
+)
+
+
+def problem_inputs(problem: Problem, dtype: torch.dtype, temperature: float, seed: int):
+    """``(x, w, b, target, advantages)``: the problem's tensors rounded once to ``dtype``, targets sampled from the
+    exact tempered softmax (the confident rows keep their leading target), standard normal advantages."""
+    if problem.margin is not None:
+        drawn, _ = confident_rows(problem.margin, problem.shape, dtype, seed=seed)
+        x, w, b, target = drawn.x, drawn.weight, None, drawn.target
+    else:
+        drawn = draw(problem.family, problem.shape, seed=seed, bias=problem.family != "trained")
+        x, w = drawn.x.to(dtype), drawn.weight.to(dtype)
+        b = None if drawn.bias is None else drawn.bias.to(dtype)
+        target = sample_targets(x, w, b, temperature, seed=seed)
+    advantages = torch.randn(problem.shape.N, generator=torch.Generator().manual_seed(1000 + seed),
+                             dtype=torch.float64)
+    return x, w, b, target, advantages
+
+
+def _quantiles(values: torch.Tensor, prefix: str) -> dict[str, float]:
+    q = torch.quantile(values, torch.tensor([0.5, 0.99], dtype=values.dtype)).tolist()
+    return {f"{prefix}_median": q[0], f"{prefix}_p99": q[1], f"{prefix}_max": float(values.max())}
+
+
+def ratio_summary(delta: torch.Tensor) -> dict[str, float]:
+    """The importance-ratio error ``|exp(delta) - 1|`` of log-probability errors ``delta`` (fp64): quantiles, the
+    shares over :data:`RATIO_THRESHOLDS`, and the k3 estimate of the KL the errors imply."""
+    ratio_error = torch.expm1(delta).abs()
+    out = _quantiles(ratio_error, "ratio_err")
+    out.update({name: float((ratio_error > limit).double().mean()) for name, limit in RATIO_THRESHOLDS.items()})
+    out["kl_k3"] = float((torch.expm1(delta) - delta).mean())
+    return out
+
+
+LOSS_SCALES: dict[str, float] = {"bfloat16": 1.0, "float16": 2.0 ** 12}
+"""The loss scale each dtype's backward starts from: fp16 training runs under a loss scale (GradScaler's), without
+which a policy-gradient's entries (about A p / N) fall below fp16's normal range in every recipe; the gradients are
+judged against the exact gradient times the scale."""
+
+
+def _run_recipe(recipe: Recipe, x, w, b, target, temperature, advantages, loss_scale: float):
+    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in (x, w, b)]
+    log_probs, entropy = recipe.run(leaves[0], leaves[1], leaves[2], target, temperature)
+    loss = -(advantages.to(log_probs.dtype) * log_probs).sum() / target.shape[0]
+    (loss.float() * loss_scale).backward()
+    return log_probs.detach().double(), entropy.detach().double(), leaves[0].grad, leaves[1].grad
+
+
+def measure_problem(problem: Problem, dtype_text: str, temperature: float, seed: int,
+                    recipes: Sequence[Recipe] = RECIPES) -> pd.DataFrame:
+    """Every recipe's row at one (problem, dtype, temperature, seed): see the module docstring."""
+    dtype = DTYPES[dtype_text]
+    x, w, b, target, advantages = problem_inputs(problem, dtype, temperature, seed)
+    exact = token_reference(x, w, b, target, temperature, advantages)
+    rows = []
+    for recipe in recipes:
+        started = time.perf_counter()
+        scale = LOSS_SCALES[dtype_text]
+        log_probs, entropy, grad_x, grad_w = _run_recipe(recipe, x, w, b, target, temperature, advantages, scale)
+        delta = log_probs - exact.log_probs
+        worst = int(torch.expm1(delta).abs().argmax())
+        row = {"recipe": recipe.label, "op": recipe.op, "policy": recipe.policy, "layout": recipe.layout,
+               "acc_dtype": recipe.acc_dtype, "family": problem.family, "margin": problem.margin,
+               "dtype": dtype_text, "N": problem.shape.N, "D": problem.shape.D, "C": problem.shape.C,
+               "temperature": temperature, "seed": seed, "output_dtype": str(log_probs.dtype),
+               **_quantiles(delta.abs(), "logp_err"), **ratio_summary(delta),
+               **_quantiles((entropy - exact.entropy).abs(), "entropy_err"),
+               "logp_rel_err_max": float((delta / exact.log_probs).abs().nan_to_num(nan=0.0).max()),
+               "entropy_rel_err_max": float(((entropy - exact.entropy) / exact.entropy).abs()
+                                            .nan_to_num(nan=0.0).max()),
+               "worst_p_target": float(exact.log_probs[worst].exp()), "worst_entropy": float(exact.entropy[worst]),
+               "worst_rank": int(exact.rank[worst]), "worst_ratio_err": float(torch.expm1(delta[worst]).abs()),
+               "median_p_target": float(exact.log_probs.exp().median()),
+               "mean_entropy": float(exact.entropy.mean()),
+               "grad_input_floors": report(grad_x, exact.grad_input * scale, dtype).fro_in_floors,
+               "grad_weight_floors": report(grad_w, exact.grad_weight * scale, dtype).fro_in_floors,
+               "wall_s": time.perf_counter() - started}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _key(problem: Problem, dtype_text: str, temperature: float, seed: int) -> tuple:
+    return problem.family, problem.shape.N, problem.shape.D, problem.shape.C, dtype_text, float(temperature), seed
+
+
+def _done(path: Path) -> set[tuple]:
+    if not path.exists():
+        return set()
+    table = read_table(path)
+    return {(r.family, int(r.N), int(r.D), int(r.C), r.dtype, float(r.temperature), int(r.seed))
+            for r in table.itertuples()}
+
+
+def all_problems(problems: Sequence[Problem] = PROBLEMS, dtypes: Sequence[str] = STUDY_DTYPES,
+                 temperatures: Sequence[float] = TEMPERATURES, seeds: Sequence[int] = SEEDS) -> list[tuple]:
+    return [(p, d, t, s) for p in problems for d in dtypes for t in temperatures for s in seeds]
+
+
+def record(folder: Path, file_name: str = RL_LOGPROBS_FILE, *, problems: Sequence[Problem] = PROBLEMS,
+           dtypes: Sequence[str] = STUDY_DTYPES, temperatures: Sequence[float] = TEMPERATURES,
+           seeds: Sequence[int] = SEEDS, recipes: Sequence[Recipe] = RECIPES, restart: bool = False,
+           progress: bool = True) -> tuple[Path, float]:
+    """Measure every (problem, dtype, temperature, seed) not yet in ``folder/<file_name>`` and append its rows with
+    provenance as it finishes; the bar's ETA weighs problems by their logits. Returns the path and the seconds."""
+    from tqdm import tqdm
+
+    path = folder / file_name
+    if restart:
+        set_aside(path)
+    done = _done(path)
+    pending = [item for item in all_problems(problems, dtypes, temperatures, seeds) if _key(*item) not in done]
+    total = sum(p.shape.N * p.shape.C for p, *_ in pending)
+    started = time.perf_counter()
+    with tqdm(total=total, desc="rl-logprobs", unit="logit", unit_scale=True, disable=not progress,
+              dynamic_ncols=True) as bar:
+        for problem, dtype_text, temperature, seed in pending:
+            bar.set_postfix_str(f"{problem.family} {dtype_text} T={temperature:g} seed {seed}")
+            table = measure_problem(problem, dtype_text, temperature, seed, recipes)
+            append_rows(path, RL_LOGPROBS.rows(table.assign(**provenance("cpu"))))
+            bar.update(problem.shape.N * problem.shape.C)
+    return path, time.perf_counter() - started
+
+
+# ---- costs at a Qwen-size head ------------------------------------------------------------------------------------
+
+COST_SHAPES: tuple[Shape, ...] = (Shape(512, 896, 151936), Shape(1024, 896, 151936))
+"""Qwen2.5-0.5B's head (D = 896, C = 151,936) at two batches of tokens: the peak's growth with N is measured."""
+COST_DTYPE = "bfloat16"
+
+
+def _cost_step(recipe: Recipe, x, w, target, advantages) -> Callable[[], None]:
+    def step() -> None:
+        leaves = [t.detach().requires_grad_() for t in (x, w)]
+        log_probs, entropy = recipe.run(leaves[0], leaves[1], None, target, 1.0)
+        (-(advantages.to(log_probs.dtype) * log_probs).sum() / target.shape[0] - 0.01 * entropy.mean()).backward()
+    return step
+
+
+def measure_costs(shapes: Sequence[Shape] = COST_SHAPES, recipes: Sequence[Recipe] | None = None,
+                  repeats: int = 3) -> pd.DataFrame:
+    """Peak extra bytes (allocator events, one call) and median time of a forward and backward of a
+    policy-gradient loss with an entropy bonus, per recipe, at ``shapes`` in bf16 on this CPU. lce's rows also give
+    its plan's predicted peak. CUDA-layout arms are left out: on the CPU they would measure the emulation."""
+    recipes = [r for r in (RECIPES if recipes is None else recipes) if r.layout != "cuda"]
+    dtype = DTYPES[COST_DTYPE]
+    rows = []
+    for shape in shapes:
+        drawn = draw("random", shape, seed=0, bias=False)
+        x, w = drawn.x.to(dtype), drawn.weight.to(dtype)
+        target = drawn.target
+        advantages = torch.randn(shape.N, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        for recipe in recipes:
+            step = _cost_step(recipe, x, w, target, advantages)
+            _, memory = measure_peak(step)
+            timing = time_call(step, warmup=1, repeats=repeats)
+            predicted = None
+            if recipe.op == "lce":
+                plan = lce.logprobs.log_probs_plan(x.requires_grad_(), w.requires_grad_(), return_entropy=True)
+                predicted = plan.peak_extra_bytes
+            rows.append({"recipe": recipe.label, "op": recipe.op, "dtype": COST_DTYPE, "N": shape.N, "D": shape.D,
+                         "C": shape.C, "peak_bytes": memory.peak_bytes, "predicted_peak_bytes": predicted,
+                         "logits_bytes": shape.N * shape.C * dtype.itemsize, "time_median_s": timing.median_s,
+                         "time_spread_s": timing.spread_s, "repeats": repeats})
+    return pd.DataFrame(rows)
+
+
+def record_costs(folder: Path, **settings) -> tuple[Path, float]:
+    """Measure (:func:`measure_costs`) and write ``folder/rl_cost.csv`` with provenance (an earlier one set aside)."""
+    started = time.perf_counter()
+    path = folder / RL_COST_FILE
+    table = measure_costs(**settings)
+    set_aside(path)
+    append_rows(path, RL_COST.rows(table.assign(**provenance("cpu"))))
+    return path, time.perf_counter() - started
+
+
+# ---- python -m analysis rl-logprobs ------------------------------------------------------------------------------
+
+DESCRIPTION = ("Per-token log-probabilities and entropy for RL: each recipe (materialized in the input dtype, fp32 "
+               "statistics cast back, an fp32 head, lce) against fp64 on the trained LM's head, the calibrated family "
+               "and confident rows, T 0.6-1.2, bf16 and fp16, 3 seeds: importance-ratio error, implied KL, entropy "
+               "error, policy-gradient floors (rl_logprobs.csv, resumable; about 40 CPU-minutes); --costs: peak "
+               "memory and time per recipe at a Qwen-size head (rl_cost.csv, a few minutes).")
+
+
+def add_arguments(parser) -> None:
+    from analysis.core.arguments import progress_option, results_option
+
+    parser.add_argument("--costs", action="store_true", help="measure the costs at the Qwen-size head instead")
+    parser.add_argument("--quick", action="store_true",
+                        help="one seed, T=1, the trained head and two margins (a smoke run; not the committed one)")
+    parser.add_argument("--file", default=RL_LOGPROBS_FILE, metavar="NAME",
+                        help=f"results file name in the results folder (default: {RL_LOGPROBS_FILE})")
+    parser.add_argument("--restart", action="store_true", help="set an earlier file aside instead of resuming it")
+    results_option(parser)
+    progress_option(parser)
+
+
+def run(args) -> None:
+    from analysis.core.arguments import print_study
+
+    if args.costs:
+        print_study(*record_costs(args.results))
+        return
+    settings = {}
+    if args.quick:
+        settings = dict(problems=(PROBLEMS[0], *PROBLEMS[-2:]), temperatures=(1.0,), seeds=(0,))
+    print_study(*record(args.results, args.file, restart=args.restart, progress=not args.no_progress, **settings))
+
