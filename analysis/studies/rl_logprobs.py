@@ -67,9 +67,9 @@ from analysis.core.timing import time_call
 from analysis.core.token_reference import sample_targets, token_reference
 from lce.testing import emulate_device_kind
 
-__all__ = ["Recipe", "RECIPES", "Problem", "PROBLEMS", "TEMPERATURES", "STUDY_DTYPES", "SEEDS", "RL_LOGPROBS_FILE",
-           "RL_COST_FILE", "COST_SHAPES", "problem_inputs", "measure_problem", "record", "measure_costs",
-           "record_costs", "ratio_summary"]
+__all__ = ["Recipe", "RECIPES", "CHUNKING_RECIPES", "RL_CHUNKING_FILE", "Problem", "PROBLEMS", "TEMPERATURES",
+           "STUDY_DTYPES", "SEEDS", "RL_LOGPROBS_FILE", "RL_COST_FILE", "COST_SHAPES", "problem_inputs",
+           "measure_problem", "record", "measure_costs", "record_costs", "ratio_summary"]
 
 RL_LOGPROBS_FILE = "rl_logprobs.csv"
 RL_COST_FILE = "rl_cost.csv"
@@ -131,10 +131,16 @@ def _fp32_head(x, w, b, target, temperature) -> Outputs:
     return log_probs.gather(1, target[:, None]).squeeze(1), -(log_probs.exp() * log_probs).sum(-1)
 
 
-def _lce(layout: str, policy: str, acc_dtype: str) -> Callable[..., Outputs]:
+def _lce(layout: str, policy: str, acc_dtype: str, **chunking) -> Callable[..., Outputs]:
+    """lce.linear_log_probs with ``policy`` on ``layout``'s table; ``chunking``: fields of the options
+    (``chunks``: that many row chunks of the call's N)."""
     def run(x, w, b, target, temperature) -> Outputs:
+        fields = dict(chunking)
+        chunks = fields.pop("chunks", None)
+        if chunks is not None:
+            fields.update(batch_chunk_size=-(-x.shape[0] // chunks), chunking_method=None)
         options = lce.LinearCrossEntropyOptions(
-            acc_policy=policy, acc_dtype=torch.float32 if acc_dtype == "float32" else None)
+            acc_policy=policy, acc_dtype=torch.float32 if acc_dtype == "float32" else None, **fields)
         with emulate_device_kind(layout):
             return lce.linear_log_probs(x, w, target, linear_bias=b, temperature=temperature, return_entropy=True,
                                         options=options)
@@ -155,6 +161,17 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("lce compact cuda acc=input", "lce, compact without acc_dtype: input-dtype logits GEMM",
            _lce("cuda", "compact", "default"), "lce", "compact", "cuda", "default"),
 )
+
+
+CHUNKING_RECIPES: tuple[Recipe, ...] = tuple(
+    Recipe(f"lce {policy} cuda @{chunks}", f"lce, {policy}, fp32 accumulation, {chunks} row chunks, CUDA layouts",
+           _lce("cuda", policy, "float32", chunks=chunks), "lce", policy, "cuda", "float32")
+    for policy in ("balanced", "compact") for chunks in (1, 8, 64, 256)
+) + (Recipe("lce balanced cuda tiled", "lce, balanced, fp32 accumulation, classes in blocks of 4096",
+            _lce("cuda", "balanced", "float32", class_chunk_size=4096), "lce", "balanced", "cuda", "float32"),)
+"""lce at fixed row chunk counts and with class tiling (``--chunking``): row chunks change no row's statistics, so
+these show what the chunking does to the gradients, and tiling what its blockwise statistics do to the outputs."""
+RL_CHUNKING_FILE = "rl_logprobs_chunking.csv"
 
 
 # ---- problems ---------------------------------------------------------------------------------------------------
@@ -364,6 +381,8 @@ def add_arguments(parser) -> None:
     from analysis.core.arguments import progress_option, results_option
 
     parser.add_argument("--costs", action="store_true", help="measure the costs at the Qwen-size head instead")
+    parser.add_argument("--chunking", action="store_true",
+                        help=f"lce at fixed chunk counts and class-tiled instead (bf16, T=1; {RL_CHUNKING_FILE})")
     parser.add_argument("--quick", action="store_true",
                         help="one seed, T=1, the trained head and two margins (a smoke run; not the committed one)")
     parser.add_argument("--file", default=RL_LOGPROBS_FILE, metavar="NAME",
@@ -380,7 +399,11 @@ def run(args) -> None:
         print_study(*record_costs(args.results))
         return
     settings = {}
+    file_name = args.file
+    if args.chunking:
+        settings = dict(problems=PROBLEMS[:2], dtypes=("bfloat16",), temperatures=(1.0,), recipes=CHUNKING_RECIPES)
+        file_name = RL_CHUNKING_FILE
     if args.quick:
         settings = dict(problems=(PROBLEMS[0], *PROBLEMS[-2:]), temperatures=(1.0,), seeds=(0,))
-    print_study(*record(args.results, args.file, restart=args.restart, progress=not args.no_progress, **settings))
+    print_study(*record(args.results, file_name, restart=args.restart, progress=not args.no_progress, **settings))
 
