@@ -41,7 +41,8 @@ from analysis.core.run_config import RunConfig
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
            "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "FEATURES",
            "FEATURE_COST", "VOCAB_PARALLEL", "CPU_GEMM_RATES", "CPU_GEMM_PROBE", "RECOMMEND_CHECK", "GPU_BENCH",
-           "GPU_MEMORY", "HF_STEP", "HEAD_TRAINING", "LOSS_SCALE", "HF_FP16", "RL_LOGPROBS", "RL_COST", "COLUMNS",
+           "GPU_MEMORY", "HF_STEP", "HEAD_TRAINING", "LOSS_SCALE", "HF_FP16", "RL_LOGPROBS", "RL_COST", "RL_EXAMPLE",
+           "COLUMNS",
            "append_rows", "append_row", "write_csv_atomically", "set_aside", "read_rows", "read_table", "file_kind",
            "paths_of_kind", "load_kind", "done_keys", "latest", "load_results"]
 
@@ -255,12 +256,20 @@ RL_COST = Kind("rl_cost", tuple(["kind", "recipe", "op", "dtype", "N", "D", "C",
                "peak extra memory and time of one recipe's forward and backward at a Qwen-size head "
                "(python -m analysis rl-logprobs --costs)")
 
+RL_EXAMPLE = Kind("rl_example", tuple(["kind", "parity_vocab", "vocab", "loss_rel_diff", "grad_rel_diff", "loss_step1",
+                                       "loss_step2", "completion_tokens", "tokens", "lce_peak_bytes", "lce_seconds",
+                                       "materialized_peak_bytes", "materialized_seconds", "logits_bytes",
+                                       *PROVENANCE_COLUMNS]),
+                  "the worked GRPO example: fp64 agreement of lce's and the materialized head, and each one's peak "
+                  "memory at a Qwen-size vocabulary (python examples/grpo_update.py --csv ...)")
+
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
                                                        TRAINING, BUDGETS, CLASS_TILING, FEATURES, FEATURE_COST,
                                                        VOCAB_PARALLEL, CPU_GEMM_RATES, CPU_GEMM_PROBE, RECOMMEND_CHECK,
                                                        GPU_BENCH, GPU_MEMORY, HF_STEP, HEAD_TRAINING,
-                                                       LOSS_SCALE, HF_FP16, RL_LOGPROBS, RL_COST)}
+                                                       LOSS_SCALE, HF_FP16, RL_LOGPROBS, RL_COST,
+                                                       RL_EXAMPLE)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns
