@@ -8,6 +8,7 @@ import warnings
 import torch
 
 from .autograd import PerRowLoss, ScalarReductionLoss
+from .checks import require
 from .options import LinearCrossEntropyOptions
 from .plan import Plan, make_plan
 from .unfused import DEFAULT_IGNORE_INDEX, unfused_linear_cross_entropy
@@ -121,11 +122,16 @@ def check_settings(reduction: str, ignore_index: int | None = None, label_smooth
 
 
 def first_out_of_range(target: torch.Tensor, num_classes: int, ignore_index: int) -> int | None:
-    """The first int64 target outside ``[0, num_classes)`` that is not ``ignore_index``, or None if there is none."""
-    out_of_range = ((target < 0) | (target >= num_classes)) & (target != ignore_index)
-    if target.numel() and bool(out_of_range.any()):
-        return int(target[out_of_range].flatten()[0])
-    return None
+    """The first int64 target outside ``[0, num_classes)`` that is not ``ignore_index``, or None if there is none.
+
+    On CUDA (outside :func:`lce.checks.eager_checks`) the check is a device-side assert, without a host
+    synchronisation (:mod:`lce.checks`), and this returns None."""
+    if not target.numel():
+        return None
+    in_range = ((target >= 0) & (target < num_classes)) | (target == ignore_index)
+    if require(in_range, f"lce: target values must lie in [0, {num_classes}) or equal ignore_index={ignore_index}"):
+        return None
+    return int(target[~in_range].flatten()[0])
 
 
 LOSS_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

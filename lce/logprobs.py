@@ -14,6 +14,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from .checks import require
 from .chunked import GroupReduction, HeadTensors, Targets
 from .functional import check_features, first_out_of_range, grads_needed
 from .logprob_passes import TokenRows, token_gradients, token_statistics
@@ -116,24 +117,29 @@ def log_probs_plan(input: torch.Tensor, linear_weight: torch.Tensor, *, linear_b
 
 def raise_on_bad_rows(rows: TokenRows, target: torch.Tensor, num_classes: int, ignore_index: int,
                       temperature: float | torch.Tensor, who: str = _WHO) -> None:
-    """After forward, in one host synchronisation: targets outside ``[0, C)`` that are not ``ignore_index``, a
-    temperature tensor with a value that is not a finite number > 0, and rows whose statistics are not finite
-    (inf or NaN in the input, weight or bias, or logits that overflow) raise ``ValueError``."""
-    flags = [((target < 0) | (target >= num_classes)) & (target != ignore_index)]
-    if isinstance(temperature, torch.Tensor):
-        flags.append(~(torch.isfinite(temperature) & (temperature > 0)))
+    """After forward: targets outside ``[0, C)`` that are not ``ignore_index``, a temperature tensor with a value
+    that is not a finite number > 0, and rows whose statistics are not finite (inf or NaN in the input, weight or
+    bias, or logits that overflow) raise ``ValueError``, in one host synchronisation. On CUDA tensors (outside
+    :func:`lce.checks.eager_checks`) the same three checks are device-side asserts, without a synchronisation
+    (:mod:`lce.checks`)."""
+    if not target.numel():
+        return
+    in_range = ((target >= 0) & (target < num_classes)) | (target == ignore_index)
+    good_temperature = (torch.isfinite(temperature) & (temperature > 0) if isinstance(temperature, torch.Tensor)
+                        else torch.ones_like(in_range))
     finite = torch.isfinite(rows.lse) & torch.isfinite(rows.nll)
     if rows.entropy is not None:
         finite &= torch.isfinite(rows.entropy)
-    flags.append(~finite)
-    if not target.numel() or not bool(torch.stack([flag.any() for flag in flags]).any()):
+    message = (f"{who}: targets in [0, {num_classes}) or ignore_index={ignore_index}, temperatures finite and > 0, "
+               "finite logits (run under lce.checks.eager_checks() for which)")
+    if require(torch.stack([in_range.all(), good_temperature.all(), finite.all()]), message):
         return
     bad = first_out_of_range(target, num_classes, ignore_index)
     if bad is not None:
         raise ValueError(f"{who}: target values must lie in [0, {num_classes}) or equal ignore_index={ignore_index}, "
                          f"found {bad}")
-    if isinstance(temperature, torch.Tensor) and bool(flags[1].any()):
-        value = float(temperature[flags[1]][0])
+    if not bool(good_temperature.all()):
+        value = float(temperature[~good_temperature][0])
         raise ValueError(f"{who}: temperature must hold finite values > 0, found {value!r}")
     row = int(torch.nonzero(~finite)[0, 0])
     raise ValueError(f"{who}: the logits of row {row} (of the flattened input) are not finite: input, linear_weight "
@@ -185,6 +191,7 @@ class TokenLogProbs(torch.autograd.Function):
         return grads.input, grads.weight, grads.bias, None, None
 
 
+@torch.compiler.disable
 def linear_log_probs(
     input: torch.Tensor,
     linear_weight: torch.Tensor,
@@ -226,7 +233,11 @@ def linear_log_probs(
 
     Raises:
         ValueError / TypeError naming the argument for bad shapes, dtypes, a temperature <= 0 or not finite, targets
-        out of range, and inputs whose logits are not finite (checked after forward, one host synchronisation).
+        out of range, and inputs whose logits are not finite (checked after forward, one host synchronisation; on
+        CUDA a device-side assert instead, without one, unless under :func:`lce.checks.eager_checks`).
+
+    Under ``torch.compile`` the call is a graph break (the chunk loop runs eagerly, as the loss's does); the rest of
+    a compiled model compiles around it.
     """
     check_log_probs_arguments(input, linear_weight, target, linear_bias, temperature, return_entropy, softcap,
                               ignore_index)

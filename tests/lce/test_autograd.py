@@ -148,3 +148,26 @@ def test_torch_compile_matches_eager(backend, reduction):
         results.append((out.detach(), *(t.grad for t in leaves)))
     for name, got, expected in zip(("output", "input", "weight", "bias"), results[1], results[0], strict=False):
         assert_close_rel(got, expected, 1e-13, f"compiled {reduction}: {name}")
+
+
+@pytest.mark.slow
+def test_torch_compile_of_the_log_probs_matches_eager():
+    """lce.linear_log_probs inside a compiled function: a graph break (lce runs eagerly), the same numbers."""
+    p = make_problem(Case(N=32, D=8, V=50, reduction="none", bias=True))
+    options = lce.LinearCrossEntropyOptions(batch_chunk_size=8)
+    advantages = torch.linspace(-1, 1, 32, dtype=p.input.dtype)
+
+    def step(x, w, b):
+        log_probs, entropy = lce.linear_log_probs(torch.tanh(x), w, p.target.clamp_min(0), linear_bias=b,
+                                                  temperature=0.7, return_entropy=True, options=options)
+        return -(advantages * log_probs).mean() - 0.01 * entropy.mean()
+
+    compiled = torch.compile(step, backend="inductor")
+    results = []
+    for fn in (step, compiled):
+        leaves = [t.detach().clone().requires_grad_() for t in (p.input, p.linear_weight, p.linear_bias)]
+        out = fn(*leaves)
+        out.backward()
+        results.append((out.detach(), *(t.grad for t in leaves)))
+    for name, got, expected in zip(("output", "input", "weight", "bias"), results[1], results[0], strict=True):
+        assert_close_rel(got, expected, 1e-13, f"compiled log-probs: {name}")

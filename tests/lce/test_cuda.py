@@ -113,3 +113,26 @@ def test_log_probs_and_entropy_fp64_parity_on_cuda(policy, class_chunk_size):
 
     for got, want in zip(run(lce.linear_log_probs, options=options), run(unfused_linear_log_probs), strict=True):
         assert got.is_cuda and rel_err(got, want) <= 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_default_path_never_synchronises_with_the_host(dtype):
+    """Issue 33: with lce's default options a forward and backward of the loss, and of the per-token
+    log-probabilities and entropy, run under torch.cuda.set_sync_debug_mode("error"): no value is read on the host
+    (targets and temperatures are checked by device-side asserts, lce.checks)."""
+    g = torch.Generator().manual_seed(0)
+    n, d, c = 1024, 128, 8192
+    x = torch.randn(n, d, generator=g).to(dtype).cuda().requires_grad_()
+    w = (torch.randn(c, d, generator=g) / d**0.5).to(dtype).cuda().requires_grad_()
+    target = torch.randint(0, c, (n,), generator=g).cuda()
+    temperature = torch.full((n,), 0.8, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        lce.linear_cross_entropy(x, w, target, options=lce.LinearCrossEntropyOptions()).backward()
+        log_probs, entropy = lce.linear_log_probs(x, w, target, temperature=temperature, return_entropy=True)
+        (log_probs.sum() + entropy.sum()).backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.isfinite(x.grad).all() and torch.isfinite(w.grad).all()
