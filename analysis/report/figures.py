@@ -34,6 +34,8 @@ from analysis.core.results_io import (
     NOISE,
     RARE_ROWS,
     RECOMMEND_CHECK,
+    RL_COST,
+    RL_LOGPROBS,
     TRAINING,
     VOCAB_PARALLEL,
     load_kind,
@@ -50,6 +52,7 @@ from analysis.report import (
     nb09_cpu_kinds,
     nb10_long_horizon,
     nb10_loss_scale,
+    nb11_rl_logprobs,
 )
 from analysis.report.nb02_accuracy import plot_error_vs_chunks
 from analysis.report.nb03_memory import plot_buffer_breakdown, plot_memory_model, plot_memory_trace
@@ -111,7 +114,8 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
                        family_stats=family_stats, margins=margins, rare_rows=rare)
     matter = [load_kind(results, kind.name)
               for kind in (NOISE, TRAINING, BUDGETS, CLASS_TILING, FEATURES, VOCAB_PARALLEL, CPU_GEMM_RATES,
-                           RECOMMEND_CHECK, HF_STEP, HEAD_TRAINING, CPU_GEMM_PROBE, LOSS_SCALE)]
+                           RECOMMEND_CHECK, HF_STEP, HEAD_TRAINING, CPU_GEMM_PROBE, LOSS_SCALE, RL_LOGPROBS,
+                           RL_COST)]
     figures += nb06_does_it_matter.draw_all(matter[0][1], matter[1][1])
     figures += nb07_choosing_options.draw_budget_figures(matter[2][1], matter[3][1])
     figures += nb08_beyond_torch.draw_feature_figures(matter[4][1])
@@ -122,6 +126,7 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
     figures += nb10_long_horizon.draw_long_horizon_figures(head[head["setting"] == "full"] if not head.empty else head)
     loss_scale_figure = nb10_loss_scale.plot_lost_entries(matter[11][1])
     figures += [loss_scale_figure] if loss_scale_figure is not None else []
+    figures += nb11_rl_logprobs.draw_rl_figures(matter[12][1], matter[13][1])
     figures += nb04_pareto.draw_gpu_figures(table)
     validation_path = results / VALIDATION_FILE
     if validation_path.exists():

@@ -33,6 +33,7 @@ from analysis.report.nb08_beyond_torch import readme_features, readme_vocab_para
 from analysis.report.nb09_cpu_kinds import readme_cpu_kinds, readme_cpu_probe
 from analysis.report.nb10_long_horizon import readme_long_horizon
 from analysis.report.nb10_loss_scale import readme_loss_scale
+from analysis.report.nb11_rl_logprobs import readme_rl_logprobs
 from analysis.sweep.grids import GRIDS
 from lce.policies import CPU_MIN_ROWS
 
@@ -202,6 +203,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "hf-step": readme_hf_step,
     "long-horizon": readme_long_horizon,
     "loss-scale": readme_loss_scale,
+    "rl-logprobs": readme_rl_logprobs,
     "hf-fp16": readme_hf_fp16,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""
