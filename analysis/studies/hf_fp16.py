@@ -111,7 +111,7 @@ def train_arm(arm: str, setting: Setting, seed: int) -> list[dict]:
         raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
     model = build_model(setting, seed)
     if arm.startswith("lce"):
-        patch(model)
+        patch(model, logits="never")  # its held-out loss runs in eval mode: no logits wanted there
     chain = bigram_chain(setting, seed)
     heldout = sample(chain, setting.heldout, setting.seq_len, torch.Generator().manual_seed(20_000 + seed))
     batches = torch.Generator().manual_seed(30_000 + seed)

@@ -4,34 +4,62 @@
 
     from lce.integrations.transformers import patch
     patch(model)                                   # lce's default options; or options=..., "recommend", z_loss=...
-    loss = model(input_ids, labels=labels).loss    # the library's own loss, the (B, T, V) logits never formed
+    loss = model(input_ids, labels=labels).loss    # the library's own loss; in training no (B, T, V) logits
 
 What a patched model does when its forward is called with ``labels`` (without them it is the model's own
 forward, logits and all):
 
 * the model's forward runs as written, with two stand-ins for the duration of the call: its ``lm_head``
-  keeps the final hidden states (after ``logits_to_keep``) and returns an empty ``(..., 0)`` tensor instead
-  of the logits, and its ``loss_function`` is lce's. So everything the model does around the loss -- the base
-  model's arguments (``attention_mask``, ``position_ids``, caches), ``logits_to_keep``, an auxiliary loss it
-  adds (a mixture of experts' router loss) -- is the model's own code;
-* whatever the forward applies to the logits between ``lm_head`` and the loss is recorded on the empty
-  stand-in and identified by replaying it on a probe: nothing, or Gemma 2/3's ``final_logit_softcapping``
-  (``cap * tanh(logits / cap)``), which becomes lce's ``softcap``. Anything else (Cohere's ``logit_scale``,
-  Granite's ``logits_scaling``) is a ``ValueError`` naming the model class;
-* the loss is transformers' ``ForCausalLMLoss`` computed by :func:`lce.linear_cross_entropy` on the hidden
-  states and ``lm_head``'s weight (and bias): labels shifted left by one and padded with ``ignore_index``
-  (or ``shift_labels`` as given), flattened, rows labelled ``ignore_index`` (-100) ignored; the mean over the
-  labelled tokens, or, with ``num_items_in_batch`` (the ``Trainer``'s gradient accumulation), their sum
-  divided by it. A tied head is the embedding matrix itself, so its gradient sums both uses;
+  keeps the final hidden states (after ``logits_to_keep``) and returns a stand-in for the logits (an empty
+  ``(..., 0)`` tensor, or the real logits when they are returned, see below), and its ``loss_function`` is
+  lce's. So everything the model does around the loss -- the base model's arguments (``attention_mask``,
+  ``position_ids``, caches), ``logits_to_keep``, an auxiliary loss it adds (a mixture of experts' router
+  loss) -- is the model's own code;
+* whatever the forward applies to the logits between ``lm_head`` and the loss is recorded on the stand-in and
+  identified from the recorded ops, then checked by replaying them on a probe (in fp64; a cast through fp32
+  passes). Mapped: multiplications and divisions of the logits by a constant (a Python number or a 0-dim
+  tensor that requires no gradient) -- Granite's ``logits / logits_scaling``, Cohere's
+  ``logits * logit_scale`` --, and at most one ``tanh`` between them -- Gemma 2/3's
+  ``final_logit_softcapping``, ``cap * tanh(logits / cap)``. Any such chain, ``s2 * c * tanh(s1 * z / c)``
+  (scales before the cap, after it, or both), is ``C * tanh(S * z / C)`` with ``S = s1 * s2`` and
+  ``C = |s2 * c|``, so it becomes lce's ``softcap=C`` on the logits scaled by ``S`` (the factors are composed
+  as exact fractions, so Gemma's ``/ cap`` and ``* cap`` cancel exactly). Anything else (an addition, a
+  clamp, a second ``tanh``, a scale of 0, a learned scale) is a ``ValueError`` naming the model class;
+* the logit scale ``S`` goes into lce's input: the hidden states are multiplied by ``S`` (divided by ``k``
+  when ``S = 1/k``), and a bias, if ``lm_head`` has one, too, in their own dtype before any autocast cast,
+  differentiably, so the gradients reach the hidden states and the weight (a tied one included) through the
+  scale; the weight itself is left as it is. When ``S`` is a power of two (Granite 3.x's ``logits_scaling``
+  of 8 or 16, Cohere's ``logit_scale`` of 0.0625) the product is exact in every dtype (short of overflow or
+  subnormals) and lce computes the logits of exactly the scaled hidden states; otherwise it costs one
+  rounding of the hidden states in their dtype (at most 2**-8 relative in bf16, where the unpatched model
+  rounds its logits twice, before and after the scale): the loss is then within about the same error of
+  fp64's as the library's, not always below it;
+* the loss is transformers' ``ForCausalLMLoss`` computed by :func:`lce.linear_cross_entropy` on the (scaled)
+  hidden states and ``lm_head``'s weight (and bias): labels shifted left by one and padded with
+  ``ignore_index`` (or ``shift_labels`` as given), flattened, rows labelled ``ignore_index`` (-100) ignored;
+  the mean over the labelled tokens, or, with ``num_items_in_batch`` (the ``Trainer``'s gradient
+  accumulation), their sum divided by it. A tied head is the embedding matrix itself, so its gradient sums
+  both uses;
 * the dtype: as the unpatched ``lm_head`` would compute. Under ``torch.autocast`` (the ``Trainer``'s
   ``bf16=True`` with fp32 parameters) the hidden states and the weight are cast to the autocast dtype
   (fp64 stays fp64, as autocast leaves it), differentiably, so the gradient reaches the fp32 weight; lce
   then runs with autocast off, its precision policy deciding every GEMM;
 * the returned loss is fp32, as the library's (``ForCausalLMLoss`` upcasts the logits): lce returns its
   input's dtype, so in bf16 and fp16 the value is taken from lce's fp32 per-row log-sum-exp and the target
-  logits (formed in fp32 from the rounded operands), while the gradient is lce's. An fp64 model gets an
-  fp64 loss (the library's would be fp32: its upcast is a downcast there);
-* ``logits`` is None in the output (never formed); ``loss`` is set.
+  logits (formed in fp32 from the same rounded, scaled operands lce received), while the gradient is lce's.
+  An fp64 model gets an fp64 loss (the library's would be fp32: its upcast is a downcast there);
+* ``logits`` in the output, set by ``patch(model, logits=...)``: ``"eval"`` (the default) returns them when
+  the model is in eval mode (``not model.training``: ``Trainer.evaluate`` and ``predict``, whose
+  ``compute_metrics`` needs them) and None in training mode; ``"always"`` returns them in both; ``"never"``
+  in neither. Returned logits are the unpatched model's own: its ``lm_head`` (the forward it had, without a
+  second run of its hooks) on the same hidden states, in the same dtype and autocast state, then the model's
+  own ops after it (soft-capping, scaling) run on them as it runs them -- equal to the unpatched model's
+  logits to the bit. The loss is lce's all the same, so evaluation and training report the same quantity
+  (in fp64 the unpatched model's loss to 1e-10; in bf16 lce's fp32 value, not the library's from the
+  rounded logits); the head's GEMM then runs twice, once for the logits and once inside lce. Returning
+  logits costs their ``(B, T, V)`` memory, which is what lce avoids: in training, with ``"always"``, they
+  also keep their autograd graph. None means the key is absent from the output (a tuple output, with
+  ``return_dict=False``, lacks the item), as for an unpatched model's None.
 
 ``options``: None (lce's default options: "auto" policy and chunking), a
 :class:`~lce.LinearCrossEntropyOptions` (lce's or torch's), or ``"recommend"`` / :class:`Recommended` --
@@ -47,8 +75,10 @@ import dataclasses
 import functools
 import inspect
 import math
+import numbers
 import types
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 
 import torch
 
@@ -56,11 +86,14 @@ from ..functional import check_features, linear_cross_entropy
 from ..options import LinearCrossEntropyOptions
 from ..recommend import recommend
 
-__all__ = ["patch", "unpatch", "is_patched", "Recommended", "LCE_KEYWORDS"]
+__all__ = ["patch", "unpatch", "is_patched", "Recommended", "LCE_KEYWORDS", "LOGITS_SETTINGS"]
 
 LCE_KEYWORDS: tuple[str, ...] = ("z_loss",)
 """The keywords of :func:`lce.linear_cross_entropy` that :func:`patch` passes on (the others are the model's:
 its reduction, ``ignore_index`` and soft-cap)."""
+LOGITS_SETTINGS: tuple[str, ...] = ("eval", "always", "never")
+"""``patch(model, logits=...)``: when a call with labels also returns the logits -- in eval mode only (the
+default), always, never."""
 
 _STATE = "_lce_patch"
 _VALUE_ROWS = 4096
@@ -96,12 +129,13 @@ class Recommended:
 
 @dataclasses.dataclass
 class _Patch:
-    """What :func:`patch` left on a model (``model._lce_patch``): how to choose options, the extra keywords, and
-    the instance-level forward it replaced (None: the class's)."""
+    """What :func:`patch` left on a model (``model._lce_patch``): how to choose options, the extra keywords, the
+    instance-level forward it replaced (None: the class's), and when to return the logits (``LOGITS_SETTINGS``)."""
 
     options: LinearCrossEntropyOptions | Recommended
     keywords: dict[str, float]
     previous_forward: Callable | None
+    logits: str = "eval"
     chosen: dict[tuple, LinearCrossEntropyOptions] = dataclasses.field(default_factory=dict)
 
     def options_for(self, x: torch.Tensor, weight: torch.Tensor) -> LinearCrossEntropyOptions:
@@ -117,7 +151,8 @@ class _Patch:
 
 # ---- patch, unpatch -------------------------------------------------------------------------------------------
 
-def patch(model, options: LinearCrossEntropyOptions | Recommended | str | None = None, **lce_keywords):
+def patch(model, options: LinearCrossEntropyOptions | Recommended | str | None = None, *, logits: str = "eval",
+          **lce_keywords):
     """Route ``model``'s loss through lce whenever it is called with ``labels``; returns ``model`` (patched in
     place: only its instance's ``forward`` changes).
 
@@ -126,22 +161,27 @@ def patch(model, options: LinearCrossEntropyOptions | Recommended | str | None =
             ``nn.Linear``) and whose loss is transformers' ``ForCausalLMLoss``.
         options: None (lce's default options), a ``LinearCrossEntropyOptions`` (lce's or torch's),
             ``"recommend"`` or :class:`Recommended` (``lce.recommend`` per call shape).
+        logits: when a call with labels returns the logits too (the unpatched model's, beside lce's loss):
+            ``"eval"`` when ``not model.training`` (the default: ``Trainer.evaluate``'s ``compute_metrics``
+            gets them, training forms none), ``"always"``, or ``"never"`` (the output's logits are None).
         lce_keywords: ``z_loss`` (a float >= 0) added to the model's loss by lce.
 
     Raises:
         TypeError: ``model`` is not a transformers model, its ``lm_head`` is not an ``nn.Linear``, or
             ``options`` is of the wrong type.
         ValueError: an encoder-decoder model, a model without ``lm_head`` (a classification head) or with
-            another loss than ``ForCausalLMLoss``, a model patched already, an unknown ``options`` string or
-            lce keyword.
+            another loss than ``ForCausalLMLoss``, a model patched already, an unknown ``options`` string,
+            ``logits`` setting or lce keyword.
     """
     _check_model(model)
     if is_patched(model):
         raise ValueError(f"this {type(model).__name__} is patched already; call unpatch(model) first")
     chosen = _resolve_options(options)
+    if not isinstance(logits, str) or logits not in LOGITS_SETTINGS:
+        raise ValueError(f"logits must be one of {', '.join(map(repr, LOGITS_SETTINGS))}, got {logits!r}")
     keywords = _check_keywords(lce_keywords)
     previous = model.__dict__.get("forward")
-    setattr(model, _STATE, _Patch(chosen, keywords, previous))
+    setattr(model, _STATE, _Patch(chosen, keywords, previous, logits))
     model.forward = types.MethodType(_forward_like(getattr(previous, "__func__", type(model).forward)), model)
     return model
 
@@ -266,15 +306,18 @@ class _Call:
 
     def __init__(self, model, state: _Patch):
         self.model, self.state, self.name = model, state, type(model).__name__
+        self.keep_logits = state.logits == "always" or (state.logits == "eval" and not model.training)
         self.hidden: torch.Tensor | None = None
         self.autocast_dtype: torch.dtype | None = None
         self.loss: torch.Tensor | None = None
+        self.head_forward: Callable | None = None
 
     @contextlib.contextmanager
     def intercepting(self) -> Iterator[None]:
         head, model = self.model.lm_head, self.model
         saved_head = head.__dict__.get("forward")
         saved_loss = model.__dict__.get("_loss_function")
+        self.head_forward = saved_head or type(head).forward.__get__(head)
         head.forward = self.capture
         model.loss_function = self.loss_function
         try:
@@ -290,7 +333,8 @@ class _Call:
                 model._loss_function = saved_loss
 
     def capture(self, hidden: torch.Tensor) -> torch.Tensor:
-        """lm_head's stand-in: keep the hidden states, return an empty stand-in for the logits."""
+        """lm_head's stand-in: keep the hidden states, return a stand-in for the logits (empty, or holding the
+        logits lm_head's own forward computes when they are to be returned)."""
         if self.hidden is not None:
             raise ValueError(f"{self.name}'s forward calls lm_head more than once; lce.integrations.transformers "
                              "patches models that call it once, on the final hidden states")
@@ -298,6 +342,8 @@ class _Call:
         device_type = hidden.device.type
         if torch.is_autocast_enabled(device_type):
             self.autocast_dtype = torch.get_autocast_dtype(device_type)
+        if self.keep_logits:  # the head's own forward, here: in the forward's autocast state, its hooks run once
+            return _DeferredLogits(self.head_forward(hidden), self.name)
         dtype = self._compute_dtype(self.model.lm_head.weight)
         return _DeferredLogits(hidden.new_empty((*hidden.shape[:-1], 0), dtype=dtype), self.name)
 
@@ -313,7 +359,7 @@ class _Call:
         if self.hidden is None or not isinstance(logits, _DeferredLogits):
             raise ValueError(f"{self.name}'s forward passed loss_function logits that lm_head did not return; "
                              "lce.integrations.transformers patches forwards that compute them with lm_head")
-        softcap = self._softcap(logits)
+        scale, softcap = self._transform(logits)
         head = self.model.lm_head
         if vocab_size != head.weight.shape[0]:
             raise ValueError(f"{self.name} computes its loss over vocab_size={vocab_size} classes, but lm_head has "
@@ -326,8 +372,11 @@ class _Call:
         if target.shape[0] != x.shape[0]:
             raise ValueError(f"{self.name}: {target.shape[0]} label positions for {x.shape[0]} rows of hidden states "
                              f"(logits_to_keep with labels?); pass shift_labels for the positions kept")
+        bias = head.bias
+        if scale != 1:  # in the operands' own dtype, before autocast's cast: (S x) W^T + S b = S (x W^T + b)
+            x, bias = _scaled(x, scale), None if bias is None else _scaled(bias, scale)
         x, weight = (t.to(self._compute_dtype(t)) for t in (x, head.weight))
-        bias = None if head.bias is None else head.bias.to(self._compute_dtype(head.bias))
+        bias = None if bias is None else bias.to(self._compute_dtype(bias))
         options = self.state.options_for(x, weight)
         off = torch.autocast(x.device.type, enabled=False) if self.autocast_dtype else contextlib.nullcontext()
         with off:
@@ -336,39 +385,50 @@ class _Call:
         self.loss = loss
         return loss
 
-    def _softcap(self, logits: _DeferredLogits) -> float | None:
-        """What the forward did to the logits after lm_head: nothing (None), or Gemma's soft-cap (its value)."""
+    def _transform(self, logits: _DeferredLogits) -> tuple[Fraction, float | None]:
+        """What the forward did to the logits after lm_head, as lce's input scale and soft-cap: ``(S, C)`` for
+        ``C * tanh(S * z / C)`` (``C`` None: ``S * z``); ``(1, None)`` for nothing. Derived from the recorded ops
+        (:func:`_scale_and_cap`), then checked by replaying them on a probe."""
         if not logits.ops:
-            return None
-        config = self.model.config
-        cap = getattr(config, "final_logit_softcapping", None)
-        if cap is None and hasattr(config, "get_text_config"):
-            cap = getattr(config.get_text_config(), "final_logit_softcapping", None)
-        probe = torch.linspace(-60.0, 60.0, 121, dtype=torch.float64, device=self.hidden.device).reshape(1, 1, -1)
+            return Fraction(1), None
         described = ", ".join(getattr(func, "__name__", str(func)) for func, _, _ in logits.ops)
+        unmapped = (f"{self.name}'s forward applies {described} to the logits after lm_head; "
+                    "lce.integrations.transformers maps nothing there but multiplications and divisions by a "
+                    "constant and at most one tanh between them (a logit scale, a soft-cap)")
+        try:
+            scale, cap = _scale_and_cap(logits.ops)
+        except _Unmappable as reason:
+            raise ValueError(f"{unmapped}: {reason}") from None
+        probe = torch.linspace(-60.0, 60.0, 121, dtype=torch.float64, device=self.hidden.device).reshape(1, 1, -1)
         try:
             result = _replay(logits.ops, probe).double()
         except Exception as error:
             raise ValueError(f"{self.name}'s forward applies {described} to the logits after lm_head, which "
                              f"lce.integrations.transformers cannot map: {error}") from error
-        if result.shape == probe.shape and torch.allclose(result, probe, rtol=_PROBE_RTOL, atol=0.0):
-            return None
-        if cap and result.shape == probe.shape and torch.allclose(result, cap * torch.tanh(probe / cap),
-                                                                   rtol=_PROBE_RTOL, atol=1e-12):
-            return float(cap)
-        raise ValueError(f"{self.name}'s forward applies {described} to the logits after lm_head; "
-                         "lce.integrations.transformers maps nothing there but a soft-cap by the config's "
-                         f"final_logit_softcapping ({cap}), and this is not one")
+        scaled = probe * float(scale)
+        expected = scaled if cap is None else float(cap) * torch.tanh(scaled / float(cap))
+        floor = 1e-12 * float(expected.abs().max())
+        if result.shape != probe.shape or not torch.allclose(result, expected, rtol=_PROBE_RTOL, atol=floor):
+            written = f"{float(scale)!r} * z" if cap is None else f"{float(cap)!r} * tanh({float(scale)!r} * z / " \
+                                                                  f"{float(cap)!r})"
+            raise ValueError(f"{unmapped}, and this is not {written}")
+        return scale, None if cap is None else float(cap)
 
     def finish(self, output):
-        """The forward's output with lce's loss in it and no logits; ``ValueError`` if the loss never ran."""
+        """The forward's output with lce's loss in it and the logits (as plain tensors) or none; ``ValueError`` if
+        the loss never ran."""
         if self.loss is None:
             raise ValueError(f"{self.name}'s forward received labels but never called its loss_function; "
                              "lce.integrations.transformers patches models whose loss is ForCausalLMLoss")
         if isinstance(output, tuple):
+            if self.keep_logits:
+                return tuple(_plain(item) for item in output)
             return tuple(item for item in output if not isinstance(item, _DeferredLogits))
         if isinstance(output.get("logits"), _DeferredLogits):
-            output = type(output)(**{key: value for key, value in output.items() if key != "logits"})
+            if self.keep_logits:
+                output["logits"] = _plain(output["logits"])
+            else:
+                output = type(output)(**{key: value for key, value in output.items() if key != "logits"})
         return output
 
 
@@ -487,15 +547,16 @@ class _ValueWithGradient(torch.autograd.Function):
 # ---- the logits' stand-in -------------------------------------------------------------------------------------
 
 class _DeferredLogits(torch.Tensor):
-    """An empty ``(..., 0)`` tensor standing in for the logits, remembering every op the forward applies to it
-    (``ops``: ``(func, args, kwargs)`` in order) so that :meth:`_Call._softcap` can identify the transform."""
+    """A stand-in for the logits -- an empty ``(..., 0)`` tensor, or the logits themselves when they are to be
+    returned (sharing their storage and autograd history) -- remembering every op the forward applies to it
+    (``ops``: ``(func, args, kwargs)`` in order) so that :meth:`_Call._transform` can identify the transform."""
 
     ops: tuple
     model_name: str
 
     @staticmethod
-    def __new__(cls, empty: torch.Tensor, model_name: str, ops: tuple = ()):
-        stand_in = torch.Tensor._make_subclass(cls, empty)
+    def __new__(cls, data: torch.Tensor, model_name: str, ops: tuple = ()):
+        stand_in = data.as_subclass(cls)
         stand_in.ops, stand_in.model_name = ops, model_name
         return stand_in
 
@@ -513,6 +574,11 @@ class _DeferredLogits(torch.Tensor):
         return result
 
 
+def _plain(item):
+    """``item`` as a plain tensor if it is a stand-in holding the logits (same storage, same autograd history)."""
+    return item.as_subclass(torch.Tensor) if isinstance(item, _DeferredLogits) else item
+
+
 def _replay(ops: tuple, probe: torch.Tensor) -> torch.Tensor:
     """Apply the recorded ``ops`` to ``probe`` in place of the stand-in."""
     value = probe
@@ -523,3 +589,95 @@ def _replay(ops: tuple, probe: torch.Tensor) -> torch.Tensor:
     if not isinstance(value, torch.Tensor) or not value.is_floating_point() or not math.isfinite(value.sum()):
         raise ValueError(f"replaying gives {value!r}, not finite floating-point logits")
     return value
+
+
+# ---- the transform's identification: a logit scale and a soft-cap ----------------------------------------------
+
+_T = torch.Tensor
+_MULTIPLIES = frozenset({torch.mul, torch.multiply, _T.mul, _T.mul_, _T.multiply, _T.multiply_, _T.__mul__,
+                         _T.__rmul__, _T.__imul__})
+_DIVIDES = frozenset({torch.div, torch.divide, torch.true_divide, _T.div, _T.div_, _T.divide, _T.divide_,
+                      _T.true_divide, _T.true_divide_, _T.__truediv__, _T.__itruediv__})
+_TANHS = frozenset({torch.tanh, _T.tanh, _T.tanh_})
+
+
+class _Unmappable(Exception):
+    """Why a chain of recorded ops is not a logit scale and a soft-cap."""
+
+
+def _scale_and_cap(ops: tuple) -> tuple[Fraction, Fraction | None]:
+    """The recorded ops as ``(S, C)``: the logits ``z`` become ``C * tanh(S * z / C)`` (``C`` None: ``S * z``).
+
+    The chain is followed as ``outer * h(inner * z)``, ``h`` the identity until a ``tanh``: a multiplication or
+    division by a constant multiplies ``outer``; a ``tanh`` moves ``outer`` inside (``inner = outer``,
+    ``outer = 1``), once. Then ``outer * tanh(inner * z) = C * tanh(S * z / C)`` with ``S = outer * inner`` and
+    ``C = |outer|`` (tanh is odd). The factors are exact fractions of the constants, so ``/ cap`` and ``* cap``
+    cancel exactly. Any other op is taken to leave the values as they are (a cast, a copy, a view); the replay
+    on the probe (:meth:`_Call._transform`) checks that, and the whole chain."""
+    outer, inner, capped = Fraction(1), Fraction(1), False
+    for func, args, kwargs in ops:
+        factor = _factor_of(func, args, kwargs)
+        if factor is not None:
+            outer *= factor
+        elif func in _TANHS and len(args) == 1 and isinstance(args[0], _DeferredLogits) and not kwargs:
+            if capped:
+                raise _Unmappable("a second tanh (lce applies one soft-cap)")
+            outer, inner, capped = Fraction(1), outer, True
+    scale = outer * inner
+    if scale == 0:
+        raise _Unmappable("the logits are multiplied by 0")
+    try:
+        in_range = math.isfinite(float(scale)) and math.isfinite(float(outer))
+    except OverflowError:
+        in_range = False
+    if not in_range:
+        raise _Unmappable("the composed scale or cap is out of float range")
+    return scale, abs(outer) if capped else None
+
+
+def _factor_of(func, args: tuple, kwargs: dict) -> Fraction | None:
+    """The factor a recorded multiplication or division of the stand-in by a constant applies (as an exact
+    fraction), or None when the op is not one."""
+    divide = func in _DIVIDES
+    if not divide and func not in _MULTIPLIES:
+        return None
+    if len(args) != 2 or any(key != "rounding_mode" or value is not None for key, value in kwargs.items()):
+        return None
+    first, second = args
+    if isinstance(first, _DeferredLogits):
+        constant = _constant(second)
+    elif not divide and isinstance(second, _DeferredLogits):
+        constant = _constant(first)
+    else:
+        return None
+    if constant is None:
+        return None
+    if divide:
+        if constant == 0:
+            raise _Unmappable("the logits are divided by 0")
+        return 1 / constant
+    return constant
+
+
+def _constant(value) -> Fraction | None:
+    """A Python real number or a 0-dim real tensor as an exact fraction; None for anything else."""
+    if isinstance(value, torch.Tensor):
+        if isinstance(value, _DeferredLogits) or value.dim() != 0 or value.is_complex() or value.dtype == torch.bool:
+            return None
+        if value.requires_grad:
+            raise _Unmappable("the logits are scaled by a tensor that requires grad (a learned scale), which would "
+                              "get no gradient through lce")
+        number = float(value.item())
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        return None
+    return Fraction(number) if math.isfinite(number) else None
+
+
+def _scaled(tensor: torch.Tensor, scale: Fraction) -> torch.Tensor:
+    """``tensor * scale`` in ``tensor``'s dtype, differentiably: a division by the integer when the scale is one's
+    reciprocal (Granite's ``logits / 3``: one rounding, not two), else a product by the nearest float."""
+    if abs(scale.numerator) == 1 and scale.denominator < 2 ** 53:
+        return tensor / float(scale.numerator * scale.denominator)
+    return tensor * float(scale)

@@ -5,12 +5,14 @@ with the unpatched model whose loss is transformers' own ``ForCausalLMLoss`` wit
 fp64 (for fp64 logits that upcast is a downcast to fp32, which would hide everything below 1e-7). The bf16 checks
 measure both models against fp64 on the same rounded weights; their heads are scaled so the logits spread over
 tens of nats, as a trained head's do (a random-init head's softmax is uniform, which makes rounding errors
-coherent and comparisons between implementations a matter of luck).
+coherent and comparisons between implementations a matter of luck). Granite and Cohere scale their logits by a
+constant (a power of two in one family, not in the other), which the integration maps to scaled hidden states.
 """
 
 from __future__ import annotations
 
 import copy
+from fractions import Fraction
 from unittest import mock
 
 import pytest
@@ -28,6 +30,10 @@ SOFTCAP = 2.0
 """Gemma's final_logit_softcapping in the tiny configs: small, so that it bites on a scaled head."""
 HEAD_SCALE = 30.0
 """lm_head's weights times this: logits of a few to tens of nats."""
+GRANITE_SCALING = 8.0
+"""Granite's logits_scaling in FAMILIES (its logits divided by it): a power of two, as Granite 3.x's 8 and 16."""
+COHERE_SCALE = 0.3
+"""Cohere's logit_scale in FAMILIES (its logits multiplied by it): not a power of two (its default is 0.0625)."""
 
 _COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2)
@@ -46,9 +52,34 @@ FAMILIES = {
         embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)),
     "mixtral-router-loss": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(
         **_COMMON, num_local_experts=4, num_experts_per_tok=2, output_router_logits=True)),
+    "granite-scaled": lambda: granite(GRANITE_SCALING),
+    "cohere-scaled": lambda: cohere(COHERE_SCALE),
 }
-"""Decoder-only causal LMs: untied and tied heads (Qwen2, Gemma, GPT-2: the embedding matrix), Gemma's soft-cap, a
-base model named ``transformer`` (GPT-2), and a mixture of experts whose forward adds its router loss."""
+"""Decoder-only causal LMs: untied and tied heads (Qwen2, Gemma, GPT-2, Cohere: the embedding matrix), Gemma's
+soft-cap, Granite's and Cohere's logit scales, a base model named ``transformer`` (GPT-2), and a mixture of experts
+whose forward adds its router loss."""
+
+
+def granite(logits_scaling: float):
+    return transformers.GraniteForCausalLM(transformers.GraniteConfig(
+        **_COMMON, logits_scaling=logits_scaling, tie_word_embeddings=False))
+
+
+def cohere(logit_scale: float):
+    return transformers.CohereForCausalLM(transformers.CohereConfig(
+        **_COMMON, logit_scale=logit_scale, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+
+
+def logit_transform(config, logits: torch.Tensor) -> torch.Tensor:
+    """What the tiny families' forwards apply to lm_head's output (none applies more than one of these)."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap is not None:
+        logits = cap * torch.tanh(logits / cap)
+    if getattr(config, "logits_scaling", None) is not None:
+        logits = logits / config.logits_scaling
+    if getattr(config, "logit_scale", None) is not None:
+        logits = logits * config.logit_scale
+    return logits
 
 
 def tiny(family: str, dtype: torch.dtype = torch.float64, seed: int = 0):
@@ -230,6 +261,71 @@ def test_unpatch_restores_the_original_forward_and_a_copy_stays_patched_on_itsel
     assert duplicate(ids, labels=labels).logits is None
 
 
+# ---- logits in evaluation: patch(model, logits=...) ----------------------------------------------------------
+
+def count_head_calls(model) -> list[int]:
+    calls = []
+    model.lm_head.register_forward_pre_hook(lambda module, args: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2-softcap", "granite-scaled", "cohere-scaled"])
+def test_in_eval_mode_the_logits_are_the_unpatched_models_and_the_loss_and_gradients_lces(family, monkeypatch):
+    """fp64: the returned logits are the unpatched model's to the bit (its lm_head and its ops after it), the loss
+    and every gradient the library's to 1e-10 (lce's loss, as in training); lm_head's hooks run once."""
+    model = tiny(family).eval()
+    reference = fp64_library(model)
+    integration.patch(model)
+    spy = Spy(monkeypatch)
+    calls = count_head_calls(model)
+    ids, mask, labels = batch(10)
+    out, grads = step(model, ids, attention_mask=mask, labels=labels)
+    expected, expected_grads = step(reference, ids, attention_mask=mask, labels=labels)
+    assert type(out.logits) is torch.Tensor and torch.equal(out.logits, expected.logits)
+    assert out.logits.shape == (*ids.shape, VOCAB) and calls == [1] and len(spy.calls) == 1
+    assert abs(out.loss.item() - expected.loss.item()) <= 1e-10 * expected.loss.item()
+    assert grads.keys() == expected_grads.keys()
+    for name, grad in grads.items():
+        assert (grad - expected_grads[name]).abs().max() <= 1e-10 * expected_grads[name].abs().max(), name
+    loss, logits, *_ = model(ids, attention_mask=mask, labels=labels, return_dict=False)  # the tuple keeps them
+    assert type(logits) is torch.Tensor and torch.equal(logits, expected.logits)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2-softcap", "granite-scaled", "cohere-scaled"])
+def test_in_eval_mode_bf16_and_autocast_logits_are_the_unpatched_models_bit_for_bit(family):
+    """The logits are computed in the model's dtype, or autocast's, as the unpatched model computes them, under
+    no_grad as the Trainer evaluates; the loss is lce's fp32 value."""
+    for dtype, autocast in ((torch.bfloat16, False), (torch.float32, True)):
+        library = tiny(family, dtype).eval()
+        patched = integration.patch(copy.deepcopy(library))
+        ids, mask, labels = batch(11)
+        context = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
+        with torch.no_grad(), context:
+            out = patched(ids, attention_mask=mask, labels=labels)
+            expected = library(ids, attention_mask=mask, labels=labels)
+        assert out.logits.dtype == expected.logits.dtype == torch.bfloat16
+        assert torch.equal(out.logits, expected.logits), (dtype, autocast)
+        assert out.loss.dtype == torch.float32 and abs(out.loss.item() - expected.loss.item()) <= 1e-2
+
+
+def test_the_logits_setting_always_returns_them_in_training_and_never_in_neither():
+    ids, mask, labels = batch(12)
+    model = tiny("llama")
+    reference = fp64_library(model)
+    always = integration.patch(copy.deepcopy(model), logits="always")
+    out, grads = step(always, ids, attention_mask=mask, labels=labels)
+    expected, expected_grads = step(reference, ids, attention_mask=mask, labels=labels)
+    assert always.training and torch.equal(out.logits, expected.logits) and out.logits.requires_grad
+    assert all((g - expected_grads[n]).abs().max() <= 1e-10 for n, g in grads.items())  # the loss's: lce's
+    never = integration.patch(copy.deepcopy(model).eval(), logits="never")
+    out = never(ids, attention_mask=mask, labels=labels)
+    assert out.logits is None and abs(out.loss.item() - expected.loss.item()) <= 1e-10
+    default = integration.patch(copy.deepcopy(model))
+    assert default(ids, labels=labels).logits is None  # training mode
+    assert default.eval()(ids, labels=labels).logits is not None
+    assert default.train()(ids, labels=labels).logits is None
+
+
 # ---- bf16 and autocast: accuracy against fp64 ---------------------------------------------------------------
 
 def errors_against_fp64(model, reference, ids, mask, labels, *, autocast: bool = False, **kwargs):
@@ -247,9 +343,7 @@ def errors_against_fp64(model, reference, ids, mask, labels, *, autocast: bool =
     exact = torch.cat([grad.flatten() for grad in expected_grads.values()])
     head = next(name for name, p in model.named_parameters() if p is model.lm_head.weight)
     with torch.no_grad():
-        logits = reference.lm_head(seen["hidden"].double())
-        cap = getattr(reference.config, "final_logit_softcapping", None)
-        logits = logits if cap is None else cap * torch.tanh(logits / cap)
+        logits = logit_transform(reference.config, reference.lm_head(seen["hidden"].double()))
         head_loss = library_loss_in_fp64(logits, labels, VOCAB, **kwargs)
     return dict(loss=abs(out.loss.item() - head_loss.item()),
                 gradients=float((every - exact).norm() / exact.norm()),
@@ -325,6 +419,143 @@ def test_the_narrow_dtypes_loss_value_is_lces_loss(softcap, with_bias):
     assert abs(float(value) - float(loss)) <= 1e-7 * abs(float(loss))
 
 
+# ---- logit scales (Granite, Cohere), alone and around a soft-cap --------------------------------------------
+
+@pytest.mark.parametrize(("make", "scale"), [
+    (lambda: granite(3.0), 1 / 3.0),        # Granite divides: not a power of two
+    (lambda: granite(16.0), 1 / 16.0),      # as Granite 3.x's
+    (lambda: cohere(0.0625), 0.0625),       # Cohere's default
+    (lambda: cohere(0.7), 0.7),
+], ids=["granite-3", "granite-16", "cohere-0.0625", "cohere-0.7"])
+def test_a_logit_scale_is_lces_input_scaled_with_the_librarys_loss_and_gradients(make, scale, monkeypatch):
+    torch.manual_seed(0)
+    model = make()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(HEAD_SCALE)
+    model = model.double().train()
+    reference = fp64_library(model)
+    integration.patch(model)
+    spy = Spy(monkeypatch)
+    seen = {}
+    model.lm_head.register_forward_pre_hook(lambda module, args: seen.update(hidden=args[0]))
+    ids, mask, labels = batch(13)
+    out, grads = step(model, ids, attention_mask=mask, labels=labels)
+    expected, expected_grads = step(reference, ids, attention_mask=mask, labels=labels)
+    assert abs(out.loss.item() - expected.loss.item()) <= 1e-10 * expected.loss.item()
+    assert grads.keys() == expected_grads.keys() and len(grads) > 5
+    for name, grad in grads.items():
+        assert (grad - expected_grads[name]).abs().max() <= 1e-10 * expected_grads[name].abs().max(), name
+    (call,) = spy.calls
+    hidden = seen["hidden"].reshape(-1, HIDDEN).detach()
+    assert call["softcap"] is None and call["linear_weight"] is model.lm_head.weight
+    assert torch.allclose(call["input"], hidden * scale, rtol=2 ** -52, atol=0)
+
+
+@pytest.mark.parametrize("family", ["granite-scaled", "cohere-scaled"])
+@pytest.mark.parametrize("accumulate", [False, True], ids=["mean", "num_items_in_batch"])
+def test_a_power_of_two_scale_is_exact_in_bf16_and_another_costs_one_rounding_of_the_hidden_states(family, accumulate,
+                                                                                                  monkeypatch):
+    """bf16: Granite's 1/8 scales the hidden states exactly, and the loss's error is the fp32 statistics' (below
+    1e-5, where the library's rounded logits are off by 1e-4); Cohere's 0.3 rounds them once (to nearest), and the
+    loss is the fp64 loss of those rounded, scaled states to 1e-5. Either way every gradient is within a few bf16
+    rounding floors of fp64's and within 1.25 times the library's error, all parameters together (the trunk's
+    rounding dominates both, and which is smaller is luck at the 1% level) and lm_head's alone."""
+    library = tiny(family, torch.bfloat16)
+    reference = fp64_library(copy.deepcopy(library).double())
+    patched = integration.patch(copy.deepcopy(library))
+    seen = {}
+    patched.lm_head.register_forward_pre_hook(lambda module, args: seen.update(hidden=args[0]))
+    spy = Spy(monkeypatch)
+    ids, mask, labels = batch(4, rows=4, length=32)
+    kwargs = dict(num_items_in_batch=3 * (labels[:, 1:] != -100).sum()) if accumulate else {}
+    ours = errors_against_fp64(patched, reference, ids, mask, labels, **kwargs)
+    theirs = errors_against_fp64(library, reference, ids, mask, labels, **kwargs)
+    x = spy.calls[0]["input"].detach()
+    exact = seen["hidden"].detach().reshape(-1, HIDDEN).double() * (1 / GRANITE_SCALING if "granite" in family
+                                                                    else COHERE_SCALE)
+    assert x.dtype == torch.bfloat16
+    if family.startswith("granite"):  # a power of two
+        assert torch.equal(x.double(), exact)
+        assert ours["loss"] <= 1e-5 and ours["loss"] <= theirs["loss"] / 10, (ours, theirs)
+    else:
+        assert not torch.equal(x.double(), exact)
+        assert ((x.double() - exact).abs() <= 2 ** -8 * exact.abs()).all()  # one rounding to nearest (u = 2**-8)
+        with torch.no_grad():
+            loss = patched(ids, attention_mask=mask, labels=labels, **kwargs).loss.item()
+            logits = x.double() @ patched.lm_head.weight.double().T
+            of_lce_input = library_loss_in_fp64(logits.reshape(*ids.shape, VOCAB), labels, VOCAB, **kwargs).item()
+        assert abs(loss - of_lce_input) <= 1e-5
+    _, exact_grads = step(reference, ids, attention_mask=mask, labels=labels, **kwargs)
+    every = torch.cat([grad.flatten() for grad in exact_grads.values()])
+    floor = float((every.to(torch.bfloat16).double() - every).norm() / every.norm())
+    assert ours["gradients"] <= 4 * floor and ours["gradients"] <= 1.25 * theirs["gradients"], (ours, theirs)
+    assert ours["lm_head"] <= 1.25 * theirs["lm_head"], (ours, theirs)
+
+
+class CappedLlamaForCausalLM(transformers.LlamaForCausalLM):
+    """A Llama whose forward scales its logits before a soft-cap and after it (no transformers model does both):
+    ``0.5 * (3 * tanh(0.75 * z / 3)) / 0.8``, which is ``C * tanh(S * z / C)`` with ``S = 0.75 * 0.625`` and
+    ``C = 3 * 0.625``."""
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = self.lm_head(hidden) * 0.75
+        logits = 3.0 * torch.tanh(logits / 3.0)
+        logits = 0.5 * logits / 0.8
+        loss = None if labels is None else self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
+        return transformers.modeling_outputs.CausalLMOutputWithPast(loss=loss, logits=logits)
+
+
+def test_scales_before_and_after_a_soft_cap_compose_into_one_scale_and_one_cap(monkeypatch):
+    torch.manual_seed(0)
+    model = CappedLlamaForCausalLM(transformers.LlamaConfig(**_COMMON, tie_word_embeddings=False))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(HEAD_SCALE)
+    model = model.double().train()
+    reference = fp64_library(model)
+    integration.patch(model)
+    spy = Spy(monkeypatch)
+    ids, mask, labels = batch(14)
+    out, grads = step(model, ids, attention_mask=mask, labels=labels)
+    expected, expected_grads = step(reference, ids, attention_mask=mask, labels=labels)
+    assert spy.calls[0]["softcap"] == 3 * 0.625
+    assert abs(out.loss.item() - expected.loss.item()) <= 1e-10 * expected.loss.item()
+    for name, grad in grads.items():
+        assert (grad - expected_grads[name]).abs().max() <= 1e-10 * expected_grads[name].abs().max(), name
+    with torch.no_grad():
+        assert torch.equal(model.eval()(ids, labels=labels).logits, reference.eval()(ids, labels=labels).logits)
+
+
+def _stand_in():
+    return integration._DeferredLogits(torch.empty(2, 3, 0, dtype=torch.bfloat16), "Tiny")
+
+
+@pytest.mark.parametrize(("transform", "scale", "cap"), [
+    (lambda z: z / 16, Fraction(1, 16), None),
+    (lambda z: 0.0625 * z, Fraction(1, 16), None),
+    (lambda z: z.float() * torch.tensor(0.25), Fraction(1, 4), None),  # a cast and a 0-dim tensor
+    (lambda z: torch.div(z, 3.0), Fraction(1, 3), None),
+    (lambda z: torch.tanh(z / 30.0) * 30.0, Fraction(1), Fraction(30)),  # Gemma's: / cap and * cap cancel exactly
+    (lambda z: torch.tanh(z / 49.0).mul_(49.0), Fraction(1), Fraction(49)),  # 49 * (1 / 49) != 1 in floats
+    (lambda z: 2 * torch.tanh(z * 0.5 / 3) * 3 / 4, Fraction(1, 4), Fraction(3, 2)),  # 1.5 tanh(z / 6)
+    (lambda z: -2.0 * z.tanh(), Fraction(-2), Fraction(2)),  # -2 tanh(z) = 2 tanh(-2 z / 2)
+])
+def test_recorded_scales_and_a_tanh_are_identified_as_one_scale_and_one_cap(transform, scale, cap):
+    assert integration._scale_and_cap(transform(_stand_in()).ops) == (scale, cap)
+
+
+@pytest.mark.parametrize(("transform", "message"), [
+    (lambda z: z.tanh().tanh(), "a second tanh"),
+    (lambda z: z * 0.0, "multiplied by 0"),
+    (lambda z: z / 0, "divided by 0"),
+    (lambda z: z * torch.nn.Parameter(torch.tensor(2.0)), "requires grad"),
+    (lambda z: z * 1e300 * 1e300, "out of float range"),
+])
+def test_what_is_not_one_scale_and_one_cap_is_refused_with_the_reason(transform, message):
+    with pytest.raises(integration._Unmappable, match=message):
+        integration._scale_and_cap(transform(_stand_in()).ops)
+
+
 # ---- options and lce keywords -------------------------------------------------------------------------------
 
 def test_options_recommend_asks_lce_recommend_for_the_batch_shape(monkeypatch):
@@ -395,12 +626,19 @@ def test_a_module_that_is_not_a_transformers_model_is_refused():
         integration.patch(torch.nn.Linear(2, 3))
 
 
-def test_a_transform_of_the_logits_lce_cannot_map_is_refused_at_the_call():
-    torch.manual_seed(0)
-    model = transformers.CohereForCausalLM(transformers.CohereConfig(**_COMMON, logit_scale=0.25))
+@pytest.mark.parametrize(("transform", "message"), [
+    (lambda logits: logits + 1.0, r"add to the logits after lm_head.*, and this is not 1.0 \* z"),
+    (lambda logits: logits.clamp(-5.0, 5.0) * 0.5, r"clamp, mul to the logits.*, and this is not 0.5 \* z"),
+    (lambda logits: torch.tanh(torch.tanh(logits)), "a second tanh"),
+    (lambda logits: logits * 0, "the logits are multiplied by 0"),
+])
+def test_a_transform_of_the_logits_lce_cannot_map_is_refused_at_the_call(transform, message):
+    """A forward hook on lm_head stands for a model's own code after it: it runs on the logits' stand-in."""
+    model = tiny("llama")
+    model.lm_head.register_forward_hook(lambda module, args, output: transform(output))
     integration.patch(model)
     ids, _, labels = batch()
-    with pytest.raises(ValueError, match=r"CohereForCausalLM's forward applies mul to the logits after lm_head"):
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM's forward applies .*" + message):
         model(ids, labels=labels)
     assert model(ids).logits.shape == (*ids.shape, VOCAB)  # without labels the model's own forward runs
 
@@ -412,6 +650,8 @@ def test_a_transform_of_the_logits_lce_cannot_map_is_refused_at_the_call():
     (None, {"reduction": "sum"}, ValueError, "reduction comes from the model's loss"),
     (None, {"z_loss": -1.0}, ValueError, "z_loss must be a finite float >= 0, got -1.0"),
     (None, {"z_loss": "1e-4"}, TypeError, "z_loss must be a float >= 0, got str"),
+    (None, {"logits": "train"}, ValueError, "logits must be one of 'eval', 'always', 'never', got 'train'"),
+    (None, {"logits": True}, ValueError, "logits must be one of 'eval', 'always', 'never', got True"),
 ])
 def test_bad_options_and_keywords_are_refused_by_name(options, keywords, error, message):
     model = tiny("llama")
@@ -496,6 +736,41 @@ def test_the_trainer_with_gradient_accumulation_trains_as_the_unpatched_model(bf
         assert value.dtype == torch.float32 and not torch.equal(value, start[name]), name
         moved = (expected[name] - start[name]).norm()
         assert (value - expected[name]).norm() <= step_tolerance * moved, name
+
+
+def _evaluate(model, folder) -> tuple[dict[str, float], list]:
+    """``Trainer.evaluate`` on four rows, two per batch; ``compute_metrics`` keeps the predictions it receives and
+    reports the next-token accuracy of their argmax on the labelled positions."""
+    received = []
+
+    def compute_metrics(prediction):
+        received.append(prediction.predictions)
+        predicted = torch.from_numpy(prediction.predictions).argmax(-1)[:, :-1]
+        labels = torch.from_numpy(prediction.label_ids)[:, 1:]
+        return {"accuracy": float((predicted == labels)[labels != -100].double().mean())}
+
+    arguments = transformers.TrainingArguments(
+        output_dir=str(folder), per_device_eval_batch_size=2, report_to=[], use_cpu=True, seed=0, disable_tqdm=True,
+        dataloader_num_workers=0)
+    trainer = transformers.Trainer(model=model, args=arguments, eval_dataset=_dataset(rows=4),
+                                   data_collator=transformers.default_data_collator, compute_metrics=compute_metrics)
+    return trainer.evaluate(), received
+
+
+def test_trainer_evaluate_gives_compute_metrics_the_unpatched_models_logits(tmp_path):
+    """``Trainer.evaluate`` (which puts the model in eval mode) reports the patched model's eval loss (lce's, the
+    library's in fp32 to 1e-6) and gives ``compute_metrics`` its logits, equal to the unpatched model's; back in
+    training mode it forms none."""
+    library = tiny("llama", torch.float32)
+    patched = integration.patch(copy.deepcopy(library))
+    ours, received = _evaluate(patched, tmp_path / "lce")
+    theirs, expected = _evaluate(library, tmp_path / "library")
+    assert len(received) == len(expected) == 1 and received[0].shape == (4, 16, VOCAB)
+    assert (received[0] == expected[0]).all()
+    assert ours["eval_accuracy"] == theirs["eval_accuracy"]
+    assert ours["eval_loss"] == pytest.approx(theirs["eval_loss"], rel=1e-6)
+    ids = torch.stack([example["input_ids"] for example in _dataset(rows=2)])
+    assert patched.train()(ids, labels=ids).logits is None
 
 
 @pytest.mark.slow
