@@ -25,6 +25,7 @@ help: ## Show this list of targets
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -c constraints.txt -e '.[dev]'
+	$(VENV)/bin/python analysis/checkout.py
 	$(VENV)/bin/python -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "$(KERNEL_DISPLAY)"
 	@touch $@
 

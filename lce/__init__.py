@@ -8,8 +8,8 @@ from .functional import linear_cross_entropy, plan
 from .logprobs import linear_log_probs
 from .modules import LinearCrossEntropyLoss
 from .options import LinearCrossEntropyOptions
-from .plan import Plan
-from .recommend import Recommendation, recommend
+from .planning import Plan
+from .recommendation import Recommendation, recommend
 
 __version__ = "0.1.0"
 

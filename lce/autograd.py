@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .chunked import HeadTensors, Targets, per_row_grads, per_row_loss, scalar_loss_and_grads
-from .plan import Plan
+from .planning import Plan
 
 __all__ = ["ScalarReductionLoss", "PerRowLoss", "keep_gradients", "hand_out_gradients"]
 

@@ -39,7 +39,7 @@ pass is given and hands each chunk (:class:`HeadTensors`, :class:`Targets`,
 :class:`RowScales`), the soft-capped forms of the statistics and of dz, and last
 :meth:`GradientSums.add_chunk` (the three products, summed over chunks and
 rounded once by :meth:`GradientSums.finish`). Every dtype comes from the
-:class:`~lce.plan.Plan`; the GEMMs run through :mod:`lce.gemm`. Each pass runs a
+:class:`~lce.planning.Plan`; the GEMMs run through :mod:`lce.gemm`. Each pass runs a
 chunk inside a function of its own, so a chunk's buffers are freed before the
 next chunk allocates its own.
 
@@ -60,7 +60,7 @@ import torch
 
 from .gemm import add_mm_, mm, mm_upcast_weight, mm_upcast_weight_t
 from .headroom import STORE_LIMIT, RunningSum, largest_entry, power_of_two_under, scale_to_fit
-from .plan import LOSS_SUM_DTYPE, Plan
+from .planning import LOSS_SUM_DTYPE, Plan
 
 __all__ = [
     "scalar_loss_and_grads", "per_row_loss", "per_row_grads", "HeadTensors", "Targets", "GroupReduction",
@@ -101,7 +101,7 @@ def per_row_loss(plan: Plan, head: HeadTensors, targets: Targets, group: GroupRe
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-row losses for reduction="none" (input dtype, z-loss included) and what backward reuses: the
     log-sum-exp rows and ``1 - p_y`` where backward never sees every class of a row at once (None otherwise):
-    where the plan :attr:`~lce.plan.Plan.saves_other_prob`, and under a group."""
+    where the plan :attr:`~lce.planning.Plan.saves_other_prob`, and under a group."""
     n, device = head.input.shape[0], head.input.device
     losses = torch.empty(n, dtype=plan.output_loss_dtype, device=device)
     lse = torch.empty(n, dtype=plan.stats_dtype, device=device)
@@ -356,7 +356,7 @@ class ChunkLoop:
 class Chunk:
     """One chunk of rows and what its pieces read: the pass's plan, head, bias for the logits and targets
     (see :class:`ChunkLoop`), the chunk's ``rows`` and ``x_in_acc``, its input upcast to acc_dtype (for the
-    logits GEMM or the weight-gradient one; None unless :attr:`~lce.plan.Plan.input_chunk_in_acc`)."""
+    logits GEMM or the weight-gradient one; None unless :attr:`~lce.planning.Plan.input_chunk_in_acc`)."""
 
     plan: Plan
     head: HeadTensors

@@ -59,7 +59,7 @@ import torch
 
 from .error_model import predict_errors, predict_weight_details
 from .options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dtype_name
-from .plan import Plan, aspect_ratio_chunk_size, make_plan
+from .planning import Plan, aspect_ratio_chunk_size, make_plan
 from .policies import CPU_MIN_ROWS
 from .time_model import estimated_seconds
 

@@ -61,7 +61,7 @@ from .functional import check_arguments, check_features, check_settings, first_o
 from .logprob_passes import TokenStatistics
 from .logprobs import TokenCall, TokenLogProbs, check_log_probs_arguments, log_probs_plan, temperature_per_row
 from .options import LinearCrossEntropyOptions, dtype_name
-from .plan import make_plan
+from .planning import make_plan
 from .unfused import DEFAULT_IGNORE_INDEX
 
 __all__ = ["vocab_parallel_linear_cross_entropy", "VocabParallelLinearCrossEntropyLoss", "ShardLayout",
@@ -175,7 +175,7 @@ def _description(input, weight_shard, target, linear_bias, weight, call: tuple, 
 
 
 def _plan_inputs(input: torch.Tensor, weight_shard: torch.Tensor, linear_bias: torch.Tensor | None) -> dict:
-    """What :func:`~lce.plan.make_plan` reads from this rank's tensors and device beyond the agreed shapes and
+    """What :func:`~lce.planning.make_plan` reads from this rank's tensors and device beyond the agreed shapes and
     options: the layout table, the "auto" ``acc_dtype`` rule's answer, which gradients are needed. With these
     agreed, every rank resolves the same row chunks, dtypes and gradient passes, so the same collectives."""
     kind = device_kind_of(input.device)

@@ -10,7 +10,7 @@ import torch
 from .autograd import PerRowLoss, ScalarReductionLoss
 from .checks import require
 from .options import LinearCrossEntropyOptions
-from .plan import Plan, make_plan
+from .planning import Plan, make_plan
 from .unfused import DEFAULT_IGNORE_INDEX, unfused_linear_cross_entropy
 
 __all__ = ["linear_cross_entropy", "plan", "check_arguments", "check_settings", "check_class_weight", "check_features",
@@ -175,16 +175,30 @@ def grads_needed(input: torch.Tensor, linear_weight: torch.Tensor,
             linear_bias is not None and linear_bias.requires_grad)
 
 
-def plan(options: LinearCrossEntropyOptions, input: torch.Tensor, linear_weight: torch.Tensor, *,
+def plan(input: torch.Tensor, linear_weight: torch.Tensor, *old_order, options: LinearCrossEntropyOptions | None = None,
          linear_bias: torch.Tensor | None = None, reduction: str = "mean", softcap: float | None = None,
          z_loss: float = 0.0, return_lse: bool = False, loss_dtype: torch.dtype | None = None) -> Plan:
-    """The resolved :class:`~lce.plan.Plan` the chunked path would run for these arguments.
+    """The resolved :class:`~lce.planning.Plan` that :func:`linear_cross_entropy` with these tensors and ``options``
+    would run on its chunked path: tensors first, as the op takes them; ``options=None`` means the default options.
 
     Gradients are planned for the tensors that require grad (under grad mode).
-    ``print(lce.plan(...))`` shows chunking, GEMM precisions, every buffer and
-    the predicted peak extra memory.
+    ``print(lce.plan(x, W, options=...))`` shows chunking, GEMM precisions, every buffer and
+    the predicted peak extra memory. The older order ``lce.plan(options, x, W)`` still works, with a
+    ``FutureWarning``.
     """
-    options = LinearCrossEntropyOptions.coerce(options)
+    if old_order:
+        if len(old_order) != 1 or isinstance(input, torch.Tensor):
+            raise TypeError("lce.plan takes (input, linear_weight) and keywords: lce.plan(x, W, options=..., "
+                            f"linear_bias=..., ...); got {2 + len(old_order)} positional arguments")
+        warnings.warn("lce.plan(options, input, linear_weight) is the older order; call lce.plan(input, "
+                      "linear_weight, options=options), as linear_cross_entropy takes them", FutureWarning,
+                      stacklevel=2)
+        options, input, linear_weight = input, linear_weight, old_order[0]
+    for name, value in (("input", input), ("linear_weight", linear_weight)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"lce.plan: {name} must be a torch.Tensor, got {type(value).__name__} (lce.plan takes "
+                            "the op's tensors first: lce.plan(x, W, options=...))")
+    options = LinearCrossEntropyOptions() if options is None else LinearCrossEntropyOptions.coerce(options)
     check_features(softcap, z_loss, return_lse, loss_dtype)
     if input.dim() not in (1, 2) or linear_weight.dim() != 2:
         raise ValueError(f"plan needs input (N, D) or (D,) and linear_weight (C, D), got {_shape(input)} "
@@ -212,7 +226,8 @@ def _chunked(input, linear_weight, target, linear_bias, weight, reduction, ignor
     unbatched = input.dim() == 1
     if unbatched:
         input, target = input.unsqueeze(0), target.reshape(1)
-    resolved = plan(options, input, linear_weight, linear_bias=linear_bias, reduction=reduction, **features)
+    resolved = plan(input, linear_weight, options=options, linear_bias=linear_bias, reduction=reduction,
+                    **features)
     function = PerRowLoss if reduction == "none" else ScalarReductionLoss
     out = function.apply(input, linear_weight, linear_bias, target, weight, ignore_index, label_smoothing,
                          resolved)

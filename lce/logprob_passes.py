@@ -53,7 +53,7 @@ from .chunked import (
     column_blocks,
     grad_logits_rescale_for,
 )
-from .plan import Plan
+from .planning import Plan
 
 __all__ = ["TokenStatistics", "TokenRows", "token_statistics", "token_gradients", "tempered_block_logits_"]
 

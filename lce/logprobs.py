@@ -2,7 +2,7 @@
 chunked head, for RL fine-tuning (PPO, GRPO), with their gradients; argument checks and autograd wiring.
 
 The passes are :mod:`lce.logprob_passes`'s; the plan, the precision policies and the gradient products are the
-loss's (:mod:`lce.plan`, :mod:`lce.policies`, :class:`lce.chunked.GradientSums`), so every policy, chunking and
+loss's (:mod:`lce.planning`, :mod:`lce.policies`, :class:`lce.chunked.GradientSums`), so every policy, chunking and
 class tiling applies, and :mod:`lce.distributed` runs the same passes on shards of the vocabulary.
 """
 
@@ -19,7 +19,7 @@ from .chunked import GroupReduction, HeadTensors, Targets
 from .functional import check_features, first_out_of_range, grads_needed
 from .logprob_passes import TokenRows, token_gradients, token_statistics
 from .options import LinearCrossEntropyOptions
-from .plan import Plan, make_plan
+from .planning import Plan, make_plan
 from .unfused import DEFAULT_IGNORE_INDEX
 
 __all__ = ["linear_log_probs", "log_probs_plan", "check_log_probs_arguments", "temperature_per_row",
@@ -105,7 +105,7 @@ def temperature_per_row(temperature: float | torch.Tensor, num_rows: int, dtype:
 def log_probs_plan(input: torch.Tensor, linear_weight: torch.Tensor, *, linear_bias: torch.Tensor | None = None,
                    return_entropy: bool = False, softcap: float | None = None,
                    options: LinearCrossEntropyOptions | None = None, chunking_classes: int | None = None) -> Plan:
-    """The :class:`~lce.plan.Plan` :func:`linear_log_probs` runs for these tensors: ``print`` it for the chunking,
+    """The :class:`~lce.planning.Plan` :func:`linear_log_probs` runs for these tensors: ``print`` it for the chunking,
     the GEMM precisions, every buffer and the predicted peak extra memory."""
     options = LinearCrossEntropyOptions() if options is None else LinearCrossEntropyOptions.coerce(options)
     rows = input.reshape(-1, input.shape[-1]).shape[0]

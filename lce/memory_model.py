@@ -3,7 +3,7 @@
 A class-tiled plan (``class_chunk_size`` below C) has the same buffers with a
 block of classes in place of the whole vocabulary, plus the input gradient of
 its rows summed over the blocks. Soft-capping adds one workspace of
-:attr:`~lce.plan.Plan.workspace_columns` columns beside a chunk's logits
+:attr:`~lce.planning.Plan.workspace_columns` columns beside a chunk's logits
 (step "workspace"); a z-loss adds per-row values only; ``return_lse`` adds the
 returned ``(N,)`` fp32 log-sum-exp. The per-token log-probabilities
 (``plan.op == "log_probs"``, :mod:`lce.logprob_passes`) run as reduction "none"
@@ -12,7 +12,7 @@ does, with per-row outputs and saved statistics and workspaces of their own
 
 :func:`plan_buffers` follows the chunk loop of :mod:`lce.chunked` and the GEMMs
 of :mod:`lce.gemm` and lists what they allocate, with the shapes and dtypes the
-:class:`~lce.plan.Plan` gives them: the buffers made once per pass, those remade
+:class:`~lce.planning.Plan` gives them: the buffers made once per pass, those remade
 per chunk, and the gradients rounded after the loop. A chunk buffer also says
 through which steps of the chunk it lives (the logits GEMM, the conversion to
 the stats dtype, the backward GEMMs, ...), so :func:`chunk_peak_bytes` is what a
@@ -39,7 +39,7 @@ import torch
 from .gemm import in_fp32_blocks, rows_per_block
 
 if TYPE_CHECKING:
-    from .plan import GemmName, Plan
+    from .planning import GemmName, Plan
 
 __all__ = ["Buffer", "Stage", "Span", "Step", "plan_buffers", "chunk_peak_bytes", "peak_extra_bytes"]
 
@@ -112,7 +112,7 @@ def _stages(plan: Plan) -> tuple[Stage, ...]:
 
 def _in_fp32(plan: Plan, gemm: GemmName) -> bool:
     """Whether :mod:`lce.gemm` computes this GEMM on fp32 copies of blocks of its operands
-    (:attr:`~lce.plan.Plan.narrow_gemms_in_fp32`; CPU layouts only: the CUDA layouts model the GPU's kernels).
+    (:attr:`~lce.planning.Plan.narrow_gemms_in_fp32`; CPU layouts only: the CUDA layouts model the GPU's kernels).
 
     For the weight gradient, only when it adds straight into a sum of its own dtype, the one case
     the CPU layouts produce (a narrow product for a wider sum makes these layouts run in acc_dtype).

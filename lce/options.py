@@ -1,6 +1,6 @@
 """The user-facing options of the chunked path: fields, defaults, validation.
 
-Nothing here depends on a device or a call; :mod:`lce.plan` resolves the
+Nothing here depends on a device or a call; :mod:`lce.planning` resolves the
 ``"auto"`` sentinels and the chunk size against one concrete call.
 """
 

@@ -16,7 +16,7 @@ The three GEMMs, for one chunk of rows ``x_c`` (rows, D) against ``W`` (C, D):
 
 where ``dz`` is softmax(z) minus the (smoothed, class-weighted) target
 distribution, scaled for the reduction. The softmax statistics and the loss
-always use at least fp32 (see :mod:`lce.plan`).
+always use at least fp32 (see :mod:`lce.planning`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import torch
 
 from .cpu_gemms import rate_vs_fp32
-from .plan import Plan
+from .planning import Plan
 
 __all__ = ["DeviceSpeed", "DEVICE_SPEEDS", "TIME_SOURCE", "estimated_seconds", "gemm_flops", "gemm_compute_dtype"]
 
@@ -86,5 +86,5 @@ def gemm_flops(plan: Plan, name: str, cpu_rate: float | None = None) -> float:
 
 def gemm_compute_dtype(plan: Plan, name: str) -> torch.dtype:
     """The dtype a GEMM of ``plan`` really computes in: its operands' dtype, or fp32 where the plan runs it on fp32
-    copies because the CPU's own kernel for that dtype is slow (:attr:`~lce.plan.Plan.narrow_gemms_in_fp32`)."""
+    copies because the CPU's own kernel for that dtype is slow (:attr:`~lce.planning.Plan.narrow_gemms_in_fp32`)."""
     return torch.float32 if plan.gemm_in_fp32(name) else plan.gemm_dtypes(name).operands

@@ -22,7 +22,7 @@ from analysis.paths import RESULTS_DIR
 from analysis.report import nb07_choosing_options
 from analysis.report.tables import show
 from analysis.studies import error_model as error_model_fit
-from lce.recommend import DEFAULT_MAX_ERROR
+from lce.recommendation import DEFAULT_MAX_ERROR
 
 # %matplotlib inline
 validation = pd.read_csv(RESULTS_DIR / error_model_fit.VALIDATION_FILE)
@@ -188,7 +188,7 @@ default input statistics, heads {", ".join(llm["shape"].unique())} (N×D×C); ch
 # %% [markdown]
 # ## `lce.recommend` at an LLM head
 # With no budget it applies the procedure's objective alone: among the candidates within the largest
-# error the error/noise rule of notebook 06 tolerated (`lce.recommend.DEFAULT_MAX_ERROR`, in floors) and
+# error the error/noise rule of notebook 06 tolerated (`lce.decide.DEFAULT_MAX_ERROR`, in floors) and
 # the training condition, the least memory within a time factor of the fastest; with a budget, the same
 # among those that fit. It explains what it weighed, and names auto's plan beside its pick.
 
@@ -350,6 +350,6 @@ chunking; notebook 03 checks the model against the CPU allocator.
 #    (bytes) if the head must fit next to the rest of the model, `max_error=` (floors) to be
 #    stricter than the default.
 # 2. `print(choice.explain())` says what was chosen, what each policy's best alternative was
-#    and why it lost; `print(lce.plan(choice.options, x, W))` lists every buffer.
+#    and why it lost; `print(lce.plan(x, W, options=choice.options))` lists every buffer.
 # 3. Pass `choice.options` to `lce.linear_cross_entropy` or `lce.LinearCrossEntropyLoss`.
 #    `class_chunk_size` is lce's own field: torch's op cannot take those options.

@@ -211,8 +211,8 @@ class Implementation:
 def resolved_plan(spec: ImplSpec, inputs: Inputs) -> lce.Plan:
     """``lce.plan`` of ``spec``'s options for ``inputs`` (gradients planned for every leaf; lce's features as the
     inputs set them)."""
-    return lce.plan(spec.options(), inputs.input, inputs.weight, linear_bias=inputs.bias, reduction=inputs.reduction,
-                    softcap=inputs.softcap, z_loss=inputs.z_loss)
+    return lce.plan(inputs.input, inputs.weight, options=spec.options(), linear_bias=inputs.bias,
+                    reduction=inputs.reduction, softcap=inputs.softcap, z_loss=inputs.z_loss)
 
 
 def make_implementation(spec: ImplSpec, device: str = "cpu") -> Implementation:

@@ -362,7 +362,7 @@ def _planned(spec: ImplSpec, shape: Shape, dtype: str) -> lce.Plan:
     x = torch.empty(shape.N, shape.D, dtype=DTYPES[dtype], device="meta")
     w = torch.empty(shape.C, shape.D, dtype=DTYPES[dtype], device="meta")
     with emulate_device_kind("cuda"):
-        return lce.plan(spec.options(), x, w)
+        return lce.plan(x, w, options=spec.options())
 
 
 def _device() -> str:

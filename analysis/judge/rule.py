@@ -168,7 +168,7 @@ def memory_at_llm_shapes(shapes: tuple[Shape, ...] = LLM_SHAPES, dtype: torch.dt
             for policy in ("accurate", "balanced", "compact"):
                 options = lce.LinearCrossEntropyOptions(acc_policy=policy, chunking_method=chunking,
                                                         acc_dtype=torch.float32)
-                plan = lce.plan(options, x, w)
+                plan = lce.plan(x, w, options=options)
                 row[f"{policy}_gib"] = plan.peak_extra_bytes / 2**30
                 row["num_chunks"] = plan.num_chunks
         row["compact_saves_vs_balanced_gib"] = row["balanced_gib"] - row["compact_gib"]

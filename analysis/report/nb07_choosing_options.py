@@ -21,7 +21,7 @@ from analysis.studies.budgets import BUDGET_TOLERANCE
 from analysis.studies.error_model import SHARE_BAND, hit_share, point_name
 from lce.options import EXPLICIT_POLICIES
 from lce.policies import auto_pick
-from lce.recommend import DEFAULT_MAX_ERROR, candidates
+from lce.recommendation import DEFAULT_MAX_ERROR, candidates
 from lce.testing import emulate_device_kind
 
 
@@ -311,7 +311,7 @@ def planned_peaks(shape: Shape = TEMPORARIES_SHAPE) -> pd.DataFrame:
     for kind in ("cpu", "cuda"):
         with emulate_device_kind(kind):
             for policy in EXPLICIT_POLICIES:
-                plan = lce.plan(lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32), x, w)
+                plan = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32))
                 peaks.append(dict(layouts=kind, policy=policy, peak_kib=plan.peak_extra_bytes / 1024))
     return pd.DataFrame(peaks)
 
@@ -375,7 +375,7 @@ def readme_recommend(results: Path) -> str:
                      f"{row.auto_peak_gib:.2f} GiB |")
     anchor = cce_anchor()
     limits = ", ".join(f"{str(dtype).removeprefix('torch.')} {limit:g}" for dtype, limit in DEFAULT_MAX_ERROR.items())
-    return "\n".join([*lines, "", f"- default error limit (`lce.recommend.DEFAULT_MAX_ERROR`, floors): {limits}",
+    return "\n".join([*lines, "", f"- default error limit (`lce.decide.DEFAULT_MAX_ERROR`, floors): {limits}",
                       f"- Cut Cross-Entropy's shape {CCE_SHAPE} (bf16), the gradients: {anchor['gradients_mib']:,.0f} "
                       f"MiB (CCE reports {CCE_REPORTED_MB} MB)",
                       f"- there, the smallest predicted peak: {anchor['smallest_mib']:,.1f} MiB "

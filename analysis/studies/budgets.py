@@ -148,7 +148,7 @@ def measure_tiling(shape: Shape = TILING_SHAPE, dtype: str = STUDY_DTYPE, rows_p
         options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc, chunking_method=None,
                                                 batch_chunk_size=rows_per_chunk,
                                                 class_chunk_size=None if blocks == 1 else -(-shape.C // blocks))
-        plan = lce.plan(options, inputs.input, inputs.weight)
+        plan = lce.plan(inputs.input, inputs.weight, options=options)
         rows.append(dict(dtype=dtype, family=FAMILY, N=shape.N, D=shape.D, C=shape.C, policy=policy,
                          acc_dtype=dtype_name(acc), batch_chunk_size=rows_per_chunk,
                          class_chunk_size=plan.class_chunk_size, num_class_chunks=plan.num_class_chunks,

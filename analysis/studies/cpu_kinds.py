@@ -41,7 +41,7 @@ from analysis.paths import ROOT
 from analysis.studies.budgets import auto_peak
 from lce.cpu_gemms import LOW_PRECISION, gemm_support
 from lce.options import EXPLICIT_POLICIES, dtype_name
-from lce.recommend import Candidate, candidates
+from lce.recommendation import Candidate, candidates
 from lce.testing import cpu_gemms
 
 __all__ = ["AVX2_STAND_IN", "AVX512F_STAND_IN", "RATE_SHAPE", "CHECK_SHAPES", "CHECK_BUDGETS",

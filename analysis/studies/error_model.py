@@ -39,7 +39,7 @@ from analysis.paths import RESULTS_DIR, ROOT
 from lce import error_model
 from lce.error_model import OUTPUTS, TERMS, InputStats, measure_input_stats
 from lce.options import EXPLICIT_POLICIES, LinearCrossEntropyOptions
-from lce.plan import make_plan
+from lce.planning import make_plan
 from lce.testing import emulate_device_kind
 
 __all__ = ["stats_pairs", "DETAIL_VALIDATION_FILE", "DETAIL_COLUMNS", "DETAIL_MIN", "GRID_FILES", "NOISE_FILES",
@@ -378,7 +378,7 @@ def _chunk_size(shape: Shape, chunking: str) -> int:
     if chunking.startswith("chunks:"):
         return -(-shape.N // int(chunking.removeprefix("chunks:")))
     from lce.options import parse_chunking_method
-    from lce.plan import aspect_ratio_chunk_size
+    from lce.planning import aspect_ratio_chunk_size
 
     return aspect_ratio_chunk_size(shape.N, shape.D, shape.C, parse_chunking_method(chunking))
 

@@ -162,7 +162,7 @@ def measure_cost(shape: Shape = COST_SHAPE, dtype_text: str = "bfloat16",
     plain = pd.Series(samples[feature_sets[0]]).median()
     for name in feature_sets:
         features = FEATURE_SETS[name]
-        plan = lce.plan(options, inputs.input, inputs.weight, **features)
+        plan = lce.plan(inputs.input, inputs.weight, options=options, **features)
         _, measured = measure_peak(lambda f=features: call(f))
         median = pd.Series(samples[name]).median()
         rows.append({"features": name, "softcap": features.get("softcap"), "z_loss": features.get("z_loss", 0.0),

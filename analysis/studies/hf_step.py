@@ -131,7 +131,7 @@ def _head_options(model, setting: StepSetting, device: str) -> dict[str, object]
     dtype = getattr(torch, setting.compute_dtype)
     x = torch.empty(setting.tokens, setting.hidden, dtype=dtype, device=device, requires_grad=True)
     weight = torch.empty(setting.vocab, setting.hidden, dtype=dtype, device="meta", requires_grad=True)
-    plan = lce.plan(model.__dict__["_lce_patch"].options_for(x, weight), x, weight)
+    plan = lce.plan(x, weight, options=model.__dict__["_lce_patch"].options_for(x, weight))
     return dict(policy=plan.acc_policy, acc_dtype=dtype_name(plan.acc_dtype), batch_chunk_size=plan.batch_chunk_size,
                 class_chunk_size=plan.class_chunk_size, predicted_head_peak_bytes=plan.peak_extra_bytes)
 

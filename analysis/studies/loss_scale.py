@@ -160,7 +160,7 @@ def _plan(contender: Contender, inputs: Inputs) -> lce.Plan | None:
     if contender.op != "lce":
         return None
     with contender.context():
-        return lce.plan(contender.options(), inputs.input, inputs.weight, linear_bias=inputs.bias,
+        return lce.plan(inputs.input, inputs.weight, options=contender.options(), linear_bias=inputs.bias,
                         loss_dtype=torch.float32)
 
 

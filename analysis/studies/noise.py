@@ -54,7 +54,7 @@ from analysis.core.metrics import report, rounding_floor
 from analysis.core.problem import DTYPES, Shape
 from analysis.core.results_io import NOISE
 from analysis.studies.peers import Contender, record_study, run_contenders
-from lce.plan import aspect_ratio_chunk_size
+from lce.planning import aspect_ratio_chunk_size
 from lce.testing import emulate_device_kind
 
 __all__ = ["NOISE_SHAPE", "FAMILIES", "STUDY_DTYPES", "POLICIES", "CHUNK_COUNTS", "SEEDS", "NOISE_FILE",
@@ -139,7 +139,7 @@ def chunk_rules(shape: Shape, dtype: torch.dtype) -> dict[str, tuple[str, int]]:
     with emulate_device_kind("cuda"):
         x = torch.empty(n, d, dtype=dtype, device="meta")
         w = torch.empty(c, d, dtype=dtype, device="meta")
-        auto = lce.plan(lce.LinearCrossEntropyOptions(), x, w)
+        auto = lce.plan(x, w, options=lce.LinearCrossEntropyOptions())
     cap = max(1, n * c // (4 * d))
     rows_next = min(aspect_ratio_chunk_size(n, d, c, 1), 1 << (cap.bit_length() - 1))
     rows_213 = aspect_ratio_chunk_size(n, d, c, 2)

@@ -68,7 +68,7 @@ def _one_call(rank: int, world: int, case: dict) -> dict:
     started = datetime.datetime.now()
     (loss, grad_input, grad_weight), memory = measure_peak(call)
     seconds = (datetime.datetime.now() - started).total_seconds()
-    planned = lce.plan(options, x, weight).peak_extra_bytes
+    planned = lce.plan(x, weight, options=options).peak_extra_bytes
     return dict(loss=loss, grad_input=grad_input, grad_weight=grad_weight, peak=memory.peak_bytes, planned=planned,
                 seconds=seconds)
 

@@ -29,7 +29,7 @@ from analysis.core.memory import measure_peak
 from analysis.core.problem import DTYPES
 from analysis.core.provenance import git_revision
 from analysis.core.run_config import RunConfig
-from lce.plan import make_plan
+from lce.planning import make_plan
 from lce.testing import emulate_device_kind
 
 __all__ = ["modeled_peak", "stale_rows", "remeasure", "current_plan", "changed_plan_rows", "drop_changed_plans"]

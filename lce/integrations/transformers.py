@@ -84,7 +84,7 @@ import torch
 
 from ..functional import check_features, linear_cross_entropy
 from ..options import LinearCrossEntropyOptions
-from ..recommend import recommend
+from ..recommendation import recommend
 
 __all__ = ["patch", "unpatch", "is_patched", "Recommended", "LCE_KEYWORDS", "LOGITS_SETTINGS"]
 

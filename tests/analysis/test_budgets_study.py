@@ -31,7 +31,7 @@ def test_measure_options_reports_peak_errors_and_time():
     options = lce.LinearCrossEntropyOptions(acc_policy="accurate", acc_dtype=torch.float32, chunking_method=None,
                                             batch_chunk_size=16, class_chunk_size=100)
     row = budgets.measure_options(inputs, reference_outputs(inputs), options, repeats=1)
-    plan = lce.plan(options, inputs.input, inputs.weight)
+    plan = lce.plan(inputs.input, inputs.weight, options=options)
     assert row["measured_peak_bytes"] == pytest.approx(plan.peak_extra_bytes, rel=0.15)
     assert 0.99 <= row["grad_weight_floors"] < 1.5 and row["grad_input_floors"] >= 0.99
     assert row["time_median_s"] > 0

@@ -14,7 +14,7 @@ from analysis.studies import error_model as error_model_fit
 from lce import error_model
 from lce.error_model import InputStats, measure_input_stats, predict_errors
 from lce.options import LinearCrossEntropyOptions
-from lce.plan import make_plan
+from lce.planning import make_plan
 from lce.testing import emulate_device_kind
 
 

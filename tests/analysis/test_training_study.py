@@ -140,7 +140,7 @@ def test_the_long_setting_trains_fp32_and_bf16_balanced_and_compact_in_256_chunk
     hidden = torch.empty(LONG.batch_rows, 128, dtype=torch.bfloat16)
     weight = torch.empty(16384, 128, dtype=torch.bfloat16)
     for arm in LONG.arms[1:]:
-        plan = lce.plan(training.arm_options(arm), hidden, weight)
+        plan = lce.plan(hidden, weight, options=training.arm_options(arm))
         assert plan.num_chunks == 256 and plan.acc_policy == arm.policy, arm
     with pytest.raises(ValueError, match="multiple of chunks"):
         training.chunked_arms(["bf16 compact"], 1000, 256)

@@ -13,7 +13,7 @@ from analysis.core.results_io import BUDGETS, CLASS_TILING, load_kind
 from analysis.paths import RESULTS_DIR
 from analysis.report import nb07_choosing_options as nb07
 from analysis.studies.error_model import VALIDATION_FILE, llm_predictions
-from lce.recommend import DEFAULT_MAX_ERROR
+from lce.recommendation import DEFAULT_MAX_ERROR
 
 MIDDLE, TIGHTEST = (f"{multiple:g}x gradients" for multiple in nb07.LLM_BUDGET_MULTIPLES[1:])
 
@@ -85,7 +85,7 @@ def test_the_cpu_pick_below_auto_rounds_the_logits_in_bf16():
     options = lce.recommend(shape.N, shape.D, shape.C, torch.bfloat16, "cpu", memory_budget=budget).options
     x, w = (torch.empty(rows, shape.D, dtype=torch.bfloat16, device="meta", requires_grad=True)
             for rows in (shape.N, shape.C))
-    logits = next(b for b in lce.plan(options, x, w).buffers if b.name == "logits_chunk")
+    logits = next(b for b in lce.plan(x, w, options=options).buffers if b.name == "logits_chunk")
     assert options.acc_policy == "compact" and options.acc_dtype == logits.dtype == torch.bfloat16
 
 

@@ -14,7 +14,7 @@ def test_the_quick_start_call_never_holds_the_logits():
     shape = BENCH_SHAPE
     x = torch.empty(shape.N, shape.D, dtype=torch.bfloat16, device="meta", requires_grad=True)
     weight = torch.empty(shape.C, shape.D, dtype=torch.bfloat16, device="meta", requires_grad=True)
-    plan = lce.plan(lce.LinearCrossEntropyOptions(), x, weight)
+    plan = lce.plan(x, weight, options=lce.LinearCrossEntropyOptions())
     logits_bytes = shape.N * shape.C * torch.bfloat16.itemsize
     assert plan.num_chunks > 1
     assert max(buffer.nbytes for buffer in plan.buffers) < logits_bytes

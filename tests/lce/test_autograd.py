@@ -118,7 +118,7 @@ def test_gradient_buffers_exist_only_when_gradients_are_due(mode):
     recorder = _OutputShapes()
     with context(), recorder:
         lce.linear_cross_entropy(x, w, target, options=options)
-        planned = {b.name for b in lce.plan(options, x, w).buffers}
+        planned = {b.name for b in lce.plan(x, w, options=options).buffers}
     gradient_shaped = {(n, d), (c, d)} & set(recorder.shapes)
     if mode == "grad":
         assert gradient_shaped == {(n, d), (c, d)}

@@ -45,7 +45,7 @@ def _setup(case: Case, policy: str = "balanced", kind: str = "cpu", dtype=F64, r
     b = None if args.linear_bias is None else args.linear_bias.to(dtype)
     options = lce.LinearCrossEntropyOptions(acc_policy=policy, batch_chunk_size=chunk, chunking_method=None)
     with emulate_device_kind(kind):
-        plan = lce.plan(options, x.detach().requires_grad_(), w.detach().requires_grad_(),
+        plan = lce.plan(x.detach().requires_grad_(), w.detach().requires_grad_(), options=options,
                         linear_bias=None if b is None else b.detach().requires_grad_(), reduction=reduction)
     targets = Targets.build(args.target, class_weight=None if args.weight is None else args.weight.to(dtype),
                             ignore_index=case.ignore_value, label_smoothing=case.label_smoothing,
@@ -189,7 +189,7 @@ def test_gradient_sums_round_the_weight_gradient_once(kind):
     for policy in ("accurate", "compact"):
         options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32, batch_chunk_size=4)
         with emulate_device_kind(kind):
-            plan = lce.plan(options, x.detach().requires_grad_(), w.detach().requires_grad_())
+            plan = lce.plan(x.detach().requires_grad_(), w.detach().requires_grad_(), options=options)
         head = HeadTensors(x, w, None)
         targets = Targets.build(args.target, class_weight=None, ignore_index=-100, label_smoothing=0.0,
                                 num_classes=case.V, stats_dtype=plan.stats_dtype)

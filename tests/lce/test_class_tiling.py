@@ -42,7 +42,7 @@ def test_tiled_matches_reference_fp64(kind, block, policy, chunking, case):
     problem = make_problem(case, seed=block + len(case.short()))
     options = make_options(policy, chunking, case.N, class_chunk_size=block)
     with emulate_device_kind(kind):
-        plan = lce.plan(options, problem.input, problem.linear_weight)
+        plan = lce.plan(problem.input, problem.linear_weight, options=options)
         assert plan.num_class_chunks == -(-case.V // block)
         got = lce_run(problem, options)
     assert_parity(got, ref_run(problem), TOL, label=f"[{kind} {policy}/{chunking} classes/{block}]")
@@ -126,9 +126,9 @@ def test_tiled_is_as_accurate_as_untiled(kind, policy, dtype):
 
 def test_tiled_peak_is_below_untiled_and_the_plan_says_why():
     x, w = torch.randn(4096, 64), torch.randn(32768, 64, requires_grad=True)
-    untiled = lce.plan(lce.LinearCrossEntropyOptions(acc_policy="compact", chunking_method=None), x, w)
-    tiled = lce.plan(lce.LinearCrossEntropyOptions(acc_policy="compact", chunking_method=None,
-                                                   class_chunk_size=1024), x, w)
+    untiled = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(acc_policy="compact", chunking_method=None))
+    tiled = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(acc_policy="compact", chunking_method=None,
+                                                   class_chunk_size=1024))
     logits = 4096 * 32768 * 4
     assert untiled.peak_extra_bytes > logits
     assert tiled.peak_extra_bytes < logits / 8
@@ -150,5 +150,5 @@ def test_error_model_predicts_the_cost_of_tiling_a_narrow_grad_input():
                                             batch_chunk_size=16, class_chunk_size=128)
     grad_input = lce_run(low, options)[1]["input"]
     measured = rel_err(grad_input, reference) / rel_err(round_trip(reference, torch.bfloat16), reference)
-    predicted = predict_errors(lce.plan(options, low.input, low.linear_weight))["grad_input"]
+    predicted = predict_errors(lce.plan(low.input, low.linear_weight, options=options))["grad_input"]
     assert predicted == pytest.approx(measured, rel=0.25)

@@ -23,7 +23,7 @@ def _plan(options, dtype=torch.bfloat16, shape=(64, 32, 512)):
     n, d, c = shape
     x = torch.zeros(n, d, dtype=dtype, requires_grad=True)
     w = torch.zeros(c, d, dtype=dtype, requires_grad=True)
-    return lce.plan(options, x, w)
+    return lce.plan(x, w, options=options)
 
 
 # ---- the probe and the settings --------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def test_auto_picks_are_the_same_on_both_kinds():
 def test_fp32_input_and_meta_tensors_have_no_cpu_gemms_line():
     assert _plan(lce.LinearCrossEntropyOptions(), torch.float32).cpu_gemms is None
     x = torch.empty(8, 4, dtype=torch.bfloat16, device="meta")
-    plan = lce.plan(lce.LinearCrossEntropyOptions(), x, torch.empty(16, 4, dtype=torch.bfloat16, device="meta"))
+    plan = lce.plan(x, torch.empty(16, 4, dtype=torch.bfloat16, device="meta"), options=lce.LinearCrossEntropyOptions())
     assert plan.cpu_gemms is None and "cpu gemms" not in str(plan)
 
 
@@ -336,8 +336,8 @@ def test_a_narrow_weight_gradient_sum_is_accumulated_on_fp32_blocks_on_any_cpu()
     x = torch.randn(64, 256).bfloat16().requires_grad_(True)
     w = torch.randn(8192, 256).bfloat16().requires_grad_(True)
     with cpu_gemms("native"):
-        plan = lce.plan(lce.LinearCrossEntropyOptions(acc_policy="compact"), x, w)
-        balanced = lce.plan(lce.LinearCrossEntropyOptions(acc_policy="balanced", acc_dtype=torch.float32), x, w)
+        plan = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(acc_policy="compact"))
+        balanced = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(acc_policy="balanced", acc_dtype=torch.float32))
     assert [plan.gemm_in_fp32(name) for name in ("logits", "grad_input", "grad_weight")] == [False, False, True]
     assert "lce runs the bfloat16 grad_weight GEMM on fp32 copies" in str(plan)
     assert not any(balanced.gemm_in_fp32(name) for name in ("logits", "grad_input", "grad_weight"))

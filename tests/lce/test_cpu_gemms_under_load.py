@@ -35,7 +35,7 @@ for threads in sorted({1, 2, os.cpu_count()}):
 torch.set_num_threads(2)
 x = torch.empty(4096, 512, dtype=torch.bfloat16, requires_grad=True)
 w = torch.empty(32768, 512, dtype=torch.bfloat16, requires_grad=True)
-plan = lce.plan(lce.LinearCrossEntropyOptions(acc_policy="balanced", acc_dtype=torch.float32), x, w)
+plan = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(acc_policy="balanced", acc_dtype=torch.float32))
 gemms = {name: str(plan.gemm_dtypes(name).operands) for name in ("logits", "grad_input", "grad_weight")}
 print(json.dumps({"rows": rows, "plan_gemms": gemms, "plan_text": str(plan)}))
 """

@@ -65,7 +65,7 @@ def test_predicted_peak_matches_the_allocator_on_cuda():
     lce.linear_cross_entropy(x, w, target, options=options).backward()
     torch.cuda.synchronize()
     measured = torch.cuda.max_memory_allocated() - base
-    predicted = lce.plan(options, x, w).peak_extra_bytes
+    predicted = lce.plan(x, w, options=options).peak_extra_bytes
     assert abs(measured - predicted) <= 0.15 * predicted, (measured, predicted)
 
 

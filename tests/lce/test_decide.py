@@ -43,7 +43,7 @@ def test_auto_resolves_at_every_reference_head_to_the_rule_the_procedure_judged(
             x = torch.empty(head.N, head.D, dtype=dtype, device="meta", requires_grad=True)
             w = torch.empty(head.C, head.D, dtype=dtype, device="meta", requires_grad=True)
             with emulate_device_kind(kind):
-                plan = lce.plan(lce.LinearCrossEntropyOptions(), x, w)
+                plan = lce.plan(x, w, options=lce.LinearCrossEntropyOptions())
             judged = next(c for name, c in derived.table[derived.pick].items() if name.startswith(str(head)))
             assert (plan.acc_policy, plan.batch_chunk_size) == (judged.plan.acc_policy, judged.plan.batch_chunk_size)
             assert plan.acc_dtype == judged.plan.acc_dtype == torch.float32
@@ -61,8 +61,8 @@ def _plan(policy, chunks, dtype=torch.bfloat16, rows=4096, kind="cuda"):
     options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32, chunking_method=None,
                                             batch_chunk_size=rows // chunks)
     with emulate_device_kind(kind):
-        return lce.plan(options, torch.empty(rows, 64, dtype=dtype, device="meta", requires_grad=True),
-                        torch.empty(1024, 64, dtype=dtype, device="meta", requires_grad=True))
+        return lce.plan(torch.empty(rows, 64, dtype=dtype, device="meta", requires_grad=True),
+                        torch.empty(1024, 64, dtype=dtype, device="meta", requires_grad=True), options=options)
 
 
 @pytest.mark.parametrize(("dtype", "chunks", "verdict"), [
@@ -82,8 +82,8 @@ def test_a_weight_without_gradient_has_no_training_condition():
     options = lce.LinearCrossEntropyOptions(acc_policy="compact", acc_dtype=torch.float32, chunking_method=None,
                                             batch_chunk_size=16)
     with emulate_device_kind("cuda"):
-        plan = lce.plan(options, torch.empty(4096, 64, dtype=torch.bfloat16, device="meta", requires_grad=True),
-                        torch.empty(1024, 64, dtype=torch.bfloat16, device="meta"))
+        plan = lce.plan(torch.empty(4096, 64, dtype=torch.bfloat16, device="meta", requires_grad=True),
+                        torch.empty(1024, 64, dtype=torch.bfloat16, device="meta"), options=options)
     assert plan.num_chunks == 256 and training_fault(plan) is None
 
 
@@ -133,4 +133,4 @@ def test_the_conditions_and_limits_are_stated_once():
     from analysis.judge import rule
 
     assert rule.BIAS_LIMIT is decide.BIAS_LIMIT and rule.ERROR_LIMIT is decide.NOISE_ERROR_LIMIT
-    assert sys.modules["lce.recommend"].DEFAULT_MAX_ERROR is decide.DEFAULT_MAX_ERROR
+    assert sys.modules["lce.recommendation"].DEFAULT_MAX_ERROR is decide.DEFAULT_MAX_ERROR

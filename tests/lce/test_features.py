@@ -237,7 +237,7 @@ def test_bad_feature_values_are_rejected_by_name(features, error, name, path):
         if path == "module":
             lce.LinearCrossEntropyLoss(problem.input.shape[1], problem.linear_weight.shape[0], **features)
         elif path == "plan":
-            lce.plan(lce.LinearCrossEntropyOptions(), problem.input, problem.linear_weight, **features)
+            lce.plan(problem.input, problem.linear_weight, options=lce.LinearCrossEntropyOptions(), **features)
         else:
             options = lce.LinearCrossEntropyOptions() if path == "chunked" else None
             lce.linear_cross_entropy(problem.input, problem.linear_weight, problem.target, options=options,
@@ -261,8 +261,8 @@ def test_plan_shows_the_features_and_the_workspace():
     x = torch.empty(4096, 512, dtype=torch.bfloat16, device="meta", requires_grad=True)
     w = torch.empty(32768, 512, dtype=torch.bfloat16, device="meta", requires_grad=True)
     options = lce.LinearCrossEntropyOptions(batch_chunk_size=256)
-    plain = lce.plan(options, x, w)
-    capped = lce.plan(options, x, w, softcap=30.0, z_loss=1e-4, return_lse=True)
+    plain = lce.plan(x, w, options=options)
+    capped = lce.plan(x, w, options=options, softcap=30.0, z_loss=1e-4, return_lse=True)
     text = str(capped)
     assert "softcap 30" in text and "z_loss 0.0001" in text and "softcap_workspace" in text
     workspace = next(b for b in capped.buffers if b.name == "softcap_workspace")

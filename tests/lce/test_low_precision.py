@@ -146,7 +146,7 @@ def test_fp16_gradients_stay_normal_whatever_role_names_the_fp16_operand():
     results = {}
     for policy in EXPLICIT_POLICIES:
         options = lce.LinearCrossEntropyOptions(acc_policy=policy, chunking_method=None, batch_chunk_size=256)
-        assert lce.plan(options, low.input, low.linear_weight).acc_dtype == torch.float16
+        assert lce.plan(low.input, low.linear_weight, options=options).acc_dtype == torch.float16
         results[policy] = lce_run(low, options)[1]
         floors = rel_err(results[policy]["input"], expected) / floor
         assert floors <= 1.5, f"{policy}: grad_input is {floors:.2f} rounding floors from fp64"

@@ -40,7 +40,7 @@ from lce.memory_model import chunk_peak_bytes
 from lce.options import EXPLICIT_POLICIES, dtype_name
 from lce.testing import cpu_gemms, emulate_device_kind
 
-PLAN_MODULE = importlib.import_module("lce.plan")  # the attribute lce.plan is the function
+PLAN_MODULE = importlib.import_module("lce.planning")
 
 N, D, C, ROWS = 80, 28, 320, 24  # three full chunks of 24 rows and one of 8; (C, D) > (ROWS, C)
 BLOCK_ELEMENTS = 64 * D  # weight blocks of 64 rows: the blocked upcasts are visible at this size
@@ -147,7 +147,7 @@ def _record(recorder, kind, options, dtype, reduction, needs_grad, features=None
     target[1::7] = -100
     features = features or {}
     with emulate_device_kind(kind):
-        plan = lce.plan(options, x, w, linear_bias=b, reduction=reduction, **features)
+        plan = lce.plan(x, w, options=options, linear_bias=b, reduction=reduction, **features)
         with recorder:
             loss = lce.linear_cross_entropy(x, w, target, linear_bias=b, reduction=reduction, options=options,
                                             **features)

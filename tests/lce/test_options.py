@@ -51,7 +51,7 @@ def test_every_policy_name_is_accepted(policy):
     assert opts.acc_policy == policy
     x = torch.randn(6, 4, dtype=F64)
     W = torch.randn(9, 4, dtype=F64)
-    p = lce.plan(opts, x, W)
+    p = lce.plan(x, W, options=opts)
     assert p.acc_policy in RESOLVED_POLICIES
     if policy != "auto":
         assert p.acc_policy == policy
@@ -196,7 +196,7 @@ def test_plan_resolution_matches_torch(dtype, kwargs):
         W = torch.empty(V, D, dtype=dtype)
         expected = _lce_resolution(kwargs, N, D, V, dtype)
         for opts in (lce.LinearCrossEntropyOptions(**kwargs), TorchOptions(**kwargs)):
-            _check_plan(lce.plan(opts, x, W), expected, N, D, V, dtype)
+            _check_plan(lce.plan(x, W, options=opts), expected, N, D, V, dtype)
 
 
 @needs_torch_op
@@ -208,18 +208,18 @@ def test_plan_resolution_1d_input(dtype, kwargs):
     x = torch.empty(D, dtype=dtype)
     W = torch.empty(V, D, dtype=dtype)
     expected = _lce_resolution(kwargs, 1, D, V, dtype)
-    _check_plan(lce.plan(lce.LinearCrossEntropyOptions(**kwargs), x, W), expected, 1, D, V, dtype)
+    _check_plan(lce.plan(x, W, options=lce.LinearCrossEntropyOptions(**kwargs)), expected, 1, D, V, dtype)
 
 
 def test_auto_acc_dtype_rules_on_cpu():
     x16 = torch.empty(64, 16, dtype=torch.bfloat16)
     W16 = torch.empty(40, 16, dtype=torch.bfloat16)
-    assert lce.plan(lce.LinearCrossEntropyOptions(), x16, W16).acc_dtype == torch.float32
+    assert lce.plan(x16, W16, options=lce.LinearCrossEntropyOptions()).acc_dtype == torch.float32
     for policy in ("accurate", "balanced", "compact"):
-        assert lce.plan(lce.LinearCrossEntropyOptions(acc_policy=policy), x16, W16).acc_dtype == torch.bfloat16
+        assert lce.plan(x16, W16, options=lce.LinearCrossEntropyOptions(acc_policy=policy)).acc_dtype == torch.bfloat16
     x64 = torch.empty(64, 16, dtype=F64)
     W64 = torch.empty(40, 16, dtype=F64)
-    assert lce.plan(lce.LinearCrossEntropyOptions(), x64, W64).acc_dtype == F64
+    assert lce.plan(x64, W64, options=lce.LinearCrossEntropyOptions()).acc_dtype == F64
 
 
 @needs_torch_op
@@ -232,14 +232,14 @@ def test_explicit_size_and_method(method, dtype):
     W = torch.randn(V, D).to(dtype)
     target = torch.randint(0, V, (N,))
     agreed = _torch_resolution(dict(chunking_method=method), N, D, V, dtype).batch_chunk_size
-    plan = lce.plan(lce.LinearCrossEntropyOptions(chunking_method=method, batch_chunk_size=agreed), x, W)
+    plan = lce.plan(x, W, options=lce.LinearCrossEntropyOptions(chunking_method=method, batch_chunk_size=agreed))
     assert plan.batch_chunk_size == agreed and plan.chunking_method == method
 
     bad = dict(chunking_method=method, batch_chunk_size=agreed + 1)
     with pytest.raises(ValueError):
         _torch_resolution(bad, N, D, V, dtype)  # oracle
     with pytest.raises(ValueError, match="batch_chunk_size"):
-        lce.plan(lce.LinearCrossEntropyOptions(**bad), x, W)
+        lce.plan(x, W, options=lce.LinearCrossEntropyOptions(**bad))
     with pytest.raises(ValueError, match="batch_chunk_size"):
         lce.linear_cross_entropy(x, W, target, options=lce.LinearCrossEntropyOptions(**bad))
     with pytest.raises(ValueError, match="batch_chunk_size"):
@@ -249,7 +249,7 @@ def test_explicit_size_and_method(method, dtype):
 def test_plan_str_is_a_readable_table():
     x = torch.empty(100, 16, dtype=torch.bfloat16)
     W = torch.empty(200, 16, dtype=torch.bfloat16)
-    plan = lce.plan(lce.LinearCrossEntropyOptions(batch_chunk_size=7), x, W)
+    plan = lce.plan(x, W, options=lce.LinearCrossEntropyOptions(batch_chunk_size=7))
     text = str(plan)
     lines = [line for line in text.splitlines() if line.strip()]
     assert len(lines) >= 3, text
@@ -268,7 +268,7 @@ def test_plan_is_what_runs():
     losses = []
     for size in (1, 7, N):
         opts = lce.LinearCrossEntropyOptions(batch_chunk_size=size)
-        assert lce.plan(opts, x, W).num_chunks == math.ceil(N / size)
+        assert lce.plan(x, W, options=opts).num_chunks == math.ceil(N / size)
         losses.append(lce.linear_cross_entropy(x, W, t, options=opts))
     assert all(torch.allclose(loss, losses[0], rtol=1e-13, atol=0) for loss in losses)
 
@@ -297,7 +297,7 @@ def test_class_tiling_cannot_be_handed_to_torch():
 @pytest.mark.parametrize(("size", "blocks"), [(None, 1), (10**6, 1), (512, 1), (100, 6), (1, 512)])
 def test_plan_cuts_the_classes_into_blocks(size, blocks):
     x, w = torch.randn(6, 4, dtype=F64), torch.randn(512, 4, dtype=F64)
-    plan = lce.plan(lce.LinearCrossEntropyOptions(class_chunk_size=size), x, w)
+    plan = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(class_chunk_size=size))
     assert plan.num_class_chunks == blocks
     assert plan.tiles_classes == (blocks > 1)
     covered = [c for cols in plan.class_chunks() for c in range(512)[cols]]

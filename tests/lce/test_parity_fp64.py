@@ -72,7 +72,7 @@ def test_chunked_matches_reference_fp64(policy, chunking, case):
     opts = make_options(policy, chunking, case.N)
     if not case.one_d and chunking not in ("bcsN", "bcs2N", "single"):
         # the design really exercises several chunks
-        assert lce.plan(opts, problem.input, problem.linear_weight).num_chunks > 1
+        assert lce.plan(problem.input, problem.linear_weight, options=opts).num_chunks > 1
     got = lce_run(problem, opts)
     ref = ref_run(problem)
     expected_shape = () if (case.reduction != "none" or case.one_d) else (case.N,)

@@ -13,7 +13,7 @@ from analysis.judge.rule import BIAS_LIMIT, ERROR_LIMIT
 from analysis.paths import RESULTS_DIR
 from helpers import rel_err, round_trip
 from lce.decide import TIME_FACTOR, faults, training_fault
-from lce.recommend import DEFAULT_MAX_ERROR, candidates
+from lce.recommendation import DEFAULT_MAX_ERROR, RecommendationWarning, candidates
 
 MiB = 2**20
 LLM_HEADS = [(16384, 4096, 128256), (8192, 2304, 256000), (65536, 8192, 152064)]
@@ -126,9 +126,18 @@ def test_default_error_limits_follow_the_decision_rule_on_the_committed_noise_st
 
 def test_the_default_limit_yields_to_a_tight_budget_and_says_so():
     n, d, c = 8192, 2304, 256000
-    chosen = lce.recommend(n, d, c, torch.bfloat16, "cpu", memory_budget=int(1.05 * (n + c) * d * 2))
+    with pytest.warns(RecommendationWarning, match=r"meets the default error limit of 2 floors .* a larger budget"):
+        chosen = lce.recommend(n, d, c, torch.bfloat16, "cpu", memory_budget=int(1.05 * (n + c) * d * 2))
+    assert "error limit 2 NOT met" in repr(chosen) and "\n" not in repr(chosen)
     within = [x for x in chosen.considered if x.peak_bytes <= chosen.memory_budget]
     assert not chosen.limit_met and chosen.error > DEFAULT_MAX_ERROR[torch.bfloat16]
     assert chosen.error == min(x.error for x in within)
     assert "warning" in chosen.explain()
     assert lce.recommend(n, d, c, torch.bfloat16, "cpu").limit_met
+
+
+def test_a_recommendation_prints_on_one_line():
+    chosen = lce.recommend(16384, 4096, 128256, torch.bfloat16, "cuda")
+    text = repr(chosen)
+    assert "\n" not in text and len(text) < 200, text
+    assert text.startswith("Recommendation(") and "candidates considered" in text and "NOT met" not in text

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Mapping
 
 import torch
@@ -36,14 +37,19 @@ from .decide import (
 from .error_model import ACCURACY
 from .functional import linear_cross_entropy
 from .options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dtype_name
-from .plan import Plan
+from .planning import Plan
 from .time_model import DEVICE_SPEEDS, TIME_SOURCE, DeviceSpeed, estimated_seconds, gemm_compute_dtype, gemm_flops
 
-__all__ = ["Recommendation", "Candidate", "recommend", "candidates", "estimated_seconds", "gemm_compute_dtype",
-           "gemm_flops", "DEFAULT_MAX_ERROR", "DeviceSpeed", "DEVICE_SPEEDS"]
+__all__ = ["Recommendation", "RecommendationWarning", "Candidate", "recommend", "candidates", "estimated_seconds",
+           "gemm_compute_dtype", "gemm_flops", "DEFAULT_MAX_ERROR", "DeviceSpeed", "DEVICE_SPEEDS"]
 
 
-@dataclasses.dataclass(frozen=True)
+class RecommendationWarning(UserWarning):
+    """Issued by :func:`recommend` when nothing within the memory budget meets the default error limit and the
+    least predicted error that fits is returned instead (``Recommendation.limit_met`` is False)."""
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
 class Recommendation:
     """What :func:`recommend` chose, the limits it chose under, and what it weighed.
 
@@ -83,6 +89,13 @@ class Recommendation:
     @property
     def errors(self) -> Mapping[str, float]:
         return self.chosen.errors
+
+    def __repr__(self) -> str:
+        """One line: the pick, its predicted peak and error, and whether the error limit was met
+        (:meth:`explain` has the rest; ``considered`` holds every candidate)."""
+        limit = "" if self.limit_met else f", error limit {self.max_error:g} NOT met"
+        return (f"Recommendation({self.chosen.label()}: peak {_mib(self.peak_bytes)}, error {self.error:.3g} floors"
+                f"{limit}; {len(self.considered)} candidates considered)")
 
     def explain(self) -> str:
         """What was chosen and why; for each policy, its best alternative and why it lost."""
@@ -230,7 +243,8 @@ def recommend(num_rows: int, in_features: int, num_classes: int, dtype: torch.dt
             ``device`` (random inputs of this shape) and choose the fastest measured; by default nothing runs.
 
     Where no candidate within the budget meets the *default* error limit, the one with the least predicted
-    error is returned, with ``limit_met`` False and a warning line in :meth:`Recommendation.explain`.
+    error is returned, with ``limit_met`` False, a :class:`RecommendationWarning` and a warning line in
+    :meth:`Recommendation.explain`.
 
     Raises:
         ValueError: a budget no candidate meets (naming the smallest feasible one), an explicit ``max_error``
@@ -253,6 +267,11 @@ def recommend(num_rows: int, in_features: int, num_classes: int, dtype: torch.dt
         chosen = min(finalists, key=lambda c: measured[c.label()])
     auto_options = LinearCrossEntropyOptions(acc_dtype=torch.float32 if dtype.itemsize == 2 else None)
     auto = evaluate(auto_options, num_rows, in_features, num_classes, dtype, device)
+    if not choice.limit_met:
+        warnings.warn(f"lce.recommend: nothing within the memory budget of {_mib(int(memory_budget))} meets the "
+                      f"default error limit of {limit:g} floors for N={num_rows} D={in_features} C={num_classes} "
+                      f"{dtype_name(dtype)}; returning the least predicted error that fits ({chosen.label()}, "
+                      f"{chosen.error:.3g} floors): a larger budget buys accuracy", RecommendationWarning, stacklevel=2)
     return Recommendation(chosen, None if memory_budget is None else int(memory_budget),
                           "none" if memory_budget is None else "given", limit, tuple(considered), measured,
                           choice.limit_met, auto)
