@@ -5,7 +5,9 @@ runs: it reads the results files by kind (:mod:`analysis.core.results_io`), draw
 with :func:`analysis.report.figures.draw_all`, :func:`analysis.report.nb06_does_it_matter.draw_all` and
 :func:`analysis.report.nb07_choosing_options.draw_error_model_figures` (which measure nothing) and writes
 ``<stem>.png`` and ``<stem>.svg`` per figure and ``README.md``: each figure,
-its caption, the data files it was drawn from, the command, the verdicts.
+its caption, the data files it was drawn from, the command, the verdicts. ``--only NAME`` (repeatable,
+or comma-separated) saves just the named figures and leaves the others' files alone; the index is still
+written whole, identical to a full run's from the same results.
 """
 
 from __future__ import annotations
@@ -56,7 +58,13 @@ from analysis.report import (
 )
 from analysis.report.nb02_accuracy import plot_error_vs_chunks
 from analysis.report.nb03_memory import plot_buffer_breakdown, plot_memory_model, plot_memory_trace
-from analysis.report.nb04_pareto import plot_bench_scaling, plot_chunk_sweep, plot_error_vs_memory, plot_time_vs_shape
+from analysis.report.nb04_pareto import (
+    plot_bench_scaling,
+    plot_chunk_sweep,
+    plot_error_vs_memory,
+    plot_error_vs_memory_all_shapes,
+    plot_time_vs_shape,
+)
 from analysis.report.nb05_realistic_inputs import (
     plot_families,
     plot_gradient_bias,
@@ -67,7 +75,7 @@ from analysis.report.nb05_realistic_inputs import (
 from analysis.report.style import CaptionedFigure
 from analysis.studies.error_model import VALIDATION_FILE, llm_predictions
 
-__all__ = ["make_figures", "save", "write_index"]
+__all__ = ["make_figures", "save", "write_index", "only_stems", "chosen_figures"]
 
 
 def save(figure: CaptionedFigure, folder: Path) -> list[Path]:
@@ -99,10 +107,34 @@ def write_index(figures: Sequence[CaptionedFigure], folder: Path, data: Sequence
     return path
 
 
-def make_figures(results: Path, out: Path, command: str = "python -m analysis figures") -> list[Path]:
+def only_stems(values: Sequence[str] | None) -> list[str] | None:
+    """The stems ``--only`` names: each value split on commas, blanks dropped, order kept; None when not given."""
+    if not values:
+        return None
+    return list(dict.fromkeys(name.strip() for value in values for name in value.split(",") if name.strip()))
+
+
+def chosen_figures(figures: Sequence[CaptionedFigure], only: Sequence[str] | None) -> list[CaptionedFigure]:
+    """The figures whose stems are in ``only`` (every figure when None); ``SystemExit`` naming the valid stems
+    when ``only`` names one that is not drawn from these results."""
+    if only is None:
+        return list(figures)
+    stems = [figure.stem for figure in figures]
+    unknown = [name for name in only if name not in stems]
+    if unknown:
+        raise SystemExit(f"unknown figure name(s): {', '.join(unknown)}. Valid names (file stems, as in "
+                         f"figures/README.md): {', '.join(stems)}")
+    return [figure for figure in figures if figure.stem in only]
+
+
+def make_figures(results: Path, out: Path, command: str = "python -m analysis figures",
+                 only: Sequence[str] | None = None) -> list[Path]:
     """Draw every figure from the results files in ``results`` into ``out``; return the files written.
 
-    ``SystemExit`` when ``results`` holds no sweep results (nothing to draw the main figures from).
+    ``only``: save just the figures with these stems and leave every other file in ``out`` as it is. Every figure
+    is still drawn, so ``README.md`` is written whole: the same index as a full run's from the same results.
+    ``SystemExit`` when ``results`` holds no sweep results (nothing to draw the main figures from), or when
+    ``only`` names a figure these results do not draw (the message lists the valid names).
     """
     paths, table = load_table(results)
     if table.empty:
@@ -133,7 +165,7 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
         figures += nb07_choosing_options.draw_error_model_figures(pd.read_csv(validation_path), llm_predictions())
         paths.append(validation_path)
     paths += [path for study_paths, frame in [*studies, *matter] if not frame.empty for path in study_paths]
-    written = [path for figure in figures for path in save(figure, out)]
+    written = [path for figure in chosen_figures(figures, only) for path in save(figure, out)]
     verdicts = verdict_lines(table)
     if not matter[0][1].empty:
         verdicts += [f"error/noise rule (analysis.judge.rule), {line}" for line in rule_lines(matter[0][1])]
@@ -145,6 +177,9 @@ SWEEP_FIGURES: tuple[Callable[[pd.DataFrame], CaptionedFigure | None], ...] = (
     lambda t: plot_error_vs_memory(t, "cpu"),
     lambda t: plot_error_vs_memory(t, "cuda-emulated"),
     lambda t: plot_error_vs_memory(t, "cuda"),
+    lambda t: plot_error_vs_memory_all_shapes(t, "cpu"),
+    lambda t: plot_error_vs_memory_all_shapes(t, "cuda-emulated"),
+    lambda t: plot_error_vs_memory_all_shapes(t, "cuda"),
     lambda t: plot_error_vs_chunks(t, "cpu"),
     lambda t: plot_error_vs_chunks(t, "cuda-emulated"),
     lambda t: plot_error_vs_chunks(t, "cuda"),
@@ -188,13 +223,13 @@ DESCRIPTION = ("Writes PNG and SVG per figure and figures/README.md (captions, d
                "measures nothing.")
 
 
-def draw_and_report(results: Path, out: Path, command: str) -> None:
+def draw_and_report(results: Path, out: Path, command: str, only: Sequence[str] | None = None) -> None:
     """:func:`make_figures` with the Agg backend (files only, whatever the environment's default), printing each
     file written."""
     import matplotlib
 
     matplotlib.use("Agg")
-    for path in make_figures(results, out, command):
+    for path in make_figures(results, out, command, only=only):
         print(display_path(path))
 
 
@@ -204,7 +239,11 @@ def add_arguments(parser) -> None:
 
     results_option(parser, "folder of results files")
     parser.add_argument("--out", type=Path, default=FIGURES_DIR, help="figures folder (default: figures)")
+    parser.add_argument("--only", action="append", metavar="NAME",
+                        help="save only the figure with this file stem (e.g. rare_rows); repeat it or separate names "
+                             "with commas. The other figures' files are left as they are; README.md is still "
+                             "written whole (every figure's caption). An unknown name lists the valid ones.")
 
 
 def run(args) -> None:
-    draw_and_report(args.results, args.out, "python -m analysis figures")
+    draw_and_report(args.results, args.out, "python -m analysis figures", only=only_stems(args.only))

@@ -6,6 +6,8 @@ about them.
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pandas as pd
 import seaborn as sns
@@ -15,6 +17,7 @@ from analysis.core.provenance import cpu_kinds
 from analysis.core.results_io import latest
 from analysis.judge.pareto import (
     ERROR,
+    INTERVAL,
     MEMORY,
     TIME,
     front_mask,
@@ -29,9 +32,9 @@ from analysis.report.style import (
     ERROR_SPAN,
     MARKERS,
     PALETTE,
+    POLICY_ORDER,
     CaptionedFigure,
     apply_style,
-    family_panels,
     honest_limits,
     legend_below,
     log_axes,
@@ -40,46 +43,216 @@ from analysis.report.style import (
     seed_caption,
 )
 
+FAMILY_MARKERS = {"random": "o", "calibrated": "s", "trained": "^"}
+"""Marker shape per input family in the error-vs-memory figures (other families take :data:`_SPARE_MARKERS`)."""
+_SPARE_MARKERS = ("D", "v", "P", "X", "<", ">")
+FRONT_STYLES = ("-", "--", ":", "-.")
+"""Line style of each family's Pareto front, families in sorted order."""
+OPEN_OPS = ("torch", "compiled")
+"""Ops drawn as open markers (lce and the unfused reference are filled)."""
+
+
+def _family_styles(families) -> dict[str, tuple[str, str]]:
+    """(marker, front line style) per family, sorted by name."""
+    spare = iter(_SPARE_MARKERS)
+    return {family: (FAMILY_MARKERS.get(family) or next(spare), FRONT_STYLES[index % len(FRONT_STYLES)])
+            for index, family in enumerate(sorted(families))}
+
+
+def main_shape(data: pd.DataFrame) -> tuple[int, int, int]:
+    """(N, D, C) of the largest problem (by N*D*C) every input family of ``data`` was measured at; the largest
+    of all when no shape is common to every family."""
+    families = data.groupby(["N", "D", "C"])["family"].nunique()
+    common = families[families == data["family"].nunique()]
+    pool = common if len(common) else families
+    return max(pool.index, key=lambda shape: (shape[0] * shape[1] * shape[2], shape))
+
+
+def _pick_text(pick: str) -> str:
+    """``auto: accurate ar`` from a verdict's pick (``accurate aspect_ratio``, notes in brackets dropped)."""
+    return "auto: " + pick.split(" (")[0].replace("aspect_ratio", "ar")
+
+
+POLICY_SIZES = {"auto": 120.0, "accurate": 80.0, "balanced": 48.0, "compact": 24.0, "": 60.0}
+"""Marker area (points^2) per policy in the error-vs-memory figures: policies that compute the same numbers at the
+same memory land on one spot, so each is drawn smaller than the one before and the coinciding ones show as rings
+around each other (the largest, drawn first, at the back)."""
+
+
+def _pareto_panel(ax, group: pd.DataFrame, picks: pd.DataFrame, styles: dict[str, tuple[str, str]]) -> pd.DataFrame:
+    """One (device, dtype, shape) panel: each configuration's seed median (bar: its interval) marked by family,
+    coloured by policy, filled for lce and open for torch; each family's Pareto front of the medians; the auto
+    picks ringed and labelled. Returns the points drawn."""
+    points = seed_interval(group, [ERROR, MEMORY])
+    order = {policy: index for index, policy in enumerate(POLICY_ORDER)}
+    series = sorted(points.groupby(["family", "op", "policy"], sort=True),
+                    key=lambda item: (order.get(item[0][2], len(order)), item[0]))
+    for (family, op, policy), rows in series:
+        colour = PALETTE.get(policy, PALETTE[""])
+        below, above = rows[ERROR] - rows[f"{ERROR}_low"], rows[f"{ERROR}_high"] - rows[ERROR]
+        ax.errorbar(rows[MEMORY], rows[ERROR], yerr=[below, above], fmt="none", ecolor=colour, elinewidth=0.7,
+                    alpha=0.35, zorder=2)
+        ax.scatter(rows[MEMORY], rows[ERROR], s=POLICY_SIZES.get(policy, 40.0), marker=styles[family][0],
+                   linewidths=1.3, facecolors="none" if op in OPEN_OPS else colour, edgecolors=colour, zorder=3,
+                   label=f"{family} {op} {policy}".strip())
+    for family, rows in points.groupby("family", sort=True):
+        front = rows[front_mask(rows[MEMORY], rows[ERROR])].sort_values(MEMORY)
+        ax.step(front[MEMORY], front[ERROR], where="post", color="k", lw=1.1, ls=styles[family][1], alpha=0.75,
+                zorder=4, label=f"Pareto front ({family})")
+    log_axes(ax)
+    honest_limits(ax, "x", points[MEMORY], span=COST_SPAN)
+    honest_limits(ax, "y", pd.concat([points[f"{ERROR}_low"], points[f"{ERROR}_high"]]), span=ERROR_SPAN, floor=1.0)
+    _label_picks(ax, picks, sorted(set(points["family"])))
+    return points
+
+
+def _label_picks(ax, picks: pd.DataFrame, families: list[str]) -> None:
+    """Ring each auto pick (seed median) and label what it resolved to, once per resolution (naming the families
+    only when they resolve differently), inside the axes on the side away from the nearest edge."""
+    texts = {family: _pick_text(pick) for family, pick in zip(picks["family"], picks["pick"], strict=True)}
+    to_axes = ax.transScale + ax.transLimits  # data -> axes fraction, whatever the figure's layout
+    for number, (text, rows) in enumerate(picks.groupby(picks["family"].map(texts), sort=True)):
+        ax.scatter(rows["peak_mib"], rows["error"], s=230, facecolors="none", edgecolors="k", linewidths=1.6,
+                   zorder=5)
+        members = sorted(rows["family"])
+        if members != families:
+            text += f" ({', '.join(members)})"
+        top = rows.loc[rows["error"].idxmax()]
+        fx, fy = to_axes.transform((top["peak_mib"], top["error"]))
+        right, up = fx < 0.5, fy < 0.75
+        dx, dy = (16 if right else -16), (24 + 16 * number) * (1 if up else -1)
+        ax.annotate(text, (top["peak_mib"], top["error"]), xytext=(dx, dy), textcoords="offset points",
+                    ha="left" if right else "right", va="bottom" if up else "top", fontsize=8, fontweight="bold",
+                    zorder=6, bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85},
+                    arrowprops={"arrowstyle": "-", "color": "k", "lw": 0.8, "shrinkB": 7})
+
+
+def _picks_of(picks: pd.DataFrame, device: str, dtype: str, shape: tuple[int, int, int]) -> pd.DataFrame:
+    return picks[(picks["device"] == device) & (picks["dtype"] == dtype)
+                 & (picks["shape"] == "x".join(str(int(v)) for v in shape))]
+
+
+def _pareto_legend(fig, data: pd.DataFrame, styles: dict[str, tuple[str, str]]) -> None:
+    """One compact legend in two rows: the colours (policies) and the ring (auto pick) above, the fills (ops) and
+    the marker shapes and front line styles (families) below."""
+    from matplotlib.lines import Line2D
+
+    def dot(label, colour="k", marker="o", filled=True, ls="none"):
+        return Line2D([], [], color=colour, marker=marker, ls=ls, ms=7, mew=1.3,
+                      mfc=colour if filled else "none", label=label)
+
+    ops = set(data["op"])
+    top = [dot(policy, PALETTE[policy]) for policy in POLICY_ORDER if policy and policy in set(data["policy"])]
+    if ops & {"reference", "compiled"}:
+        top.append(dot(" / ".join(text for op, text in (("reference", "unfused (filled)"),
+                                                        ("compiled", "torch.compile (open)")) if op in ops),
+                       PALETTE[""]))
+    top.append(Line2D([], [], ls="none", marker="o", ms=12, mfc="none", mec="k", mew=1.6, label='"auto" pick'))
+    bottom = [dot("lce: filled", "0.35")] + ([dot("torch: open", "0.35", filled=False)] if "torch" in ops else [])
+    bottom += [dot(f"{family} and its front", "k", marker, filled=False, ls=ls)
+               for family, (marker, ls) in styles.items()]
+    columns = max(len(top), len(bottom))
+    blank = Line2D([], [], ls="none", label=" ")
+    top += [blank] * (columns - len(top))
+    bottom += [blank] * (columns - len(bottom))
+    handles = [handle for pair in zip(top, bottom, strict=True) for handle in pair]  # filled column by column
+    fig.legend(handles=handles, loc="outside lower center", ncol=columns, frameon=False, fontsize=8,
+               handlelength=2.8, columnspacing=1.6)
+
+
+def _memory_source(device: str) -> str:
+    return "modeled by lce: the CPU stand-in's measured memory is not the GPU's" if device == "cuda-emulated" \
+        else "measured"
+
+
+def _pareto_caption(data: pd.DataFrame, device: str, where: str) -> str:
+    ops = set(data["op"])
+    fill = "lce filled, torch open" if "torch" in ops else "lce's runs only: torch and the unfused reference ran " \
+        "on the CPU only"
+    unchunked = ""
+    if ops & {"reference", "compiled"}:
+        unchunked = "; grey: the unchunked unfused reference (filled)" + (
+            " and its torch.compile (open, run on the first seed only)" if "compiled" in ops else "")
+    return (f"Gradient error (in rounding floors) vs peak extra memory ({_memory_source(device)}) on {device}, "
+            f"{where}. Each point is one configuration's median over seeds (bar: the {INTERVAL}); marker shape: "
+            f"the input family; colour: the accumulation policy ({fill}{unchunked}); a policy's chunkings and "
+            "acc_dtypes share its colour. Black steps: each family's Pareto front of the medians "
+            "(analysis.judge.pareto.front_mask), one line style per family; ringed and labelled: the \"auto\" "
+            "pick (lce with default options, its seed median; the label names what auto resolved to). "
+            f"{seed_caption(data)} Error axes reach down to the rounding floor (1) and span at least a factor "
+            f"{ERROR_SPAN:g}; memory axes at least a factor {COST_SPAN:g}.")
+
 
 def plot_error_vs_memory(table: pd.DataFrame, device: str = "cpu") -> CaptionedFigure | None:
-    """Error vs peak memory per (family, dtype, shape) on ``device``: seed medians with their interval as bars,
-    the front of the medians drawn, the auto pick starred."""
+    """Error vs peak memory on ``device`` at its :func:`main_shape`, one panel per dtype: seed medians with their
+    interval as bars, families as marker shapes, one colour per policy, each family's front, the auto picks
+    labelled. The other shapes: :func:`plot_error_vs_memory_all_shapes`."""
     data = table[table["device"] == device]
     if data.empty:
         return None
     apply_style()
-    fig, axes, panels = family_panels(data)
+    shape = main_shape(data)
+    here = data[(data["N"] == shape[0]) & (data["D"] == shape[1]) & (data["C"] == shape[2])]
+    dtypes = sorted(here["dtype"].unique())
+    styles = _family_styles(here["family"].unique())
     picks = verdicts(table)
-    for ax, group in panels:
-        points = seed_interval(group, [ERROR, MEMORY])
-        for (op, policy), rows in points.groupby(["op", "policy"], sort=False):
-            below, above = rows[ERROR] - rows[f"{ERROR}_low"], rows[f"{ERROR}_high"] - rows[ERROR]
-            ax.errorbar(rows[MEMORY], rows[ERROR], yerr=[below, above], fmt=MARKERS.get(op, "o"), ms=4.5,
-                        alpha=0.75, color=PALETTE.get(policy, "k"), elinewidth=0.8, label=f"{op} {policy}".strip())
-        front = points[front_mask(points[MEMORY], points[ERROR])].sort_values(MEMORY)
-        ax.step(front[MEMORY], front[ERROR], where="post", color="k", lw=1, alpha=0.6, label="Pareto front")
-        first = group.iloc[0]  # a Series: first.dtype would be its own dtype, so index by name
-        mine = picks[(picks["device"] == device) & (picks["family"] == first["family"])
-                     & (picks["dtype"] == first["dtype"])
-                     & (picks["shape"] == f"{first['N']}x{first['D']}x{first['C']}")]
-        for pick in mine.itertuples():
-            ax.scatter([pick.peak_mib], [pick.error], marker="*", s=220, facecolor="none", edgecolor="red",
-                       linewidth=1.5, label="auto pick", zorder=5)
-        log_axes(ax)
-        honest_limits(ax, "x", points[MEMORY], span=COST_SPAN)
-        honest_limits(ax, "y", pd.concat([points[f"{ERROR}_low"], points[f"{ERROR}_high"]]), span=ERROR_SPAN,
-                       floor=1.0)
+    fig = new_figure(4.6 * len(dtypes), 4.6)
+    axes = fig.subplots(1, len(dtypes), squeeze=False)
+    for ax, dtype in zip(axes.flat, dtypes, strict=True):
+        _pareto_panel(ax, here[here["dtype"] == dtype], _picks_of(picks, device, dtype, shape), styles)
+        ax.set_title(dtype, fontsize=10)
         ax.set_xlabel("peak extra memory (MiB)")
+    axes[0, 0].set_ylabel(ERROR_LABEL, fontsize=9)
+    n, d, c = shape
+    fig.suptitle(f"Error vs memory on {device}, N={n} D={d} C={c}", fontsize=11)
+    _pareto_legend(fig, here, styles)
+    others = data[["N", "D", "C"]].drop_duplicates()
+    rest = (f"; the other {len(others) - 1} shape{'s' if len(others) > 2 else ''} measured on {device}: "
+            f"error_vs_memory_{device}_all_shapes" if len(others) > 1 else "")
+    where = (f"at N={n} D={d} C={c}, the largest shape every input family was measured at, one panel per dtype"
+             + rest)
+    return CaptionedFigure(fig, f"error_vs_memory_{device}", _pareto_caption(here, device, where))
+
+
+def plot_error_vs_memory_all_shapes(table: pd.DataFrame, device: str = "cpu") -> CaptionedFigure | None:
+    """The appendix to :func:`plot_error_vs_memory`: the same panels at every other shape measured on ``device``,
+    one row per shape (smallest first), one column per dtype; None with a single shape."""
+    data = table[table["device"] == device]
+    if data.empty:
+        return None
+    main = main_shape(data)
+    shapes = [shape for shape in data[["N", "D", "C"]].drop_duplicates().itertuples(index=False, name=None)
+              if shape != main]
+    if not shapes:
+        return None
+    apply_style()
+    shapes.sort(key=lambda shape: (shape[0] * shape[1] * shape[2], shape))
+    dtypes = sorted(data["dtype"].unique())
+    styles = _family_styles(data["family"].unique())
+    picks = verdicts(table)
+    fig = new_figure(4.2 * len(dtypes), 3.5 * len(shapes) + 0.9)
+    axes = fig.subplots(len(shapes), len(dtypes), squeeze=False)
+    for row, shape in enumerate(shapes):
+        n, d, c = shape
+        problem = data[(data["N"] == n) & (data["D"] == d) & (data["C"] == c)]
+        for column, dtype in enumerate(dtypes):
+            ax = axes[row, column]
+            group = problem[problem["dtype"] == dtype]
+            if group.empty:
+                ax.set_visible(False)
+                continue
+            _pareto_panel(ax, group, _picks_of(picks, device, dtype, shape), styles)
+            families = ", ".join(sorted(set(group["family"])))
+            ax.set_title(f"{dtype}, N={n} D={d} C={c} ({families})", fontsize=9)
+            ax.set_xlabel("peak extra memory (MiB)", fontsize=8)
     fig.supylabel(ERROR_LABEL, fontsize=9)
-    legend_below(fig, axes)
-    stem = f"error_vs_memory_{device}"
-    memory_source = "lce's model (CPU stand-in measured otherwise)" if device == "cuda-emulated" else "measured"
-    return CaptionedFigure(fig, stem,
-                           f"Gradient error (in rounding floors) vs peak extra memory ({memory_source}) on {device}, "
-                           "one row of panels per input family, one panel per dtype and shape; black steps: Pareto "
-                           "front of the medians; red star: the \"auto\" pick (seed median). "
-                           f"{seed_caption(data)} Error axes reach down to the rounding floor (1) and span at least "
-                           f"a factor {ERROR_SPAN:g}; memory axes at least a factor {COST_SPAN:g}.")
+    fig.suptitle(f"Error vs memory on {device}: the other shapes", fontsize=11)
+    rest = data[~data.set_index(["N", "D", "C"]).index.isin([main])]
+    _pareto_legend(fig, rest, styles)
+    n, d, c = main
+    where = (f"at every shape but N={n} D={d} C={c} (that one is error_vs_memory_{device}), one row of panels per "
+             "shape (its families in the title), one column per dtype")
+    return CaptionedFigure(fig, f"error_vs_memory_{device}_all_shapes", _pareto_caption(rest, device, where))
 
 
 def plot_time_vs_shape(table: pd.DataFrame) -> CaptionedFigure | None:
@@ -130,7 +303,8 @@ def plot_bench_scaling(bench: pd.DataFrame) -> CaptionedFigure | None:
     data = latest(data, ["impl", "dtype", "N", "D", "C", "metric"])
     fig = new_figure(10, 7.5)
     axes = fig.subplots(2, 2, squeeze=False)
-    colours = dict(zip(["lce", "torch", "unfused", "3-GEMM floor"], sns.color_palette("colorblind", 4), strict=True))
+    colours = dict(zip(["lce", "torch", "unfused"], sns.color_palette("colorblind", 3), strict=True))
+    colours["3-GEMM floor"] = (0.1, 0.1, 0.1)  # the floor: black, far from torch's orange
     styles = {"float32": "-", "bfloat16": "--"}
     for column, (axis, fixed, fixed_value) in enumerate((("N", "C", base_c), ("C", "N", base_n))):
         for row, (metric, scale, unit) in enumerate((("time_s", 1.0, "time of forward+backward (s)"),
@@ -141,8 +315,10 @@ def plot_bench_scaling(bench: pd.DataFrame) -> CaptionedFigure | None:
                 points = points.sort_values(axis)
                 if len(points) < 2:
                     continue
-                ax.plot(points[axis], points["value"] * scale, marker="o", ms=4, lw=1.2, color=colours[impl],
-                        ls=styles.get(dtype, ":"), label=f"{impl} {dtype}")
+                floor = impl == "3-GEMM floor"
+                ax.plot(points[axis], points["value"] * scale, marker="x" if floor else "o", ms=5 if floor else 4,
+                        lw=1.0 if floor else 1.3, color=colours[impl], ls=styles.get(dtype, ":"),
+                        label=f"{impl} {dtype}")
             log_axes(ax, x_base=2)
             honest_limits(ax, "y", subset["value"] * scale, span=COST_SPAN)
             ax.set_xlabel(f"{axis} ({fixed}={fixed_value}, D={int(data['D'].iloc[0])})")
@@ -152,7 +328,7 @@ def plot_bench_scaling(bench: pd.DataFrame) -> CaptionedFigure | None:
                            "Time (median of repeats) and peak extra memory (measured, fresh process) of one "
                            f"forward+backward vs N and vs C on {cpu}, for lce with default options, torch's native "
                            "op with default options, the unfused reference and the 3-GEMM floor "
-                           "(6*N*D*C at the measured GEMM rate); solid fp32, dashed bf16. Data: "
+                           "(6*N*D*C at the measured GEMM rate, black crosses); solid fp32, dashed bf16. Data: "
                            "analysis/results/bench.csv (python -m analysis bench --scaling).")
 
 
@@ -169,10 +345,12 @@ def plot_chunk_sweep(chunks: pd.DataFrame, bench: pd.DataFrame | None = None) ->
     data = chunks[chunks["metric"] == "time_s"]
     data = latest(data.assign(cpu_kind=cpu_kinds(data, bench)), ["cpu_kind", "impl", "dtype", "N", "D", "C",
                                                                   "chunk_size"])
-    panels = data[["dtype", "cpu_kind"]].drop_duplicates().sort_values(["dtype", "cpu_kind"])
-    fig, axes = panel_grid(len(panels), columns=2)
+    # One row per CPU kind, one column per dtype: the titles stay short (the CPU kind wrapped, the shape once above).
+    panels = data[["cpu_kind", "dtype"]].drop_duplicates().sort_values(["cpu_kind", "dtype"])
+    fig, axes = panel_grid(len(panels), width=4.6, height=3.3, columns=data["dtype"].nunique())
     series = sorted(data["impl"].unique())
     colours = dict(zip(series, sns.color_palette("colorblind", len(series)), strict=True))
+    shapes = data[["N", "D", "C"]].drop_duplicates()
     for ax, panel in zip(axes.flat, panels.itertuples(index=False), strict=False):
         group = data[(data["dtype"] == panel.dtype) & (data["cpu_kind"] == panel.cpu_kind)]
         for impl, points in group.groupby("impl", sort=True):
@@ -186,10 +364,14 @@ def plot_chunk_sweep(chunks: pd.DataFrame, bench: pd.DataFrame | None = None) ->
         log_axes(ax, y=False, x_base=2)
         ax.set_ylim(bottom=0)
         first = group.iloc[0]
-        ax.set_title(f"{panel.dtype}, {panel.cpu_kind}\nN={first.N} D={first.D} C={first.C}, "
+        shape = f"\nN={first.N} D={first.D} C={first.C}" if len(shapes) > 1 else ""
+        ax.set_title(f"{panel.dtype}, {textwrap.fill(str(panel.cpu_kind), 52)}{shape}\n"
                      f"{int(first.num_threads)} thread(s)", fontsize=8)
         ax.set_xlabel("rows per chunk")
     fig.supylabel("time of forward+backward (s)", fontsize=9)
+    if len(shapes) == 1:
+        first = shapes.iloc[0]
+        fig.suptitle(f"lce's time against its rows per chunk, N={first.N} D={first.D} C={first.C}", fontsize=10)
     legend_below(fig, axes)
     return CaptionedFigure(fig, "chunk_sweep",
                            "Time of one forward+backward against the rows per chunk, per policy and CPU kind (median "

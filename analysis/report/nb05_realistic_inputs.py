@@ -6,7 +6,6 @@ prose (and the README around the block) makes about them, on the committed resul
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -261,21 +260,84 @@ def plot_margins(margins: pd.DataFrame) -> CaptionedFigure | None:
 RARE_BIN_COLOURS = dict(zip(("never", "1-2", "3-15", "16+"), sns.color_palette("viridis", 4), strict=True))
 
 
+_DEFAULT_WORDS = ("acc=default", "auto")
+"""Words of a rare_rows implementation name after its layout that only restate a default (acc_dtype, chunking)."""
+
+
+def _impl_words(impl: str) -> tuple[str, str, list[str]] | None:
+    """(policy, layout, the options that are not defaults) of an lce name ``lce POLICY LAYOUT [OPTION ...]``; None
+    for any other name (``torch default``, ``unfused``)."""
+    words = impl.split(" ")
+    if words[0] != "lce" or len(words) < 3:
+        return None
+    return words[1], words[2], [word for word in words[3:] if word not in _DEFAULT_WORDS]
+
+
+def _short_impl(impl: str) -> str:
+    """``lce compact (cuda, acc=fp32, ar:2)`` for ``lce compact cuda acc=fp32 aspect_ratio:2``: the default options
+    (acc=default, auto chunking) left out; other names (``torch default``, ``unfused``) as they are."""
+    parts = _impl_words(impl)
+    if parts is None:
+        return impl
+    policy, layout, options = parts
+    return f"lce {policy} ({', '.join([layout, *(word.replace('aspect_ratio', 'ar') for word in options)])})"
+
+
+def _explicit_options(impl: str) -> tuple:
+    """How a spelling sorts as a class's name: fewest explicit options (policy, acc_dtype, chunking), then the CPU
+    layout, then by name."""
+    parts = _impl_words(impl)
+    if parts is None:
+        return (0, False, impl)
+    policy, layout, options = parts
+    return (int(policy != "auto") + len(options), layout != "cpu", impl)
+
+
+def rare_row_names(data: pd.DataFrame) -> dict[str, tuple[str, list[str]]]:
+    """Per implementation of a rare_rows table: its row's short tick label and every spelling that computes the same
+    numbers (identical row p99, row max and Frobenius floors in every dtype, seed and bin).
+
+    A class is named by its spelling with the fewest explicit options (:func:`_explicit_options`), shortened by
+    :func:`_short_impl`, with ``[+k]`` when k other spellings join it."""
+    merged = _merge_identical(data, ["dtype", "seed", "bin"], ["row_p99", "row_max", "grad_weight_floors"])
+    classes: dict[str, list[str]] = {}
+    for impl, name in zip(data["impl"], merged, strict=True):
+        members = classes.setdefault(name, [])
+        if impl not in members:
+            members.append(impl)
+    names = {}
+    for members in classes.values():
+        members = sorted(members, key=_explicit_options)
+        label = _short_impl(members[0]) + (f" [+{len(members) - 1}]" if len(members) > 1 else "")
+        for impl in members:
+            names[impl] = (label, members)
+    return names
+
+
+def _rare_row_order(label: str) -> tuple:
+    """lce rows first, the CPU layout before the CUDA one, policies in lce's order; then torch and unfused."""
+    if not label.startswith("lce ") or "(" not in label:
+        return (1, False, 0, label)
+    policy, options = label.split(" ")[1], label.split("(", 1)[1]
+    return (0, not options.startswith("cpu"), POLICY_ORDER.index(policy) if policy in POLICY_ORDER else 9, label)
+
+
 def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
-    """Per implementation (rows) and dtype (panels): grad_weight's row error per bin of the class's target count
-    (filled: p99, median over seeds; open: max over seeds) and the Frobenius error (black bar)."""
+    """Per implementation (rows, short names; the spellings each row stands for in the caption) and dtype (panels):
+    grad_weight's row error per bin of the class's target count (filled: p99, median over seeds; open: max over
+    seeds) and the Frobenius error (black bar)."""
     if rare.empty:
         return None
     apply_style()
     data = latest(rare, ["impl", "dtype", "N", "D", "C", "seed", "bin"])
     n, d, c = data.groupby(["N", "D", "C"]).size().idxmax()  # the study; spot checks at other shapes stay out
     data = data[(data["N"] == n) & (data["D"] == d) & (data["C"] == c)]
-    data = data.assign(impl=_merge_identical(data, ["dtype", "seed", "bin"], ["row_p99", "row_max",
-                                                                               "grad_weight_floors"]))
+    names = rare_row_names(data)
+    data = data.assign(impl=data["impl"].map(lambda impl: names[impl][0]))
     dtypes = sorted(data["dtype"].unique(), reverse=True)  # float16 first: its auto pick is the issue's case
-    impls = sorted(data["impl"].unique(), key=lambda name: (not name.startswith("lce"), name))
+    impls = sorted(data["impl"].unique(), key=_rare_row_order)
     position = {impl: index for index, impl in enumerate(impls)}
-    fig = new_figure(6.0 * len(dtypes) + 3.5, 0.42 * len(impls) + 2.0)
+    fig = new_figure(5.6 * len(dtypes) + 1.6, 0.42 * len(impls) + 2.0)
     axes = fig.subplots(1, len(dtypes), squeeze=False, sharey=True)
     offsets = dict(zip(RARE_BIN_COLOURS, np.linspace(-0.27, 0.27, len(RARE_BIN_COLOURS)), strict=True))
     for ax, dtype in zip(axes.flat, dtypes, strict=True):
@@ -295,24 +357,31 @@ def plot_rare_rows(rare: pd.DataFrame) -> CaptionedFigure | None:
         ax.axvline(1.0, color="k", lw=0.8, ls=":")
         log_axes(ax, y=False)
         honest_limits(ax, "x", pd.concat([p99, worst, fro]), span=ERROR_SPAN, floor=1.0)
-        ax.set_yticks(range(len(impls)), [textwrap.fill(impl, 60) for impl in impls], fontsize=7)
+        ax.set_yticks(range(len(impls)), impls, fontsize=8)
         ax.set_ylim(len(impls) - 0.5, -0.5)
         first = group.iloc[0]
         ax.set_title(f"{dtype}, N={first.N} D={first.D} C={first.C}, {group['seed'].nunique()} seeds", fontsize=9)
         ax.set_xlabel("grad_weight row error (multiples of the row's rounding floor)")
     legend_below(fig, axes)
+    classes = {label: members for label, members in names.values()}
+    same = "; ".join(f"{label} = {_brace_label(members)}" for label, members in
+                     sorted(classes.items(), key=lambda item: _rare_row_order(item[0])) if len(members) > 1)
     return CaptionedFigure(fig, "rare_rows",
                            "Weight-gradient rows of rarely targeted classes: each class's row error over its own "
                            "rounding floor (analysis.core.metrics.row_floors), binned by how often the class is a "
                            "target "
                            "in the batch (calibrated family: Zipfian prior, targets sampled from the model), per "
                            "implementation; filled: the 99th percentile (median over seeds), open: the maximum (over "
-                           "all seeds), black bar: the Frobenius error of the whole gradient. \"cuda\" rows are "
-                           "lce's CUDA layouts emulated on CPU; \"auto\" resolves to the AUTO_TABLE entry of its "
-                           "layout and dtype; implementations whose numbers are identical everywhere share one row "
-                           "(names in braces: every combination). Drawn at the shape with the most rows; spot checks "
-                           "at other shapes are in the data only. Data: the rare_rows results (python -m analysis "
-                           "rare-rows).")
+                           "all seeds), black bar: the Frobenius error of the whole gradient. Row names: lce's "
+                           "policy and, in brackets, the layout (cpu, or cuda: lce's CUDA layouts emulated on CPU) "
+                           "and any option that is not the default (acc=fp32; ar:2 = aspect_ratio:2 chunking; "
+                           "otherwise acc_dtype default and auto chunking); \"auto\" resolves to the AUTO_TABLE "
+                           "entry of its layout and dtype. A row stands for every spelling whose numbers are "
+                           "identical in both dtypes, every seed and bin; [+k]: k more spellings, named with the "
+                           "fewest explicit options; the equivalences (names in braces: every combination): "
+                           f"{same}. Drawn at the shape with the most rows; spot checks at other shapes are in the "
+                           "data only. Data: the rare_rows results (python -m analysis rare-rows).")
+
 
 # --- key numbers: the notebook's prose quotes them, tests/claims/test_nb05_realistic_inputs.py asserts its claims
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.core.buckets import BUCKETS
-from analysis.judge.horizon import CONFIDENCE, arm_summary, final_gaps, gaps
+from analysis.judge.horizon import CONFIDENCE, arm_summary, final_gaps, gaps, interval_table
 from analysis.report.style import CaptionedFigure, apply_style, new_figure
 from analysis.report.tables import markdown_table
 
 __all__ = ["headroom_comparison", "BEFORE_HEADROOM", "AFTER_HEADROOM",
-           "plot_gap_vs_step", "plot_gap_vs_bias", "plot_row_distance", "draw_long_horizon_figures",
+           "plot_gap_vs_step", "gap_finding", "plot_gap_vs_bias", "plot_row_distance", "draw_long_horizon_figures",
            "readme_long_horizon", "lm_long_gaps"]
 
 
@@ -28,38 +28,86 @@ ARM_COLOURS = {"bf16 unfused": "tab:gray", "bf16 accurate@64": "tab:cyan", "bf16
                "bf16 balanced@4": "navy", "fp16 compact@4": "plum", "fp16 compact@8": "mediumvioletred"}
 
 
+OPTIMIZER_TEXT = {"adamw": "AdamW", "sgd": "SGD", "adamw-budget": "AdamW, tight-budget arms",
+                  "adamw-headroom": "AdamW, fp16 arms with lce.headroom"}
+"""How a figure title names each group of arms (its ``optimizer`` column)."""
+
+
+def gap_finding(table: pd.DataFrame, optimizer: str) -> str:
+    """The finding of :func:`plot_gap_vs_step`, for its title: which arms' final gaps count (leave the fp32 head's
+    seed-spread band with a t-interval excluding zero, :mod:`analysis.judge.horizon`), in which buckets, and
+    how many arms stay inside the band everywhere."""
+    summary = arm_summary(table)
+    summary = summary[summary["optimizer"] == optimizer]
+    if summary.empty:
+        return ""
+    step = int(summary["step"].max())
+    counted = summary[summary["counts_in"] != ""]
+    inside = len(summary) - len(counted)
+    if counted.empty:
+        return f"At step {step:,} no arm's gap leaves the fp32 head's seed-spread band"
+    names = [f"{row.arm} ({row.counts_in.replace('all', 'all rows')})" for row in counted.itertuples()]
+    named = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    rest = "" if not inside else ("; the other arm stays inside it" if inside == 1 else
+                                  f"; the other {inside} arms stay inside it")
+    whose = "the gap of" if len(names) == 1 else "the gaps of"
+    verb = "leaves" if len(names) == 1 else "leave"
+    return f"At step {step:,} {whose} {named} {verb} the fp32 head's seed-spread band{rest}"
+
+
 def plot_gap_vs_step(table: pd.DataFrame, optimizer: str = "adamw") -> CaptionedFigure | None:
     """Held-out gap to the fp32 head vs step, one panel per bucket (and overall), mean over seeds with the
-    seeds' range as a band."""
+    seeds' range as a band, and the fp32 head's own seed spread (:func:`analysis.judge.horizon.interval_table`)
+    as a grey band around zero; the title states which arms' final gaps leave it."""
     gap_rows = gaps(table)
     gap_rows = gap_rows[gap_rows["optimizer"] == optimizer]
     if gap_rows.empty:
         return None
     apply_style()
+    spread = interval_table(gap_rows, ["optimizer", "step", "bucket"]).set_index(["bucket", "step"])["seed_spread"]
     panels = ["all", *BUCKETS]
-    fig = new_figure(12.0, 3.4)
+    fig = new_figure(13.0, 4.0)
     axes = fig.subplots(1, len(panels), sharex=True)
     for ax, bucket in zip(axes, panels, strict=True):
         here = gap_rows[gap_rows["bucket"] == bucket]
+        band = spread.loc[bucket].sort_index() * 1e3
+        ax.fill_between(band.index, -band, band, color="0.55", alpha=0.25, lw=0, zorder=1,
+                        label="± the fp32 head's seed spread (max - min over seeds)")
+        extent = []
         for arm, group in here.groupby("arm", sort=False):
             by_step = group.groupby("step")["gap"]
             steps = by_step.mean().index
             colour = ARM_COLOURS.get(arm, "k")
-            ax.plot(steps, by_step.mean() * 1e3, color=colour, lw=1.2, label=arm)
-            ax.fill_between(steps, by_step.min() * 1e3, by_step.max() * 1e3, color=colour, alpha=0.15, lw=0)
+            ax.plot(steps, by_step.mean() * 1e3, color=colour, lw=1.4, label=arm, zorder=3)
+            ax.fill_between(steps, by_step.min() * 1e3, by_step.max() * 1e3, color=colour, alpha=0.12, lw=0,
+                            zorder=2)
+            extent += [by_step.min().min() * 1e3, by_step.max().max() * 1e3]
         ax.axhline(0, color="k", lw=0.6)
+        # The arms' gaps set the limits: where the band is wider it runs off the panel (no gap there counts).
+        low, high = min(min(extent), 0.0), max(max(extent), 0.0)
+        pad = 0.12 * max(high - low, 1e-3)
+        ax.set_ylim(low - pad, high + pad)
         ax.set_xscale("symlog", linthresh=100)
-        ax.set_title(f"{bucket} classes" if bucket != "all" else "all held-out rows", fontsize=8)
+        ax.set_title(f"{bucket} classes" if bucket != "all" else "all held-out rows", fontsize=9)
         ax.set_xlabel("step")
-    axes[0].set_ylabel("held-out loss - fp32 head's (millinats)")
-    axes[-1].legend(fontsize=6, loc="upper left")
+    axes[0].set_ylabel("gap = arm's held-out loss - fp32's (millinats)\n> 0: worse than fp32, < 0: better")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(5, len(labels)), frameon=False, fontsize=8)
+    finding = gap_finding(table, optimizer)
+    fig.suptitle(f"{OPTIMIZER_TEXT.get(optimizer, optimizer)}: {finding}" if finding else
+                 OPTIMIZER_TEXT.get(optimizer, optimizer), fontsize=10)
     first = table.iloc[0]
     caption = (f"Head-only training ({optimizer}), calibrated teacher, D={int(first.D)}, C={int(first.C)}, "
                f"{int(first.batch_rows)} rows per step from a pool of {int(first.pool_rows)}: each arm's held-out "
-               f"loss minus the fp32 arm's of the same seed (same start, same batches), mean over "
-               f"{table['seed'].nunique()} seeds, band = the seeds' range. Buckets: classes whose targets make up the "
-               f"first 50% of the pool's targets (frequent), the next 40% (middle), the last 10% (rare). "
-               f"lce arms: CUDA layouts, fp32 acc_dtype, '@k' = k chunks (python -m analysis head-train).")
+               f"loss minus the fp32 arm's of the same seed (same start, same batches; positive = worse than fp32), "
+               f"mean over {table['seed'].nunique()} seeds, coloured band = the seeds' range. Grey band: plus and "
+               f"minus the fp32 head's own spread over the seeds at each step (max - min; analysis.judge.horizon), "
+               f"running off the panel where it is wider than every gap (the limits follow the gaps); a gap counts "
+               f"only outside it, with its {CONFIDENCE:.0%} t-interval over the seeds excluding zero. The "
+               f"title names the arms whose gap at the last step counts, and in which buckets. Buckets: classes "
+               f"whose targets make up the first 50% of the pool's targets (frequent), the next 40% (middle), the "
+               f"last 10% (rare). lce arms: CUDA layouts, fp32 acc_dtype, '@k' = k chunks (python -m analysis "
+               f"head-train).")
     return CaptionedFigure(fig, f"head_gap_vs_step_{optimizer}", caption)
 
 

@@ -120,6 +120,6 @@ def test_study_tables_are_results_rows_and_figures(margin_table, rare_table, tmp
     assert (margins_figure.stem, rare_figure.stem) == ("margins", "rare_rows")
     assert len(margins_figure.figure.axes) == 2 * 3 and len(rare_figure.figure.axes) == 2  # dtypes x outputs; dtypes
     labels = [tick.get_text() for tick in rare_figure.figure.axes[0].get_yticklabels()]
-    assert labels == ["lce accurate cpu acc=fp32", "lce compact cuda acc=fp32", "unfused"]
+    assert labels == ["lce accurate (cpu, acc=fp32)", "lce compact (cuda, acc=fp32)", "unfused"]
     rare_figure.figure.savefig(tmp_path / "rare_rows.png", dpi=40)
     assert (tmp_path / "rare_rows.png").stat().st_size > 0

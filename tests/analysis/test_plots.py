@@ -31,13 +31,21 @@ def test_fixture_has_the_current_columns():
         assert len(paths) == 1 and list(table.columns) == list(kind.columns) and len(table)
 
 
-def test_every_figure_builds_from_the_fixture_without_measuring(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory) -> tuple[Path, list[Path]]:
+    """``make_figures`` from the fixture into a fresh folder, once per module (measuring made to fail)."""
     def no_measuring(*args, **kwargs):
         raise AssertionError("figures are drawn from results files only")
 
-    monkeypatch.setattr(memory, "allocation_trace", no_measuring)
-    monkeypatch.setattr(memory, "measure_peak", no_measuring)
-    written = make_figures(TESTDATA, tmp_path, command="python -m analysis figures")
+    out = tmp_path_factory.mktemp("figures")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(memory, "allocation_trace", no_measuring)
+        patch.setattr(memory, "measure_peak", no_measuring)
+        return out, make_figures(TESTDATA, out, command="python -m analysis figures")
+
+
+def test_every_figure_builds_from_the_fixture_without_measuring(full_run):
+    tmp_path, written = full_run
     names = {path.name for path in written}
     for stem in STEMS:
         assert f"{stem}.png" in names and f"{stem}.svg" in names
@@ -173,3 +181,141 @@ def test_untimed_rows_are_left_out_of_the_time_figure():
     assert plot_time_vs_shape(table[table["device"] == "cuda-emulated"]) is None
     titles = [ax.get_title() for ax in plot_time_vs_shape(table).figure.axes]
     assert not any("cuda-emulated" in title for title in titles)
+
+
+def test_only_saves_the_named_figures_leaves_the_others_and_writes_the_whole_index(full_run, tmp_path, capsys):
+    """``figures --only A,B --only C``: A, B and C redrawn, every other file untouched, README.md as a full run's."""
+    import shutil
+
+    from analysis.cli import main
+
+    shutil.copytree(full_run[0], tmp_path, dirs_exist_ok=True, copy_function=shutil.copy2)
+    full = full_run[1]
+    before = {path.name: (path.read_bytes(), path.stat().st_mtime_ns) for path in tmp_path.iterdir()}
+    index = (tmp_path / "README.md").read_text()
+    chosen = ["time_vs_shape", "gradient_bias", "memory_trace"]
+    for stem in chosen:
+        (tmp_path / f"{stem}.png").unlink()
+    assert main(["figures", "--results", str(TESTDATA), "--out", str(tmp_path),
+                 "--only", "time_vs_shape,gradient_bias", "--only", "memory_trace"]) == 0
+    printed = {Path(line).name for line in capsys.readouterr().out.split()}
+    assert printed == {f"{stem}.{suffix}" for stem in chosen for suffix in ("png", "svg")} | {"README.md"}
+    assert (tmp_path / "README.md").read_text() == index
+    assert {path.name for path in tmp_path.iterdir()} == {path.name for path in full}
+    for name, (content, mtime) in before.items():
+        if name.rsplit(".", 1)[0] not in chosen and name != "README.md":
+            path = tmp_path / name
+            assert path.read_bytes() == content and path.stat().st_mtime_ns == mtime, name
+
+
+def test_only_splits_commas_and_an_unknown_name_lists_the_valid_ones():
+    from analysis.report.figures import chosen_figures, only_stems
+    from analysis.report.style import CaptionedFigure
+
+    assert only_stems(None) is None and only_stems([]) is None
+    assert only_stems(["a, b", "c", "a"]) == ["a", "b", "c"]
+    figures = [CaptionedFigure(None, stem, "") for stem in ("rare_rows", "chunk_sweep")]
+    assert [figure.stem for figure in chosen_figures(figures, ["chunk_sweep"])] == ["chunk_sweep"]
+    assert chosen_figures(figures, None) == figures
+    with pytest.raises(SystemExit, match=r"unknown figure name\(s\): rare_row\b.*rare_rows, chunk_sweep"):
+        chosen_figures(figures, ["rare_row"])
+
+
+def _three_shapes() -> pd.DataFrame:
+    """The fixture's CPU rows (random family, N=16) also as the calibrated family, at a smaller shape (N=8, random
+    only) and a larger one (N=64, calibrated only)."""
+    table = prepare(load_results([FIXTURE]))
+    cpu = table[table["device"] == "cpu"]
+    return pd.concat([cpu, cpu.assign(family="calibrated"), cpu.assign(N=8),
+                      cpu.assign(N=64, family="calibrated")], ignore_index=True)
+
+
+def test_error_vs_memory_has_a_panel_per_dtype_at_the_largest_shape_of_every_family():
+    from matplotlib.collections import PathCollection
+
+    from analysis.report.nb04_pareto import main_shape, plot_error_vs_memory
+
+    table = _three_shapes()
+    assert main_shape(table) == (16, 8, 64)  # N=64 is larger but measured on one family only
+    figure = plot_error_vs_memory(table, "cpu")
+    panels = [ax for ax in figure.figure.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == ["bfloat16", "float32"] and len(figure.figure.axes) == 2
+    assert "N=16 D=8 C=64" in figure.figure._suptitle.get_text() and "N=16 D=8 C=64" in figure.caption
+    assert "error_vs_memory_cpu_all_shapes" in figure.caption
+    for ax in panels:
+        fronts = {line.get_label() for line in ax.get_lines() if line.get_label().startswith("Pareto front")}
+        assert fronts == {"Pareto front (calibrated)", "Pareto front (random)"}
+        markers = [c for c in ax.collections if isinstance(c, PathCollection)]
+        assert min(size for c in markers for size in c.get_sizes()) >= 20  # readable, not dots
+        assert any(text.get_text().startswith("auto") for text in ax.texts), "the auto pick is labelled"
+    legend = [text.get_text() for text in figure.figure.legends[0].get_texts() if text.get_text().strip()]
+    assert {"calibrated and its front", "random and its front", "lce: filled", "torch: open"} <= set(legend)
+    assert len(legend) <= 12
+
+
+def test_the_other_shapes_go_to_an_appendix_without_empty_slots():
+    from analysis.report.nb04_pareto import plot_error_vs_memory_all_shapes
+
+    figure = plot_error_vs_memory_all_shapes(_three_shapes(), "cpu")
+    assert figure.stem == "error_vs_memory_cpu_all_shapes"
+    titles = [ax.get_title() for ax in figure.figure.axes]
+    assert titles == ["bfloat16, N=8 D=8 C=64 (random)", "float32, N=8 D=8 C=64 (random)",
+                      "bfloat16, N=64 D=8 C=64 (calibrated)", "float32, N=64 D=8 C=64 (calibrated)"]
+    assert all(ax.get_visible() for ax in figure.figure.axes)
+    single = prepare(load_results([FIXTURE]))
+    assert plot_error_vs_memory_all_shapes(single, "cpu") is None  # one shape: nothing for an appendix
+
+
+def test_rare_rows_ticks_are_short_and_the_caption_names_what_each_row_stands_for():
+    from analysis.report.nb05_realistic_inputs import plot_rare_rows
+
+    values = {"lce auto cpu acc=default auto": 1.0, "lce accurate cpu acc=fp32 auto": 1.0,
+              "lce compact cuda acc=fp32 aspect_ratio:2": 30.0, "torch default": 8.0}
+    rows = [dict(impl=impl, dtype=dtype, N=64, D=8, C=256, seed=seed, bin=name, row_p99=value * (1 + seed),
+                 row_max=2 * value, grad_weight_floors=value, date="2026-01-01")
+            for impl, value in values.items() for dtype in ("float16", "bfloat16") for seed in (0, 1)
+            for name in ("never", "1-2", "3-15", "16+", "all")]
+    figure = plot_rare_rows(pd.DataFrame(rows))
+    ticks = [tick.get_text() for tick in figure.figure.axes[0].get_yticklabels()]
+    assert ticks == ["lce auto (cpu) [+1]", "lce compact (cuda, acc=fp32, ar:2)", "torch default"]
+    assert "lce auto (cpu) [+1] = lce auto cpu acc=default auto = lce accurate cpu acc=fp32 auto" in figure.caption
+
+
+def _head_rows() -> pd.DataFrame:
+    """Head training rows: the fp32 arm's seeds 2 millinats apart; compact@256's rare gap 10 millinats (beyond
+    that spread, every seed), balanced's gaps zero on average."""
+    from analysis.core.buckets import BUCKETS
+
+    rows = []
+    common = dict(optimizer="adamw", D=16, C=256, batch_rows=32, pool_rows=4096, setting="full")
+    for seed in (0, 1, 2):
+        for step in (0, 100, 1000):
+            for bucket in ("all", *BUCKETS):
+                fp32 = 1.0 + 0.001 * seed
+                gap = {"fp32": 0.0, "bf16 balanced@64": 1e-4 * (seed - 1),
+                       "bf16 compact@256": (0.01 + 1e-5 * seed) if bucket == "rare" and step else 0.0}
+                for arm, extra in gap.items():
+                    rule = "lce auto" if arm == "bf16 balanced@64" else ""
+                    rows.append(dict(common, arm=arm, rule=rule, dtype="float32" if arm == "fp32" else "bfloat16",
+                                     seed=seed, step=step, bucket=bucket, metric="heldout_loss", value=fp32 + extra))
+                    if arm != "fp32" and bucket == "all":
+                        for metric in ("bias_over_noise", "error_over_noise"):
+                            rows.append(dict(common, arm=arm, rule=rule, dtype="bfloat16", seed=seed, step=step,
+                                             bucket=bucket, metric=metric, value=0.1))
+    return pd.DataFrame(rows)
+
+
+def test_gap_vs_step_draws_the_fp32_seed_spread_and_says_which_arms_leave_it():
+    from analysis.report.nb10_long_horizon import plot_gap_vs_step
+
+    figure = plot_gap_vs_step(_head_rows(), "adamw")
+    title = figure.figure._suptitle.get_text()
+    assert "bf16 compact@256 (rare) leaves the fp32 head's seed-spread band" in title
+    assert "the other arm stays inside it" in title
+    axes = figure.figure.axes
+    assert len(axes) == 4 and "> 0: worse than fp32" in axes[0].get_ylabel()
+    for ax in axes:
+        band = next(c for c in ax.collections if "seed spread" in c.get_label())
+        heights = band.get_paths()[0].vertices[:, 1]
+        assert heights.max() == pytest.approx(2.0) and heights.min() == pytest.approx(-2.0)  # ±2 millinats
+    assert "positive = worse than fp32" in figure.caption and "seed" in figure.caption
