@@ -49,6 +49,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hf-fp16": ("analysis.studies.hf_fp16",
                 "train a transformers causal LM under fp16 autocast and a GradScaler, patched by lce or not"),
     "lm": ("analysis.lm.pipeline", "train the small language model and dump its head's (x, W, y)"),
+    "test-times": ("analysis.studies.test_times",
+                   "time make test-fast's and make test's pytest commands and train --quick on this CPU"),
     "gpu-check": ("analysis.gpu.check", "everything a lent GPU should measure, in one budgeted call"),
     "gpu-wheels": ("analysis.gpu.wheels", "download the GPU check's wheels for the GPU machine's Python"),
 }

@@ -150,6 +150,10 @@ figure = figures["error_vs_memory_cpu"]
 display(figure.figure, Markdown(figure.markdown))
 
 # %%
+figure = figures["error_vs_memory_cpu_all_shapes"]  # every shape and family measured
+display(figure.figure, Markdown(figure.markdown))
+
+# %%
 cpu_fronts = nb04_pareto.fronts(table, verdicts, "cpu")
 FRONT_FORMATS = {column: "{:.2f}" for column in ("lowest", "pick", "pick_low", "pick_high", "pick_mib",
                                                  "cheapest_mib", "cheapest_error")}
@@ -179,6 +183,10 @@ the pick with its 5th–95th percentile over seeds.
 
 # %%
 figure = figures["error_vs_memory_cuda-emulated"]
+display(figure.figure, Markdown(figure.markdown))
+
+# %%
+figure = figures["error_vs_memory_cuda-emulated_all_shapes"]
 display(figure.figure, Markdown(figure.markdown))
 
 # %%

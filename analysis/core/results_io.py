@@ -41,8 +41,8 @@ from analysis.core.run_config import RunConfig
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
            "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "FEATURES",
            "FEATURE_COST", "VOCAB_PARALLEL", "CPU_GEMM_RATES", "CPU_GEMM_PROBE", "RECOMMEND_CHECK", "GPU_BENCH",
-           "GPU_MEMORY", "HF_STEP", "HEAD_TRAINING", "LOSS_SCALE", "HF_FP16", "RL_LOGPROBS", "RL_COST", "RL_EXAMPLE",
-           "COLUMNS",
+           "GPU_MEMORY", "HF_STEP", "HEAD_TRAINING", "LOSS_SCALE", "HF_FP16", "RL_LOGPROBS", "RL_CHUNKING", "RL_COST",
+           "RL_EXAMPLE", "TEST_TIME", "COLUMNS",
            "append_rows", "append_row", "write_csv_atomically", "set_aside", "read_rows", "read_table", "file_kind",
            "paths_of_kind", "load_kind", "done_keys", "latest", "load_results"]
 
@@ -251,6 +251,9 @@ RL_LOGPROBS = Kind("rl_logprobs", tuple(["kind", *_RL_PROBLEM, "temperature", "s
                    "per-token log-probabilities and entropy of one recipe at one problem against fp64: the "
                    "importance-ratio error, implied KL, entropy error, policy-gradient floors "
                    "(python -m analysis rl-logprobs)")
+RL_CHUNKING = Kind("rl_chunking", RL_LOGPROBS.columns,
+                   "the rl_logprobs rows of lce at fixed row chunk counts and class-tiled (python -m analysis "
+                   "rl-logprobs --chunking)")
 RL_COST = Kind("rl_cost", tuple(["kind", "recipe", "op", "dtype", "N", "D", "C", "peak_bytes", "predicted_peak_bytes",
                                  "logits_bytes", "time_median_s", "time_spread_s", "repeats", *PROVENANCE_COLUMNS]),
                "peak extra memory and time of one recipe's forward and backward at a Qwen-size head "
@@ -263,13 +266,18 @@ RL_EXAMPLE = Kind("rl_example", tuple(["kind", "parity_vocab", "vocab", "loss_re
                   "the worked GRPO example: fp64 agreement of lce's and the materialized head, and each one's peak "
                   "memory at a Qwen-size vocabulary (python examples/grpo_update.py --csv ...)")
 
+TEST_TIME = Kind("test_time", tuple(["kind", "tier", "command", "stand_in", "wall_s", "status", "passed", "failed",
+                                     "skipped", *PROVENANCE_COLUMNS]),
+                 "wall time of one test tier (make test-fast's, make test's) or train --quick on one CPU "
+                 "(python -m analysis test-times)")
+
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
                                                        TRAINING, BUDGETS, CLASS_TILING, FEATURES, FEATURE_COST,
                                                        VOCAB_PARALLEL, CPU_GEMM_RATES, CPU_GEMM_PROBE, RECOMMEND_CHECK,
                                                        GPU_BENCH, GPU_MEMORY, HF_STEP, HEAD_TRAINING,
-                                                       LOSS_SCALE, HF_FP16, RL_LOGPROBS, RL_COST,
-                                                       RL_EXAMPLE)}
+                                                       LOSS_SCALE, HF_FP16, RL_LOGPROBS, RL_CHUNKING,
+                                                       RL_COST, RL_EXAMPLE, TEST_TIME)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

@@ -11,7 +11,8 @@ import pandas as pd
 from analysis.report.style import CaptionedFigure, apply_style, new_figure
 from analysis.report.tables import markdown_table
 
-__all__ = ["RECIPE_ORDER", "RL_FAMILIES", "recipe_summary", "verdicts", "confident_summary", "cost_summary",
+__all__ = ["RECIPE_ORDER", "RL_FAMILIES", "recipe_summary", "verdicts", "confident_summary", "chunking_summary",
+           "cost_summary",
            "grown_peak", "inputs_line", "plot_ratio_error", "plot_entropy_error", "plot_confident_rows", "plot_costs",
            "draw_rl_figures", "readme_rl_logprobs", "example_line"]
 
@@ -82,6 +83,20 @@ def confident_summary(table: pd.DataFrame) -> pd.DataFrame:
     out = rows.groupby(["recipe", "dtype", "margin"], sort=False).agg(
         logp_rel_err_max=("logp_rel_err_max", "max"), entropy_rel_err_max=("entropy_rel_err_max", "max"),
         grad_input_floors=("grad_input_floors", "max"), grad_weight_floors=("grad_weight_floors", "max"),
+        seeds=("seed", "nunique")).reset_index()
+    return out
+
+
+def chunking_summary(chunking: pd.DataFrame) -> pd.DataFrame:
+    """lce at fixed row chunk counts and class-tiled (``rl_logprobs_chunking.csv``), per family and arm: the worst
+    token's ratio error and entropy error (max over seeds) and the policy-gradient floors (median over seeds)."""
+    if chunking.empty:
+        return chunking
+    arms = chunking["recipe"].str.extract(r"lce (\w+) cuda (?:@(\d+)|(tiled))")
+    rows = chunking.assign(policy=arms[0], chunks=pd.to_numeric(arms[1]), tiled=arms[2].notna())
+    out = rows.groupby(["family", "policy", "chunks", "tiled"], dropna=False, sort=True).agg(
+        ratio_err_max=("ratio_err_max", "max"), entropy_err_max=("entropy_err_max", "max"),
+        grad_input_floors=("grad_input_floors", "median"), grad_weight_floors=("grad_weight_floors", "median"),
         seeds=("seed", "nunique")).reset_index()
     return out
 

@@ -23,6 +23,7 @@ from analysis.core.provenance import bf16_gemms, cpu_kind, cpu_kinds
 from analysis.core.results_io import BENCH, CHUNK_SWEEP, REPRODUCE, latest, load_kind
 from analysis.paths import RESULTS_DIR, ROOT
 from analysis.report.decision_table import readme_decision_table
+from analysis.report.headlines import readme_commands, readme_headlines
 from analysis.report.hf_fp16 import readme_hf_fp16
 from analysis.report.hf_step import readme_hf_step
 from analysis.report.nb02_accuracy import readme_bf16_errors
@@ -40,7 +41,8 @@ from lce.policies import CPU_MIN_ROWS
 __all__ = ["BLOCKS", "DOCUMENTS", "render", "update"]
 
 
-DOCUMENTS: tuple[str, ...] = ("README.md", "analysis/README.md")
+DOCUMENTS: tuple[str, ...] = ("README.md", "docs/reproducing.md", "docs/policies.md", "docs/findings.md",
+                               "docs/cpu-kinds.md", "docs/using-lce.md", "analysis/README.md")
 """The files (relative to the repository root) that carry generated passages."""
 
 _MARKER = re.compile(r"(<!-- BEGIN generated:(?P<name>[\w-]+) \(python -m analysis docs\) -->\n)"
@@ -166,7 +168,7 @@ def baseline_bench(results: Path) -> str:
             f"{baseline.removeprefix('lce@')}, fresh processes alternating, median over the rounds: "
             f"{'; '.join(parts)} on an {first.cpu_model} (`python -m analysis bench --baseline "
             f"{baseline.removeprefix('lce@')}`). Runs of the same comparison range over {min(ratios):.2f}-"
-            f"{max(ratios):.2f}x: on this shared machine differences within that band are noise.\n")
+            f"{max(ratios):.2f}x: on a shared 2-core machine differences within that band are noise.\n")
 
 
 def quick_plan(results: Path) -> str:
@@ -179,11 +181,13 @@ def quick_plan(results: Path) -> str:
     shape = BENCH_SHAPE
     x = torch.empty(shape.N, shape.D, dtype=torch.bfloat16, device="meta", requires_grad=True)
     weight = torch.empty(shape.C, shape.D, dtype=torch.bfloat16, device="meta", requires_grad=True)
-    return "```text\n" + str(lce.plan(lce.LinearCrossEntropyOptions(), x, weight)) + "\n```\n"
+    return "```text\n" + str(lce.plan(x, weight, options=lce.LinearCrossEntropyOptions())) + "\n```\n"
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "quick-plan": quick_plan,
+    "headlines": readme_headlines,
+    "commands": readme_commands,
     "decision-table": readme_decision_table,
     "reproduce-time": reproduce_time,
     "bench-table": bench_table,

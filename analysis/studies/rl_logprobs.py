@@ -62,7 +62,7 @@ from analysis.core.memory import measure_peak
 from analysis.core.metrics import report
 from analysis.core.problem import DTYPES, Shape
 from analysis.core.provenance import provenance
-from analysis.core.results_io import RL_COST, RL_LOGPROBS, append_rows, read_table, set_aside
+from analysis.core.results_io import RL_CHUNKING, RL_COST, RL_LOGPROBS, Kind, append_rows, read_table, set_aside
 from analysis.core.timing import time_call
 from analysis.core.token_reference import sample_targets, token_reference
 from lce.testing import emulate_device_kind
@@ -293,9 +293,10 @@ def all_problems(problems: Sequence[Problem] = PROBLEMS, dtypes: Sequence[str] =
 def record(folder: Path, file_name: str = RL_LOGPROBS_FILE, *, problems: Sequence[Problem] = PROBLEMS,
            dtypes: Sequence[str] = STUDY_DTYPES, temperatures: Sequence[float] = TEMPERATURES,
            seeds: Sequence[int] = SEEDS, recipes: Sequence[Recipe] = RECIPES, restart: bool = False,
-           progress: bool = True) -> tuple[Path, float]:
+           progress: bool = True, kind: Kind = RL_LOGPROBS) -> tuple[Path, float]:
     """Measure every (problem, dtype, temperature, seed) not yet in ``folder/<file_name>`` and append its rows with
-    provenance as it finishes; the bar's ETA weighs problems by their logits. Returns the path and the seconds."""
+    provenance as it finishes, as rows of ``kind``; the bar's ETA weighs problems by their logits. Returns the path
+    and the seconds."""
     from tqdm import tqdm
 
     path = folder / file_name
@@ -310,7 +311,7 @@ def record(folder: Path, file_name: str = RL_LOGPROBS_FILE, *, problems: Sequenc
         for problem, dtype_text, temperature, seed in pending:
             bar.set_postfix_str(f"{problem.family} {dtype_text} T={temperature:g} seed {seed}")
             table = measure_problem(problem, dtype_text, temperature, seed, recipes)
-            append_rows(path, RL_LOGPROBS.rows(table.assign(**provenance("cpu"))))
+            append_rows(path, kind.rows(table.assign(**provenance("cpu"))))
             bar.update(problem.shape.N * problem.shape.C)
     return path, time.perf_counter() - started
 
@@ -401,7 +402,8 @@ def run(args) -> None:
     settings = {}
     file_name = args.file
     if args.chunking:
-        settings = dict(problems=PROBLEMS[:2], dtypes=("bfloat16",), temperatures=(1.0,), recipes=CHUNKING_RECIPES)
+        settings = dict(problems=PROBLEMS[:2], dtypes=("bfloat16",), temperatures=(1.0,), recipes=CHUNKING_RECIPES,
+                        kind=RL_CHUNKING)
         file_name = RL_CHUNKING_FILE
     if args.quick:
         settings = dict(problems=(PROBLEMS[0], *PROBLEMS[-2:]), temperatures=(1.0,), seeds=(0,))

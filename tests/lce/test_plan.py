@@ -54,7 +54,7 @@ def test_auto_table_names_only_real_policies_and_cites_figures_that_exist():
 
 def test_cpu_bf16_auto_runs_every_gemm_in_fp32_with_an_accumulator():
     x, w = _tensors(512, 64, 4096, torch.bfloat16)
-    plan = lce.plan(lce.LinearCrossEntropyOptions(), x, w)
+    plan = lce.plan(x, w, options=lce.LinearCrossEntropyOptions())
     assert (plan.acc_policy, plan.acc_dtype, plan.device_kind) == ("accurate", torch.float32, "cpu")
     names = {b.name: b for b in plan.buffers}
     assert names["weight_grad_accumulator"].dtype == torch.float32
@@ -66,10 +66,10 @@ def test_cpu_bf16_auto_runs_every_gemm_in_fp32_with_an_accumulator():
 def test_compact_with_wider_acc_runs_balanced_on_cpu_but_not_on_cuda():
     x, w = _tensors(64, 16, 256, torch.bfloat16)
     options = lce.LinearCrossEntropyOptions(acc_policy="compact", acc_dtype=torch.float32)
-    cpu = lce.plan(options, x, w)
+    cpu = lce.plan(x, w, options=options)
     assert cpu.layout == CPU_LAYOUTS["balanced"] and cpu.notes
     with emulate_device_kind("cuda"):
-        cuda = lce.plan(options, x, w)
+        cuda = lce.plan(x, w, options=options)
     assert cuda.layout == CUDA_LAYOUTS["compact"]
     assert "weight_grad_accumulator" not in {b.name for b in cuda.buffers}
     assert cuda.peak_extra_bytes < cpu.peak_extra_bytes
@@ -78,14 +78,15 @@ def test_compact_with_wider_acc_runs_balanced_on_cpu_but_not_on_cuda():
 @pytest.mark.parametrize("policy", DOCUMENTED_POLICIES)
 def test_no_accumulator_when_it_would_have_the_gradients_dtype(policy):
     x, w = _tensors(64, 16, 256, torch.float32)
-    plan = lce.plan(lce.LinearCrossEntropyOptions(acc_policy=policy), x, w)
+    plan = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(acc_policy=policy))
     names = {b.name for b in plan.buffers}
     assert "weight_grad_accumulator" not in names and "weight_block_in_acc" not in names
 
 
 def test_peak_is_dominated_by_one_chunk_not_by_the_batch():
-    small_n = lce.plan(lce.LinearCrossEntropyOptions(batch_chunk_size=64), *_tensors(1024, 32, 8192, torch.float32))
-    big_n = lce.plan(lce.LinearCrossEntropyOptions(batch_chunk_size=64), *_tensors(4096, 32, 8192, torch.float32))
+    sixty_four = lce.LinearCrossEntropyOptions(batch_chunk_size=64)
+    small_n = lce.plan(*_tensors(1024, 32, 8192, torch.float32), options=sixty_four)
+    big_n = lce.plan(*_tensors(4096, 32, 8192, torch.float32), options=sixty_four)
     logits_chunk = 64 * 8192 * 4
     grad_input_growth = (4096 - 1024) * 32 * 4
     assert big_n.peak_extra_bytes - small_n.peak_extra_bytes <= grad_input_growth + 4096 * 8
@@ -95,7 +96,7 @@ def test_peak_is_dominated_by_one_chunk_not_by_the_batch():
 
 def test_plan_prints_every_buffer_and_the_peak():
     x, w = _tensors(256, 32, 1024, torch.bfloat16)
-    plan = lce.plan(lce.LinearCrossEntropyOptions(), x, w)
+    plan = lce.plan(x, w, options=lce.LinearCrossEntropyOptions())
     text = str(plan)
     for buffer in plan.buffers:
         assert buffer.name in text
@@ -105,8 +106,8 @@ def test_plan_prints_every_buffer_and_the_peak():
 
 def test_retain_graph_peak_counts_the_returned_copies():
     x, w = _tensors(256, 64, 4096, torch.float32)
-    kept = lce.plan(lce.LinearCrossEntropyOptions(batch_chunk_size=256), x, w)
-    retained = lce.plan(lce.LinearCrossEntropyOptions(batch_chunk_size=256, allow_retain_graph=True), x, w)
+    kept = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(batch_chunk_size=256))
+    retained = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(batch_chunk_size=256, allow_retain_graph=True))
     assert retained.peak_extra_bytes >= kept.peak_extra_bytes
     grads = (256 * 64 + 4096 * 64) * 4
     assert retained.peak_extra_bytes >= 2 * grads
@@ -170,15 +171,15 @@ def test_compact_weight_gradient_error_grows_with_the_chunk_count():
     assert many_chunks > 1.5 * few_chunks, errors
 
 
-def test_readme_shows_the_layout_tables_and_auto_picks_from_the_code():
+def test_the_policies_page_shows_the_layout_tables_and_auto_picks_from_the_code():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "policies.md").read_text()
     for kind in LAYOUTS:
-        assert format_layout_table(kind) in readme, f"README's {kind} policy table is out of date"
+        assert format_layout_table(kind) in page, f"docs/policies.md's {kind} policy table is out of date"
     for (kind, dtype), pick in AUTO_TABLE.items():
         row = f"| {kind} | {dtype_name(dtype)} | {pick.acc_policy} | {pick.chunking_method} |"
-        assert row in readme, f"README lacks the auto row {row}"
+        assert row in page, f"docs/policies.md lacks the auto row {row}"
 
 
 def test_chunking_classes_sizes_the_row_chunks_and_nothing_else():
@@ -186,7 +187,7 @@ def test_chunking_classes_sizes_the_row_chunks_and_nothing_else():
     planned with chunking_classes=36 walks the rows of a 36-class head, and keeps its own class count."""
     kw = dict(num_rows=29, in_features=8, dtype=torch.float64, device=torch.device("cpu"))
     options = lce.LinearCrossEntropyOptions(class_chunk_size=3)
-    from lce.plan import make_plan
+    from lce.planning import make_plan
 
     big = make_plan(options, num_classes=36, **kw)
     small_alone = make_plan(options, num_classes=1, **kw)

@@ -27,6 +27,45 @@ def test_every_generated_passage_in_a_document_is_known_and_filled(name):
         assert re.search(r"\d", body), f"{name}: passage {passage!r} quotes no number"
 
 
+README_MAX_LINES = 350
+PROCESS_WORDS = re.compile(r"\b(lent|this session|sessions?'|stale \.git|this machine('s)?|these sessions)\b", re.I)
+
+
+def test_the_readme_answers_on_one_screen_and_stays_short():
+    """Issue 33: the decision table before anything else that takes room, and the README at most ~350 lines."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= README_MAX_LINES
+    headings = re.findall(r"^## (.+)$", text, re.M)
+    assert headings[0] == "Which options for my head, and what they cost"
+    assert text.index("<!-- BEGIN generated:decision-table") < text.index("## Quick start")
+
+
+def test_every_page_is_reachable_from_the_readme():
+    readme_text = (ROOT / "README.md").read_text()
+    pages = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))
+    assert pages, "docs/ holds no page"
+    for page in pages:
+        assert f"]({page})" in readme_text, f"{page} is not linked from the README"
+    for name in readme.DOCUMENTS:
+        if name.startswith("docs/"):
+            assert (ROOT / name).exists(), name
+
+
+@pytest.mark.parametrize("name", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))])
+def test_no_sentence_about_how_the_project_is_built(name):
+    """What users read says "a GPU machine", not that a GPU was lent; no words from inside the project's process."""
+    path = ROOT / name if name == "README.md" else ROOT / "docs" / name
+    found = PROCESS_WORDS.findall(path.read_text())
+    assert not found, f"{name}: {found}"
+
+
+def test_each_generated_passage_is_told_once():
+    names = [name for document in readme.DOCUMENTS
+             for name in re.findall(r"<!-- BEGIN generated:([\w-]+) ", (ROOT / document).read_text())]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    assert not repeated, f"generated passages in more than one place: {repeated}"
+
+
 def test_render_rewrites_only_between_markers_and_rejects_unknown_passages(tmp_path):
     text = ("before\n<!-- BEGIN generated:grid-sizes (python -m analysis docs) -->\nstale 1 run\n"
             "<!-- END generated:grid-sizes -->\nafter\n")

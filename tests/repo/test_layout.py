@@ -8,7 +8,7 @@ import ast
 from analysis.paths import ROOT
 
 ANALYSIS = ROOT / "analysis"
-LEVEL = {"paths": 0, "core": 1, "lm": 2, "sweep": 2, "studies": 2, "judge": 3, "report": 4, "gpu": 4,
+LEVEL = {"paths": 0, "checkout": 0, "core": 1, "lm": 2, "sweep": 2, "studies": 2, "judge": 3, "report": 4, "gpu": 4,
          "reproduce": 5, "cli": 6, "__main__": 7}
 """How high each top-level part of analysis/ stands: a module may import only parts at its level or below
 (``studies`` and ``sweep`` side by side; a study names grids, never a report)."""
@@ -23,15 +23,14 @@ def _part(module: str) -> str:
 
 
 def test_every_analysis_folder_is_in_both_layout_sections():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    layout = readme[readme.index("## How the code is laid out"):]
+    layout = (ROOT / "docs" / "code-layout.md").read_text(encoding="utf-8")
     table = (ANALYSIS / "README.md").read_text(encoding="utf-8")
     for package in _packages():
-        assert f"analysis/{package}/" in layout, f"README's layout section does not name analysis/{package}/"
+        assert f"analysis/{package}/" in layout, f"docs/code-layout.md does not name analysis/{package}/"
         assert f"`{package}/`" in table, f"analysis/README.md's layout table does not name {package}/"
     folders = [p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))]
     for folder in sorted(folders):
-        assert f"tests/{folder}/" in layout, f"README's layout section does not name tests/{folder}/"
+        assert f"tests/{folder}/" in layout, f"docs/code-layout.md does not name tests/{folder}/"
 
 
 def test_analysis_imports_run_one_way():

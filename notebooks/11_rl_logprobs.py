@@ -1,0 +1,268 @@
+# %% [markdown]
+# # 11 · Log-probabilities and entropy for RL: how exact is each recipe?
+#
+# PPO and GRPO fine-tuning (verl, TRL, OpenRLHF) weigh every sampled token by the importance ratio
+# exp(log p_trainer − log p_sampler) and clip it at 1 ± 0.2; an entropy bonus or an entropy metric rides on
+# the same head. The training/inference mismatch debate (FP16 instead of BF16 for RL, fp32 LM heads) is
+# about how far the trainer's log-probabilities are from the exact ones, yet nobody publishes that error for
+# a fused head. `lce.linear_log_probs` computes log p(target) under softmax(logits / T) and the entropy per
+# token through the chunked head (the (N, V) logits never exist), with fp32 statistics formed as sums of
+# terms of one sign. This notebook measures every recipe against fp64 on the *same rounded inputs*
+# (`python -m analysis rl-logprobs`), so an error is the recipe's own arithmetic:
+#
+# * **materialized** (TRL's path): logits from a GEMM in the input dtype, divided by T there, `log_softmax`
+#   and `-Σ p log p` in the input dtype;
+# * **fp32 statistics, cast back** (verl's torch path): the same logits, statistics in fp32, both results
+#   rounded to the input dtype;
+# * **fp32 head**: hidden states and head weight upcast, everything in fp32;
+# * **lce**: default options on the CUDA and CPU layouts, compact with fp32 accumulation, and compact
+#   without `acc_dtype` (its logits GEMM rounds to the input dtype, as the materialized recipe's does).
+#
+# The rows: the trained LM's head dump and the calibrated family with targets **sampled from the exact
+# tempered softmax** (as a rollout samples them), T from 0.6 to 1.2, bf16 and fp16, three seeds; and confident
+# rows whose target leads by up to 40 nats. On RL's scale: the importance-ratio error |exp(Δ) − 1| per token,
+# the trainer-vs-sampler KL it implies (k3 over the sampled tokens), the entropy error in nats, and the
+# policy-gradient loss −mean(A log p)'s gradient in floors of the input dtype.
+
+# %%
+from IPython.display import Markdown
+
+from analysis.core.results_io import RL_CHUNKING, RL_COST, RL_EXAMPLE, RL_LOGPROBS, load_kind
+from analysis.paths import RESULTS_DIR
+from analysis.report import nb11_rl_logprobs as nb11
+from analysis.report.tables import show
+
+# %matplotlib inline
+paths, table = load_kind(RESULTS_DIR, RL_LOGPROBS.name)
+cost_paths, costs = load_kind(RESULTS_DIR, RL_COST.name)
+example_paths, example = load_kind(RESULTS_DIR, RL_EXAMPLE.name)
+chunking_paths, chunking = load_kind(RESULTS_DIR, RL_CHUNKING.name)
+figures = {figure.stem: figure for figure in nb11.draw_rl_figures(table, costs)}  # draws, measures nothing
+summary = nb11.recipe_summary(table)
+by = summary.set_index(["recipe", "dtype"])
+print("data:", ", ".join(path.name for path in [*paths, *chunking_paths, *cost_paths, *example_paths]))
+
+# %% [markdown]
+# ## The importance ratio
+# Dots: the 99th percentile of |exp(Δ log p) − 1| over a problem's sampled tokens (median over temperatures
+# and seeds, bar to their range); crosses: the worst token. Dashed: the 0.2 clip; dotted: 1e-3.
+
+# %%
+figures["rl_ratio_error"].figure
+
+# %%
+show(summary[["recipe", "dtype", "problems", "ratio_median", "ratio_p99", "ratio_p99_low", "ratio_p99_high",
+              "ratio_max", "share_over_1e-3", "kl", "kl_low", "kl_high", "worst_p_target", "worst_rank"]],
+     {c: "{:.2g}" for c in ("ratio_median", "ratio_p99", "ratio_p99_low", "ratio_p99_high", "ratio_max", "kl",
+                            "kl_low", "kl_high", "worst_p_target")} | {"share_over_1e-3": "{:.1%}"},
+     name="rl-ratio", caption="Per recipe and input dtype, over the sampled-target problems (2 families x 4 "
+                              "temperatures x 3 seeds): the per-problem median and p99 ratio errors (median over "
+                              "problems, with the p99's range), the worst token, the share of tokens over 1e-3, the "
+                              "k3 KL (mean, range) and the worst tokens' exact p(target) and rank (medians)")
+
+# %%
+def ratio(recipe, dtype="bfloat16", column="ratio_p99"):
+    return by.loc[(recipe, dtype), column]
+
+
+lce_worst = summary[summary["recipe"].isin(["lce auto cuda", "lce auto cpu"])]["ratio_max"].max()
+Markdown(f"""**Conclusion.** With bf16 inputs the materialized recipe moves the importance ratio of a typical
+sampled token by {ratio("materialized", column="ratio_median"):.1%} (median), {ratio("materialized"):.1%} at the 99th
+percentile and {ratio("materialized", column="ratio_max"):.1%} for the worst token; {ratio("materialized",
+column="share_over_1e-3"):.0%} of the tokens are off by more than 1e-3. Computing the statistics in fp32 and casting
+back (verl's torch path) does not help: {ratio("fp32 statistics, cast back"):.1%} at the 99th percentile, because
+the logits were already rounded to bf16 and the results are rounded again. In fp16 both are about
+{ratio("materialized", "float16") / ratio("materialized"):.2f} times that ({ratio("materialized", "float16"):.2%} at
+the 99th percentile): fp16's three extra mantissa bits, the FP16-for-RL argument in numbers. Keeping the logits of the
+rounded inputs in fp32 removes it: the fp32 head's worst token is at {ratio("fp32 head", column="ratio_max"):.0e} and
+lce's default options at {lce_worst:.0e} in both dtypes, with an implied KL of
+{by.loc[("lce auto cuda", "bfloat16"), "kl"]:.0e} nats against {by.loc[("materialized", "bfloat16"), "kl"]:.0e} for
+the materialized bf16 recipe. lce without `acc_dtype` rounds its logits GEMM to the input dtype and lands between
+({ratio("lce compact cuda acc=input"):.1%}): the option to avoid for RL. The bf16 recipes that round the logits push
+a few tokens past the 0.2 clip ({ratio("materialized", column="share_over_clip"):.3%} of the sampled tokens on
+average, worst {ratio("materialized", column="ratio_max"):.2f}, all on the calibrated family), where the clip then
+fires on arithmetic alone; every fp32-logits recipe stays below 1e-4. The worst tokens are not rare ones (median exact
+p(target) {ratio("materialized", column="worst_p_target"):.2f} for the materialized recipe): bf16's error grows with
+the logits' magnitude, not with the token's rarity.
+
+*Inputs:* {nb11.inputs_line(table)}.
+
+*Limits:* the sampler is exact here; a real sampler (vLLM, SGLang) adds its own error, so these are the trainer's
+half of the mismatch. One trained head of 16,384 classes and one synthetic family.""")
+
+# %% [markdown]
+# ## The entropy
+# The worst absolute error of the per-token entropy, in nats.
+
+# %%
+figures["rl_entropy_error"].figure
+
+# %%
+Markdown(f"""**Conclusion.** The materialized recipe's bf16 entropy is off by up to
+{ratio("materialized", column="entropy_err_max"):.2f} nats on a token (99th percentile
+{ratio("materialized", column="entropy_err_p99"):.2f}); verl's fp32 statistics with the result rounded to bf16 by up
+to {ratio("fp32 statistics, cast back", column="entropy_err_max"):.2f}. As a logged metric, averaged over many tokens,
+that is noise; as an entropy bonus it is a per-token gradient weight off by that much. The fp32 head's worst entropy
+error is {ratio("fp32 head", column="entropy_err_max"):.0e} nats and lce's
+{ratio("lce auto cuda", column="entropy_err_max"):.0e}.
+
+*Limits:* the entropy bonus's own gradient is checked in fp64 (`tests/lce/test_log_probs.py`: parity with the
+materialized formula and a gradcheck of a mixed RL loss), not in this study's floors.""")
+
+# %% [markdown]
+# ## Confident rows
+# Rows whose target leads every other class by M nats (bf16 inputs): the relative error of log p(target) and
+# of the entropy, both about e^−M in size.
+
+# %%
+figures["rl_confident_rows"].figure
+
+# %%
+confident = nb11.confident_summary(table)
+bf16_confident = confident[(confident["dtype"] == "bfloat16")].set_index(["recipe", "margin"])
+show(confident[confident["dtype"] == "bfloat16"].drop(columns=["dtype"]),
+     {c: "{:.2g}" for c in ("logp_rel_err_max", "entropy_rel_err_max", "grad_input_floors", "grad_weight_floors")},
+     name="rl-confident", caption="Confident rows, bf16 inputs, worst over seeds and temperatures: relative error of "
+                                  "log p(target) and of the entropy, and the policy-gradient floors")
+
+# %%
+high = max(m for m in confident["margin"].unique())
+peers = ["materialized", "fp32 statistics, cast back", "fp32 head"]
+peer_floors = min(bf16_confident.loc[(r, high), "grad_input_floors"] for r in peers)
+lce_floors = bf16_confident.loc[("lce auto cpu", high), "grad_input_floors"]
+fp16_confident = confident[(confident["dtype"] == "float16")].set_index(["recipe", "margin"])
+lce_rel = max(bf16_confident.loc[(r, m), c] for r in ("lce auto cuda", "lce auto cpu")
+              for m in confident["margin"].unique() for c in ("logp_rel_err_max", "entropy_rel_err_max"))
+Markdown(f"""**Conclusion.** On a row whose target leads by {high:.0f} nats, log p(target) is about e^−{high:.0f}: every
+peer recipe returns it with relative error {bf16_confident.loc[("fp32 head", high), "logp_rel_err_max"]:.0f} (fp32's
+`lse − u_y` cancels), and the entropy loses the target's own term. lce keeps both to
+{lce_rel:.0e} relatively at every margin. The absolute errors are far below anything a ratio could show; what a
+confident row loses in the peers is its *gradient*: the policy-gradient's entry for the target is
+A (1 − p_y), and 1 − p_y rounds to 0 in fp32, so every peer recipe, the fp32 head included, returns the input gradient
+of these rows at {peer_floors:.0f}+ floors (all of it wrong) where lce's is at {lce_floors:.2f}: lce sums the other
+classes' share instead of forming 1 − p_y. In fp16 the peers lose them too at 20 nats
+({min(fp16_confident.loc[(r, 20.0), "grad_input_floors"] for r in peers):.0f}+ floors, lce
+{fp16_confident.loc[("lce auto cuda", 20.0), "grad_input_floors"]:.2f}); from 30 nats the exact gradient of these
+rows lies below fp16's range even under a 2^12 loss scale, and every recipe reads about 1 floor there.
+
+*Limits:* synthetic rows built to lead by exactly M nats (`analysis.core.families.confident_rows`), 64 rows of 4,096
+classes; real heads have such rows too (code keywords, closing brackets: the calibrated family holds a share).""")
+
+# %% [markdown]
+# ## The policy-gradient's gradient
+# The gradients of −mean(A log p) with respect to the hidden states and the head weight, in floors of the
+# input dtype (1 = the exact gradient merely rounded), median over the sampled-target problems.
+
+# %%
+show(summary[["recipe", "dtype", "grad_input_floors", "grad_weight_floors", "grad_weight_floors_high"]],
+     {c: "{:.2f}" for c in ("grad_input_floors", "grad_weight_floors", "grad_weight_floors_high")},
+     name="rl-floors", caption="Policy-gradient floors per recipe and dtype (median over problems; the weight "
+                               "gradient's worst problem)")
+
+# %%
+Markdown(f"""**Conclusion.** The materialized bf16 recipe's gradients sit at
+{by.loc[("materialized", "bfloat16"), "grad_input_floors"]:.1f} (input) and
+{by.loc[("materialized", "bfloat16"), "grad_weight_floors"]:.1f} (weight) floors, the fp32-statistics recipe at
+{by.loc[("fp32 statistics, cast back", "bfloat16"), "grad_input_floors"]:.1f} and
+{by.loc[("fp32 statistics, cast back", "bfloat16"), "grad_weight_floors"]:.1f}. lce's default options give
+{by.loc[("lce auto cuda", "bfloat16"), "grad_input_floors"]:.2f} and {by.loc[("lce auto cuda", "bfloat16"),
+"grad_weight_floors"]:.2f} on the CUDA layouts (one rounding of dz for the backward GEMMs, an fp32 weight-gradient
+sum) and {by.loc[("lce auto cpu", "bfloat16"), "grad_input_floors"]:.2f} on the CPU's (fp32 GEMMs); compact's
+per-chunk bf16 weight-gradient sum costs {by.loc[("lce compact cuda acc=fp32", "bfloat16"), "grad_weight_floors"]:.1f}
+floors at these heads' automatic chunk counts, as for the loss (notebooks 02 and 10). The fp32 head's
+{by.loc[("fp32 head", "bfloat16"), "grad_weight_floors"]:.2f} is an fp32 gradient (better than any bf16 one can be),
+paid for below.
+
+*Limits:* floors of one policy-gradient loss with standard normal advantages; an fp16 backward starts from the loss
+times 2^12 (`LOSS_SCALES`).""")
+
+# %% [markdown]
+# ## Chunking
+# lce's CUDA layouts at 1, 8, 64 and 256 row chunks, and with the classes in blocks of 4,096 (bf16, T = 1,
+# `python -m analysis rl-logprobs --chunking`): the forward's errors and the policy-gradient floors.
+
+# %%
+chunks = nb11.chunking_summary(chunking)
+show(chunks, {"ratio_err_max": "{:.2g}", "entropy_err_max": "{:.2g}", "grad_input_floors": "{:.2f}",
+              "grad_weight_floors": "{:.2f}"}, name="rl-chunking",
+     caption="lce by row chunks and class tiling: the worst token's ratio and entropy errors (max over seeds), the "
+             "policy-gradient floors (median over seeds)")
+
+# %%
+compact = chunks[(chunks["policy"] == "compact") & chunks["chunks"].notna()]
+balanced = chunks[chunks["policy"] == "balanced"]
+Markdown(f"""**Conclusion.** Row chunks change no row's statistics: the worst ratio error is the same at every chunk
+count ({compact["ratio_err_max"].min():.1e}–{compact["ratio_err_max"].max():.1e} over both families), and class
+tiling's blockwise statistics move it by less than that spread. The gradients are where chunking shows, as for the loss:
+compact's bf16 weight-gradient sum grows from {compact[compact["chunks"] == 1]["grad_weight_floors"].max():.2f}
+floors at one chunk to {compact[compact["chunks"] == 256]["grad_weight_floors"].max():.2f} at 256, while balanced's
+fp32 sum stays within {balanced["grad_weight_floors"].min():.2f}–{balanced["grad_weight_floors"].max():.2f} at
+every chunk count and tiled.
+
+*Limits:* bf16 and T = 1 only; the trained head and the calibrated family at the main study's shapes.""")
+
+# %% [markdown]
+# ## What each recipe costs at a Qwen-size head
+# One forward and backward (policy-gradient loss with an entropy bonus) at D = 896, C = 151,936 in bf16, at two
+# batches, on this CPU.
+
+# %%
+figures["rl_costs"].figure
+
+# %%
+cost = nb11.cost_summary(costs)
+show(cost[["recipe", "N", "peak_gib", "logits_copies", "predicted_gib", "time_median_s"]],
+     {"peak_gib": "{:.2f}", "logits_copies": "{:.1f}", "predicted_gib": "{:.2f}", "time_median_s": "{:.2f}"},
+     name="rl-cost", caption="Peak extra memory (GiB, and in copies of the bf16 logits), lce's predicted peak, and "
+                             "the median time of a forward and backward")
+
+# %%
+tokens = 16384
+grown = nb11.grown_peak(costs, tokens).set_index("recipe")
+big = cost[cost["N"] == cost["N"].max()].set_index("recipe")
+first = cost.iloc[0]
+Markdown(f"""**Conclusion.** At {int(cost["N"].max())} tokens the materialized recipe peaks at
+{big.loc["materialized", "peak_gib"]:.2f} GiB ({big.loc["materialized", "logits_copies"]:.1f} bf16 copies of the
+logits), the fp32-statistics recipe at {big.loc["fp32 statistics, cast back", "peak_gib"]:.2f} GiB and the fp32 head at
+{big.loc["fp32 head", "peak_gib"]:.2f} GiB, against {big.loc["lce auto cpu", "peak_gib"]:.2f} GiB for lce (its plan
+predicted {big.loc["lce auto cpu", "predicted_gib"]:.2f} GiB). Each peer's peak grows by the measured
+{grown.loc["materialized", "logits_copies_per_token"]:.1f} (materialized),
+{grown.loc["fp32 statistics, cast back", "logits_copies_per_token"]:.1f} (cast back) and
+{grown.loc["fp32 head", "logits_copies_per_token"]:.1f} (fp32 head) bf16 logits copies per token; along those lines a
+GRPO batch of {tokens:,} tokens would need {grown.loc["materialized", "peak_gib"]:.0f},
+{grown.loc["fp32 statistics, cast back", "peak_gib"]:.0f} and {grown.loc["fp32 head", "peak_gib"]:.0f} GiB for the
+head alone, lce {grown.loc["lce auto cpu", "peak_gib"]:.1f} GiB (its chunks do not grow with N). On this CPU lce takes
+{big.loc["lce auto cpu", "time_median_s"]:.1f} s against {big.loc["materialized", "time_median_s"]:.1f} s for the
+materialized recipe and {big.loc["fp32 head", "time_median_s"]:.1f} s for the fp32 head.
+
+{nb11.example_line(example)}
+
+*Limits:* times on {first["cpu_model"]} with every bf16 GEMM on fp32 copies (the peers' and lce's alike); a GPU's bf16
+GEMMs change the times, not the bytes. The {tokens:,}-token peaks are extrapolated along the two measured batches.""")
+
+# %% [markdown]
+# ## Which recipe
+# Per recipe and dtype: does every sampled token keep its importance-ratio error below 1e-3, and below the clip?
+
+# %%
+verdict = nb11.verdicts(table)
+show(verdict, {"ratio_max": "{:.2g}"}, name="rl-verdicts",
+     caption="Worst token's ratio error over every sampled-target problem, and the two thresholds")
+
+# %%
+def every_dtype(column):
+    kept = verdict.groupby("recipe")[column].all()
+    return ", ".join(sorted(kept[kept].index))
+
+
+past_clip = verdict[~verdict["below_clip"]]
+Markdown(f"""**Conclusion.** Below 1e-3 for every token, in both dtypes: {every_dtype("below_tight")}. Below the 0.2
+clip for every token in both dtypes: {every_dtype("below_clip")}; past it somewhere:
+{", ".join(f"{r.recipe} ({r.dtype})" for r in past_clip.itertuples())}. For RL, the question is less whether the clip
+fires than whether the trainer's ratio carries noise the size of the signal: a per-token ratio off by
+{ratio("materialized"):.1%} (99th percentile) with bf16 logits, against {ratio("lce auto cuda"):.0e} with fp32 logits
+from the same bf16 weights. lce gives the fp32 head's accuracy (better: it also keeps the confident rows) at a
+fraction of the memory of any materialized recipe.
+
+*Limits:* one trainer-side measurement per recipe; the sampler's own error and the RL dynamics it drives are not
+measured here.""")
