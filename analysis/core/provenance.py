@@ -40,22 +40,24 @@ def cpu_model() -> str:
 
 
 # Outputs that a run itself rewrites: their changes say nothing about the code that made the data.
-_GENERATED = (":!analysis/results", ":!figures", ":!notebooks/*.ipynb")
+_NOT_RUN = (":!analysis/results", ":!figures", ":!notebooks", ":!tests", ":!docs", ":!*.md")
+"""What a measurement never executes: generated outputs (results, figures, executed notebooks), the notebooks'
+sources, the tests and the prose. An edit there leaves a row's revision clean."""
 
 
 @functools.cache
 def git_revision() -> str:
-    """``$LCE_LAB_REVISION`` when set (a copy of the tree sent to another machine: a lent GPU's copy carried a
-    stale ``.git`` that named the session's first commit), else ``git rev-parse --short HEAD`` with
-    ``-dirty`` if tracked files other than generated outputs (results, figures, executed notebooks)
-    changed; ``unknown`` outside git."""
+    """``$LCE_LAB_REVISION`` when set (a copy of the tree sent to another machine, whose ``.git`` may not name the
+    revision sent), else ``git rev-parse --short HEAD`` with
+    ``-dirty`` if tracked files that a measurement runs changed (anything but :data:`_NOT_RUN`); ``unknown``
+    outside git."""
     sent = os.environ.get("LCE_LAB_REVISION")
     if sent:
         return sent
     try:
         revision = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
                                   text=True, check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *_GENERATED],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *_NOT_RUN],
                                cwd=ROOT, capture_output=True, text=True, check=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"

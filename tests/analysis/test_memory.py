@@ -16,6 +16,18 @@ from analysis.core.problem import Shape
 MiB = 2**20
 
 
+@pytest.fixture(autouse=True)
+def _native_cpu_gemms():
+    """Replaces the suite's pin (tests/conftest.py): here lce decides with this CPU's own verdict (lce.cpu_gemms), so
+    on a CPU that emulates bf16 GEMMs its plans run them on fp32 copies instead of the emulated kernel (minutes).
+    What these tests check holds under any verdict: the plan's own prediction against its own run."""
+    from lce.cpu_gemms import CPU_GEMMS_OVERRIDE
+
+    token = CPU_GEMMS_OVERRIDE.set(None)
+    yield
+    CPU_GEMMS_OVERRIDE.reset(token)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """Peak memory does not depend on threads, but on a shared 2-core machine two threads can

@@ -149,6 +149,6 @@ def test_the_earlier_probe_called_the_stand_ins_emulated_gemms_native_only_with_
 
 
 def test_the_readme_states_the_threshold_lce_uses():
-    """README: "the dtype is *emulated* when it takes more than {EMULATED_SLOWDOWN}x fp32's time"."""
-    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    """docs/cpu-kinds.md: "the dtype is *emulated* when it takes more than {EMULATED_SLOWDOWN}x fp32's time"."""
+    text = " ".join((ROOT / "docs" / "cpu-kinds.md").read_text(encoding="utf-8").split())
     assert f"when it takes more than {EMULATED_SLOWDOWN:g}x fp32's time" in text
