@@ -41,9 +41,9 @@ from lce.policies import CPU_MIN_ROWS
 __all__ = ["BLOCKS", "DOCUMENTS", "render", "update"]
 
 
-DOCUMENTS: tuple[str, ...] = ("README.md", "docs/reproducing.md", "docs/policies.md", "docs/findings.md",
-                               "docs/cpu-kinds.md", "docs/using-lce.md", "analysis/README.md")
-"""The files (relative to the repository root) that carry generated passages."""
+DOCUMENTS: tuple[str, ...] = ("README.md", "docs/policies.md", "docs/findings.md", "docs/cpu-kinds.md",
+                               "docs/using-lce.md", "analysis/README.md")
+"""The files (relative to the repository root) that carry generated passages (the other docs/ pages have none)."""
 
 _MARKER = re.compile(r"(<!-- BEGIN generated:(?P<name>[\w-]+) \(python -m analysis docs\) -->\n)"
                      r"(?P<body>.*?)"

@@ -155,16 +155,16 @@ def test_the_policy_gradient_floors():
 
 
 def test_row_chunks_change_no_rows_statistics_and_compact_grows_with_them():
-    """"Row chunks change no row's statistics: the worst ratio error is the same at every chunk count ..., and class
-    tiling's blockwise statistics move it by less than that spread. ... compact's bf16 weight-gradient sum grows from
-    ... floors at one chunk to ... at 256, while balanced's fp32 sum stays within ... at every chunk count and
+    """"Row chunks compute each row's statistics on their own: the worst ratio error moves by at most ...% between 1
+    and 256 chunks ..., and class tiling's blockwise statistics by ...%. ... compact's bf16 weight-gradient sum grows
+    from ... floors at one chunk to ... at 256, while balanced's fp32 sum stays within ... at every chunk count and
     tiled"."""
     chunks = nb11.chunking_summary(load_kind(RESULTS_DIR, RL_CHUNKING.name)[1])
     assert set(chunks["family"]) == set(nb11.RL_FAMILIES) and (chunks["seeds"] == 3).all()
     for family, rows in chunks.groupby("family"):
         by_count = rows[rows["chunks"].notna()]
         spread = by_count["ratio_err_max"].max() / by_count["ratio_err_max"].min()
-        assert spread < 1.01, family
+        assert spread < 1.05, family
         tiled = rows[rows["tiled"]]["ratio_err_max"].iloc[0]
         assert abs(tiled / by_count["ratio_err_max"].median() - 1) < 0.2, family
         compact = by_count[by_count["policy"] == "compact"].sort_values("chunks")["grad_weight_floors"]
