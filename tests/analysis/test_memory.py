@@ -78,6 +78,7 @@ def test_cuda_allocator_peak():
     assert measured.peak_bytes == 64 * MiB
 
 
+@pytest.mark.slow  # the allocator's peak of real runs; tests/lce/test_memory_model.py checks the model in the fast tier
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lce_memory_model_matches_measurement(dtype):
     """Buffers dominate at this size: (C, D) gradients/accumulators and (rows, C) logits chunks."""
@@ -93,6 +94,7 @@ def test_lce_memory_model_matches_measurement(dtype):
 
 
 
+@pytest.mark.slow  # the allocator's peak of real runs; tests/lce/test_memory_model.py checks the model in the fast tier
 @pytest.mark.parametrize(("dtype", "policy", "acc_dtype"), [
     ("bfloat16", "accurate", "float32"),
     ("float16", "balanced", "float32"),
@@ -113,6 +115,7 @@ def test_lce_memory_model_per_policy(dtype, policy, acc_dtype):
     )
 
 
+@pytest.mark.slow  # the allocator's peak of real runs; tests/lce/test_memory_model.py checks the model in the fast tier
 @pytest.mark.parametrize(("dtype", "policy", "reduction"), [("bfloat16", "compact", "mean"),
                                                             ("bfloat16", "balanced", "none"),
                                                             ("float32", "accurate", "sum")])

@@ -43,6 +43,7 @@ def full_run(tmp_path_factory) -> tuple[Path, list[Path]]:
         patch.setattr(memory, "measure_peak", no_measuring)
         return out, make_figures(TESTDATA, out, command="python -m analysis figures")
 
+@pytest.mark.slow  # draws every figure
 
 def test_every_figure_builds_from_the_fixture_without_measuring(full_run):
     tmp_path, written = full_run
@@ -182,6 +183,7 @@ def test_untimed_rows_are_left_out_of_the_time_figure():
     titles = [ax.get_title() for ax in plot_time_vs_shape(table).figure.axes]
     assert not any("cuda-emulated" in title for title in titles)
 
+@pytest.mark.slow  # draws every figure
 
 def test_only_saves_the_named_figures_leaves_the_others_and_writes_the_whole_index(full_run, tmp_path, capsys):
     """``figures --only A,B --only C``: A, B and C redrawn, every other file untouched, README.md as a full run's."""

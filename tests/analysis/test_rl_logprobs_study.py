@@ -131,6 +131,7 @@ def test_a_small_study_writes_one_row_per_recipe_and_resumes(tmp_path):
     study.record(tmp_path, **settings)  # nothing left to do: no new rows
     assert len(read_table(path)) == len(table)
 
+@pytest.mark.slow  # times every recipe
 
 def test_costs_measure_every_cpu_recipe_at_two_batches(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "COST_SHAPES", (Shape(512, 32, 8192), Shape(1024, 32, 8192)))  # 2 and 4 chunks

@@ -202,7 +202,18 @@ GRID += [
 ]
 
 
-@pytest.mark.parametrize(("kind", "policy", "reduction", "dtype", "acc_dtype"), GRID,
+
+def _tiered(cases, fast) -> list:
+    """The cases as parameters, those ``fast(*case)`` rejects marked ``slow``: ``make test-fast`` checks the model on
+    bf16 with fp32 accumulation on every layout, policy and reduction; ``make test`` (CI) on the whole grid."""
+    return [pytest.param(*case, marks=() if fast(*case) else pytest.mark.slow) for case in cases]
+
+
+def _bf16_fp32(*case) -> bool:
+    return torch.bfloat16 in case and torch.float32 in case
+
+
+@pytest.mark.parametrize(("kind", "policy", "reduction", "dtype", "acc_dtype"), _tiered(GRID, _bf16_fp32),
                          ids=[f"{k}-{p}-{r}-{dtype_name(d)}-{dtype_name(a) if a else 'acc=input'}"
                               for k, p, r, d, a in GRID])
 def test_planned_buffers_are_the_allocations_made(recorder, monkeypatch, kind, policy, reduction, dtype, acc_dtype):
@@ -235,7 +246,7 @@ def test_only_the_requested_gradients_are_planned_and_made(recorder, monkeypatch
 TILED_GRID = [(k, p, r, d, a) for k, p, r, d, a in GRID[:len(GRID) - 5] if d != torch.float32 or a is None]
 
 
-@pytest.mark.parametrize(("kind", "policy", "reduction", "dtype", "acc_dtype"), TILED_GRID,
+@pytest.mark.parametrize(("kind", "policy", "reduction", "dtype", "acc_dtype"), _tiered(TILED_GRID, _bf16_fp32),
                          ids=[f"{k}-{p}-{r}-{dtype_name(d)}-{dtype_name(a) if a else 'acc=input'}"
                               for k, p, r, d, a in TILED_GRID])
 def test_class_tiled_buffers_are_the_allocations_made(recorder, monkeypatch, kind, policy, reduction, dtype,
@@ -256,7 +267,8 @@ FEATURES_GRID = [(k, p, r, d, a, tiled) for k, p, r, d, a in GRID[:len(GRID) - 5
                  if d != torch.float32 or a is None]
 
 
-@pytest.mark.parametrize(("kind", "policy", "reduction", "dtype", "acc_dtype", "tiled"), FEATURES_GRID,
+@pytest.mark.parametrize(("kind", "policy", "reduction", "dtype", "acc_dtype", "tiled"),
+                         _tiered(FEATURES_GRID, lambda *case: _bf16_fp32(*case) and not case[-1]),
                          ids=[f"{k}-{p}-{r}-{dtype_name(d)}-{dtype_name(a) if a else 'acc=input'}"
                               f"{'-tiled' if t else ''}" for k, p, r, d, a, t in FEATURES_GRID])
 def test_soft_capped_buffers_are_the_allocations_made(recorder, monkeypatch, kind, policy, reduction, dtype,
@@ -279,7 +291,9 @@ def test_soft_capped_buffers_are_the_allocations_made(recorder, monkeypatch, kin
 EMULATED_GRID = list(itertools.product(EXPLICIT_POLICIES, ["mean", "none"], [None, torch.float32], [None, CLASS_BLOCK]))
 
 
-@pytest.mark.parametrize(("policy", "reduction", "acc_dtype", "class_block"), EMULATED_GRID,
+@pytest.mark.parametrize(("policy", "reduction", "acc_dtype", "class_block"),
+                         _tiered(EMULATED_GRID, lambda policy, reduction, acc, block: block is None
+                                 and reduction == "mean"),
                          ids=[f"{p}-{r}-{dtype_name(a) if a else 'acc=input'}{'-tiled' if t else ''}"
                               for p, r, a, t in EMULATED_GRID])
 def test_buffers_of_emulated_bf16_gemms_are_the_allocations_made(recorder, policy, reduction, acc_dtype,
@@ -305,7 +319,8 @@ TOKEN_GRID = [(k, p, d, a, tiled, softcap, entropy) for k, p, r, d, a in GRID[:l
               if d != torch.float32 or a is None]
 
 
-@pytest.mark.parametrize(("kind", "policy", "dtype", "acc_dtype", "tiled", "softcap", "entropy"), TOKEN_GRID,
+@pytest.mark.parametrize(("kind", "policy", "dtype", "acc_dtype", "tiled", "softcap", "entropy"),
+                         _tiered(TOKEN_GRID, _bf16_fp32),
                          ids=[f"{k}-{p}-{dtype_name(d)}-{dtype_name(a) if a else 'acc=input'}{'-tiled' if t else ''}"
                               f"{'-softcap' if s else ''}{'-entropy' if e else ''}"
                               for k, p, d, a, t, s, e in TOKEN_GRID])

@@ -10,6 +10,8 @@ from analysis.paths import ROOT
 from analysis.report import nb02_accuracy, readme
 
 
+@pytest.mark.slow  # renders the generated passages from every results file
+
 def test_committed_readmes_are_up_to_date_with_the_results_files():
     stale = readme.update(check=True)
     assert not stale, f"{[str(p.relative_to(ROOT)) for p in stale]} quote stale data: run `python -m analysis docs`"
@@ -120,6 +122,7 @@ def test_error_model_block_is_the_same_whatever_the_row_order(tmp_path):
     assert readme_error_model(tmp_path) == readme_error_model(ROOT / "analysis" / "results")
 
 
+@pytest.mark.slow  # renders the generated passages from every results file
 @pytest.mark.parametrize("name, tables", [("realistic-inputs", 4), ("does-it-matter", 3)])
 def test_notebook_05_and_06_blocks_are_labelled_tables_of_numbers(name, tables):
     """Each table is one label line (ending in a colon) and rows of equal width; no sentences besides."""
