@@ -18,10 +18,9 @@ import html
 import pandas as pd
 from IPython.display import Markdown, display
 
-from analysis.core.results_io import BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE, load_kind
 from analysis.judge import pareto
-from analysis.paths import FIGURES_DIR, RESULTS_DIR
-from analysis.report import figures, nb04_pareto
+from analysis.paths import FIGURES_DIR
+from analysis.report import nb04_pareto
 from analysis.report.nb02_accuracy import AT_FLOOR, cpus, shapes
 from analysis.report.style import families_text, seeds_text
 from analysis.report.tables import show, span
@@ -30,9 +29,10 @@ from lce.policies import AUTO_FALLBACK, AUTO_TABLE
 
 # %matplotlib inline
 paths, table = pareto.load_table()
-studies = {kind.name: load_kind(RESULTS_DIR, kind.name)[1] for kind in (MEMORY_BREAKDOWN, MEMORY_TRACE, BENCH,
-                                                                         CHUNK_SWEEP)}
-figures = {figure.stem: figure for figure in figures.draw_all(table, **studies)}  # draws, measures nothing
+drawn_here = (nb04_pareto.plot_error_vs_memory(table, "cpu"), nb04_pareto.plot_error_vs_memory_all_shapes(table, "cpu"),
+              nb04_pareto.plot_error_vs_memory(table, "cuda-emulated"),
+              nb04_pareto.plot_error_vs_memory_all_shapes(table, "cuda-emulated"))
+figures = {figure.stem: figure for figure in drawn_here if figure is not None}  # draws, measures nothing
 print("data:", ", ".join(p.name for p in paths), "| devices:", ", ".join(sorted(table.device.unique())))
 
 # %% [markdown]

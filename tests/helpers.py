@@ -11,6 +11,7 @@ functions, evaluated on the very same leaf values as the op under test.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -378,3 +379,17 @@ def torch_options(opts) -> torch.nn.LinearCrossEntropyOptions:
     return torch.nn.LinearCrossEntropyOptions(
         **{f.name: getattr(opts, f.name) for f in dataclasses.fields(torch.nn.LinearCrossEntropyOptions)}
     )
+
+
+@contextlib.contextmanager
+def own_cpu_gemms():
+    """Lift the suite's pin of lce.cpu_gemms (tests/conftest.py: every test plans as on a CPU with native bf16/fp16
+    GEMMs): inside, lce decides with this CPU's own verdict, so on a CPU that emulates bf16 GEMMs its plans run them
+    on fp32 copies instead of the emulated kernel. For tests whose checks hold under any verdict."""
+    from lce.cpu_gemms import CPU_GEMMS_OVERRIDE
+
+    token = CPU_GEMMS_OVERRIDE.set(None)
+    try:
+        yield
+    finally:
+        CPU_GEMMS_OVERRIDE.reset(token)

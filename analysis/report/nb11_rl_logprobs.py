@@ -162,38 +162,50 @@ def _recipe_axis(ax, recipes: list[str]) -> np.ndarray:
     return positions
 
 
-def plot_ratio_error(table: pd.DataFrame) -> CaptionedFigure | None:
-    """The importance-ratio error per recipe: per-problem p99 (median, bar to the range over problems) and the worst
-    token (cross), one panel per dtype, with 1e-3 and the 0.2 clip drawn."""
+def _recipe_panels(table: pd.DataFrame, metric: str, ylabel: str, height: float):
+    """One panel per dtype, the recipes along x, per family (markers) the per-problem 99th percentile of
+    ``{metric}_p99`` (median over temperatures and seeds, bar to their range) and the worst token (``{metric}_max``,
+    crosses); returns the figure and its axes, or None without sampled-target rows."""
     rows = _sampled(table)
     if rows.empty:
         return None
     apply_style()
     dtypes = sorted(rows["dtype"].unique())
-    fig = new_figure(5.2 * len(dtypes), 4.2)
+    fig = new_figure(5.2 * len(dtypes), height)
     axes = np.atleast_1d(fig.subplots(1, len(dtypes), sharey=True))
     recipes = _ordered(rows["recipe"])
+    colors = [COLORS.get(r, "k") for r in recipes]
     for ax, dtype in zip(axes, dtypes, strict=True):
         here = rows[rows["dtype"] == dtype]
         positions = _recipe_axis(ax, recipes)
         for offset, family, marker in ((-0.15, "trained", "o"), (0.15, "calibrated", "s")):
             group = here[here["family"] == family].groupby("recipe")
-            p99 = group["ratio_err_p99"]
-            median, low, high = (p99.median().reindex(recipes), p99.min().reindex(recipes), p99.max().reindex(recipes))
-            colors = [COLORS.get(r, "k") for r in recipes]
-            ax.scatter(positions + offset, median, c=colors, marker=marker, s=30, zorder=3)
-            ax.vlines(positions + offset, low, high, colors=colors, lw=1.2)
-            ax.scatter(positions + offset, group["ratio_err_max"].max().reindex(recipes), c=colors, marker="x", s=30,
-                       zorder=3)
-        ax.axhline(CLIP, color="k", lw=1.0, ls="--")
-        ax.axhline(TIGHT, color="k", lw=0.8, ls=":")
-        ax.text(len(recipes) - 0.5, CLIP * 1.15, "PPO/GRPO clip 0.2", fontsize=7, ha="right")
-        ax.text(len(recipes) - 0.5, TIGHT * 1.15, "1e-3", fontsize=7, ha="right")
+            p99 = group[f"{metric}_p99"]
+            ax.scatter(positions + offset, p99.median().reindex(recipes), c=colors, marker=marker, s=30, zorder=3)
+            ax.vlines(positions + offset, p99.min().reindex(recipes), p99.max().reindex(recipes), colors=colors,
+                      lw=1.2)
+            ax.scatter(positions + offset, group[f"{metric}_max"].max().reindex(recipes), c=colors, marker="x",
+                       s=30, zorder=3)
         ax.set_yscale("log")
         ax.set_ylim(1e-8, 1.0)
         ax.set_title(f"{dtype} inputs", fontsize=9)
-    axes[0].set_ylabel("importance-ratio error |exp(Δ log p) − 1|")
+    axes[0].set_ylabel(ylabel)
     _marker_legend(axes[-1])
+    return fig, axes, len(recipes)
+
+
+def plot_ratio_error(table: pd.DataFrame) -> CaptionedFigure | None:
+    """The importance-ratio error per recipe: per-problem p99 (median, bar to the range over problems) and the worst
+    token (cross), one panel per dtype, with 1e-3 and the 0.2 clip drawn."""
+    drawn = _recipe_panels(table, "ratio_err", "importance-ratio error |exp(Δ log p) − 1|", 4.2)
+    if drawn is None:
+        return None
+    fig, axes, count = drawn
+    for ax in axes:
+        ax.axhline(CLIP, color="k", lw=1.0, ls="--")
+        ax.axhline(TIGHT, color="k", lw=0.8, ls=":")
+        ax.text(count - 0.5, CLIP * 1.15, "PPO/GRPO clip 0.2", fontsize=7, ha="right")
+        ax.text(count - 0.5, TIGHT * 1.15, "1e-3", fontsize=7, ha="right")
     caption = (f"How far each recipe's importance ratio exp(log p_recipe − log p_exact) is from 1 on tokens sampled "
                f"from the exact policy, {inputs_line(table)}. Dots: the 99th percentile over a problem's tokens "
                f"(median over temperatures and seeds; bar: their range); crosses: the worst token of any problem. The "
@@ -203,34 +215,14 @@ def plot_ratio_error(table: pd.DataFrame) -> CaptionedFigure | None:
 
 
 def plot_entropy_error(table: pd.DataFrame) -> CaptionedFigure | None:
-    """The entropy's worst absolute error (nats) per recipe and dtype, families as markers."""
-    rows = _sampled(table)
-    if rows.empty:
+    """The entropy's absolute error (nats) per recipe and dtype, families as markers."""
+    drawn = _recipe_panels(table, "entropy_err", "entropy error (nats)", 3.8)
+    if drawn is None:
         return None
-    apply_style()
-    dtypes = sorted(rows["dtype"].unique())
-    fig = new_figure(5.2 * len(dtypes), 3.8)
-    axes = np.atleast_1d(fig.subplots(1, len(dtypes), sharey=True))
-    recipes = _ordered(rows["recipe"])
-    for ax, dtype in zip(axes, dtypes, strict=True):
-        here = rows[rows["dtype"] == dtype]
-        positions = _recipe_axis(ax, recipes)
-        for offset, family, marker in ((-0.15, "trained", "o"), (0.15, "calibrated", "s")):
-            group = here[here["family"] == family].groupby("recipe")
-            colors = [COLORS.get(r, "k") for r in recipes]
-            ax.scatter(positions + offset, group["entropy_err_p99"].median().reindex(recipes), c=colors,
-                       marker=marker, s=30, zorder=3)
-            ax.scatter(positions + offset, group["entropy_err_max"].max().reindex(recipes), c=colors, marker="x", s=30,
-                       zorder=3)
-        ax.set_yscale("log")
-        ax.set_ylim(1e-8, 1.0)
-        ax.set_title(f"{dtype} inputs", fontsize=9)
-    axes[0].set_ylabel("entropy error (nats)")
-    _marker_legend(axes[-1])
     caption = (f"Each recipe's per-token entropy against fp64: the 99th percentile of the absolute error over a "
-               f"problem's tokens (dots, median over temperatures and seeds) and the worst token (crosses), "
-               f"{inputs_line(table)}.")
-    return CaptionedFigure(fig, "rl_entropy_error", caption)
+               f"problem's tokens (dots, median over temperatures and seeds; bar: their range) and the worst token "
+               f"(crosses), {inputs_line(table)}.")
+    return CaptionedFigure(drawn[0], "rl_entropy_error", caption)
 
 
 def plot_confident_rows(table: pd.DataFrame) -> CaptionedFigure | None:

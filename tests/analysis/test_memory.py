@@ -12,20 +12,17 @@ from analysis.core.implementations import ImplSpec, make_implementation
 from analysis.core.inputs import make_inputs
 from analysis.core.memory import measure_peak
 from analysis.core.problem import Shape
+from helpers import own_cpu_gemms
 
 MiB = 2**20
 
 
 @pytest.fixture(autouse=True)
 def _native_cpu_gemms():
-    """Replaces the suite's pin (tests/conftest.py): here lce decides with this CPU's own verdict (lce.cpu_gemms), so
-    on a CPU that emulates bf16 GEMMs its plans run them on fp32 copies instead of the emulated kernel (minutes).
-    What these tests check holds under any verdict: the plan's own prediction against its own run."""
-    from lce.cpu_gemms import CPU_GEMMS_OVERRIDE
-
-    token = CPU_GEMMS_OVERRIDE.set(None)
-    yield
-    CPU_GEMMS_OVERRIDE.reset(token)
+    """Replaces the suite's pin: this CPU's own verdict (helpers.own_cpu_gemms); what is checked here holds under
+    any verdict (the plan's own prediction against its own run)."""
+    with own_cpu_gemms():
+        yield
 
 
 @pytest.fixture(autouse=True, scope="module")

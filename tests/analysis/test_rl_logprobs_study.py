@@ -20,19 +20,16 @@ from analysis.core.results_io import read_table
 from analysis.core.token_reference import sample_targets, token_reference
 from analysis.paths import ROOT
 from analysis.studies import rl_logprobs as study
+from helpers import own_cpu_gemms
 from lce.unfused import unfused_linear_log_probs
 
 
 @pytest.fixture(autouse=True)
 def _native_cpu_gemms():
-    """Replaces the suite's pin (tests/conftest.py): here lce decides with this CPU's own verdict (lce.cpu_gemms), so
-    on a CPU that emulates bf16 GEMMs its plans run them on fp32 copies instead of the emulated kernel (minutes).
-    What these tests check holds under any verdict: the plan's own prediction against its own run."""
-    from lce.cpu_gemms import CPU_GEMMS_OVERRIDE
-
-    token = CPU_GEMMS_OVERRIDE.set(None)
-    yield
-    CPU_GEMMS_OVERRIDE.reset(token)
+    """Replaces the suite's pin: this CPU's own verdict (helpers.own_cpu_gemms); what is checked here holds under
+    any verdict (the recipes' errors and costs)."""
+    with own_cpu_gemms():
+        yield
 
 
 def _fp64_problem(n=40, d=16, c=300, seed=0):

@@ -62,6 +62,15 @@ def test_under_the_avx2_stand_in_bf16_and_fp16_are_emulated_at_every_thread_coun
     assert "bfloat16 emulated on this CPU" in decided["plan_text"]
 
 
+def _has_avx512bw() -> bool:
+    from lce.cpu_gemms import cpu_flags
+
+    flags = cpu_flags()
+    return flags is not None and "avx512bw" in flags
+
+
+@pytest.mark.skipif(not _has_avx512bw(), reason="the AVX512F stand-in only narrows a CPU's instruction set: it needs a "
+                                                "CPU with AVX512-BW to stand for one (an AVX2-only CPU emulates bf16)")
 @pytest.mark.parametrize("load", ["idle", "busy"])
 def test_under_the_avx512f_stand_in_bf16_is_slow_and_the_plan_runs_fp32_gemms(load):
     """The AVX512F Xeon's kind: bf16 GEMMs with a kernel, but about 0.2x fp32's rate (issue 30)."""

@@ -32,7 +32,7 @@ def _spawn(world: int, scenario: str, folder) -> list[list[dict]]:
     return [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [3])  # uneven 10/15/12; two ranks run in the tests below
 def test_fp64_equals_single_process_lce(world, tmp_path):
     for rank, rows in enumerate(_spawn(world, "fp64", tmp_path)):
         assert len(rows) == 45
@@ -41,7 +41,7 @@ def test_fp64_equals_single_process_lce(world, tmp_path):
             assert worst <= 1e-12, f"{world} ranks, rank {rank}, {row['label']}: {row}"
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2])
 def test_low_precision_floors_match_single_process(world, tmp_path):
     ranks = _spawn(world, "low_precision", tmp_path)
     assert ranks[0] == ranks[-1]  # every rank saw the same full gradients
@@ -61,7 +61,7 @@ def test_all_ignored_batch_gets_zero_gradients(tmp_path):
         assert all(row["max_grad"] == 0.0 for row in rows)
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 4])  # shards [1, 36] and [1, 20, 3, 13]
 def test_uneven_shards_equal_single_process_lce(world, tmp_path):
     """Issue 24: every rank walks the same row chunks whatever its shard's size (a single class, fewer classes
     than in_features), for every policy, reduction and chunking, automatic included."""
@@ -79,7 +79,7 @@ def test_the_reported_uneven_case_completes_on_every_rank(tmp_path):
         assert worst <= 1e-12, f"rank {rank}: {row}"
 
 
-@pytest.mark.parametrize("world", [3, 4])
+@pytest.mark.parametrize("world", [4])
 def test_random_shards_and_options_equal_single_process_lce(world, tmp_path):
     for rank, rows in enumerate(_spawn(world, "random", tmp_path)):
         assert len(rows) == RANDOM_CASES
@@ -130,7 +130,7 @@ def test_a_loss_scale_of_2_16_reaches_every_shard_and_keeps_what_one_process_kee
             assert row["weight_lost_before"] > 40 * (row["weight_lost_sharded"] + 1), (rank, row)
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [3])  # shards [5, 1, 31]: a one-class rank between two others
 def test_vocab_parallel_log_probs_and_entropy_equal_the_fp64_formula(world, tmp_path):
     """Issue 32: per-token log-probabilities, entropy and their gradients on uneven shards (a rank with one class),
     every policy, row chunking and class tiling, scalar and per-row temperatures, soft-capping, ignore_index."""
