@@ -31,7 +31,8 @@ QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # reads committed data only; no
 paths, table = pareto.load_table()
 studies = {kind.name: load_kind(RESULTS_DIR, kind.name)[1] for kind in (FAMILY_STATS, MARGINS, RARE_ROWS)}
 drawn_here = (nb05.plot_families(studies[FAMILY_STATS.name]), nb05.plot_margins(studies[MARGINS.name]),
-              nb05.plot_rare_rows(studies[RARE_ROWS.name]))
+              nb05.plot_rare_rows(studies[RARE_ROWS.name]), nb05.plot_row_errors(table, "cuda-emulated"),
+              nb05.plot_gradient_bias(table))
 figures = {figure.stem: figure for figure in drawn_here if figure is not None}  # draws, measures nothing
 print("data:", ", ".join(p.name for p in paths), "| families:", ", ".join(sorted(table.family.unique())))
 
@@ -200,8 +201,7 @@ within 10–20% are noise.""")
 
 # %%
 for stem in ("row_errors_cuda-emulated", "gradient_bias"):
-    if stem in figures:
-        display(figures[stem].figure, Markdown(figures[stem].markdown))
+    display(figures[stem].figure, Markdown(figures[stem].markdown))
 
 # %%
 rows = nb05.rows_and_bias(table)
