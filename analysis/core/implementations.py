@@ -274,7 +274,9 @@ def _cce_loss(spec: ImplSpec) -> Callable[[Inputs], torch.Tensor]:  # pragma: no
 
     def loss(inputs: Inputs) -> torch.Tensor:
         _plain_only(spec, inputs)
-        return cce(inputs.input, inputs.weight, inputs.target, bias=inputs.bias, reduction=inputs.reduction)
+        if inputs.bias is not None:  # its linear_cross_entropy(e, c, targets, ...) takes no bias (25.1)
+            raise ValueError("cce: Cut Cross-Entropy takes no linear bias; run it with bias=None")
+        return cce(inputs.input, inputs.weight, inputs.target, reduction=inputs.reduction)
 
     return loss
 
