@@ -9,6 +9,7 @@ import torch
 
 from .autograd import PerRowLoss, ScalarReductionLoss
 from .checks import require
+from .compiler import graph_break
 from .options import LinearCrossEntropyOptions
 from .planning import Plan, make_plan
 from .unfused import DEFAULT_IGNORE_INDEX, unfused_linear_cross_entropy
@@ -220,7 +221,7 @@ def plan(input: torch.Tensor, linear_weight: torch.Tensor, *old_order, options: 
     )
 
 
-@torch.compiler.disable
+@graph_break
 def _chunked(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
              options: LinearCrossEntropyOptions, features: dict):
     unbatched = input.dim() == 1

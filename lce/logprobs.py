@@ -16,6 +16,7 @@ from torch.autograd.function import once_differentiable
 
 from .checks import require
 from .chunked import GroupReduction, HeadTensors, Targets
+from .compiler import graph_break
 from .functional import check_features, first_out_of_range, grads_needed
 from .logprob_passes import TokenRows, token_gradients, token_statistics
 from .options import LinearCrossEntropyOptions
@@ -191,7 +192,7 @@ class TokenLogProbs(torch.autograd.Function):
         return grads.input, grads.weight, grads.bias, None, None
 
 
-@torch.compiler.disable
+@graph_break
 def linear_log_probs(
     input: torch.Tensor,
     linear_weight: torch.Tensor,

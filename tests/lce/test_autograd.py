@@ -171,3 +171,87 @@ def test_torch_compile_of_the_log_probs_matches_eager():
         results.append((out.detach(), *(t.grad for t in leaves)))
     for name, got, expected in zip(("output", "input", "weight", "bias"), results[1], results[0], strict=True):
         assert_close_rel(got, expected, 1e-13, f"compiled log-probs: {name}")
+
+
+# In a fresh interpreter, so that the order is the one named (in-process, earlier tests decide it): both ops inside
+# compiled functions, traced before any eager call ("compiled-first"), after eager calls once torch._dynamo is
+# loaded ("eager-first": lce.compiler disables the op at that call), and after eager calls made before anything
+# loaded it ("eager-before-dynamo": those calls must leave it unloaded). fp64, loss and gradients against eager;
+# the backend records every graph Dynamo hands it, which must hold none of the chunk loop's GEMMs.
+_COMPILE_ORDER_SCRIPT = """
+import json, sys, torch, lce
+order = sys.argv[1]
+report = {"dynamo_after_import": "torch._dynamo" in sys.modules}
+g = torch.Generator().manual_seed(0)
+n, d, v = 32, 8, 50
+x0, w0 = torch.randn(n, d, dtype=torch.float64, generator=g), torch.randn(v, d, dtype=torch.float64, generator=g)
+b0 = torch.randn(v, dtype=torch.float64, generator=g)
+target = torch.randint(0, v, (n,), generator=g)
+target[3] = -100
+advantages = torch.linspace(-1, 1, n, dtype=torch.float64)
+options = lce.LinearCrossEntropyOptions(batch_chunk_size=8)
+
+def cross_entropy(x, w, b):
+    return 1.5 * lce.linear_cross_entropy(torch.tanh(x), w, target, linear_bias=b, options=options)
+
+def log_probs(x, w, b):
+    lp, entropy = lce.linear_log_probs(torch.tanh(x), w, target.clamp_min(0), linear_bias=b, temperature=0.7,
+                                       return_entropy=True, options=options)
+    return -(advantages * lp).mean() - 0.01 * entropy.mean()
+
+steps = {"linear_cross_entropy": cross_entropy, "linear_log_probs": log_probs}
+graphs = {name: [] for name in steps}
+
+def recording(name):
+    def backend(gm, example_inputs):
+        graphs[name].append([getattr(node.target, "__name__", str(node.target)) for node in gm.graph.nodes
+                             if node.op in ("call_function", "call_method")])
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+    return backend
+
+def run(fn):
+    leaves = [t.clone().requires_grad_() for t in (x0, w0, b0)]
+    out = fn(*leaves)
+    out.backward()
+    return [out.detach(), *(t.grad for t in leaves)]
+
+eager = {}
+if order == "eager-before-dynamo":
+    eager = {name: run(step) for name, step in steps.items()}
+    report["dynamo_after_eager"] = "torch._dynamo" in sys.modules
+compiled = {name: torch.compile(step, backend=recording(name)) for name, step in steps.items()}
+if order == "eager-first":
+    eager = {name: run(step) for name, step in steps.items()}
+got = {name: [run(fn), run(fn)] for name, fn in compiled.items()}
+if order == "compiled-first":
+    eager = {name: run(step) for name, step in steps.items()}
+report["errors"] = {name: [max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(call, eager[name]))
+                           for call in got[name]] for name in steps}
+report["graphs"] = graphs
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["compiled-first", "eager-first", "eager-before-dynamo"])
+def test_torch_compile_of_both_ops_in_a_fresh_process_breaks_the_graph_and_matches_eager(order):
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _COMPILE_ORDER_SCRIPT, order], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not report["dynamo_after_import"], "import lce loaded torch._dynamo"
+    if order == "eager-before-dynamo":
+        assert not report["dynamo_after_eager"], "an eager lce call loaded torch._dynamo"
+    gemms = {"mm", "matmul", "addmm", "bmm", "baddbmm", "linear", "logsumexp"}
+    for name, graphs in report["graphs"].items():
+        # a graph before the op (tanh) and one after it (the scaling or the advantage-weighted mean)
+        assert len(graphs) >= 2, f"{order}, {name}: no graph break at the op: {graphs}"
+        traced = {op for graph in graphs for op in graph} & gemms
+        assert not traced, f"{order}, {name}: Dynamo traced into the chunk loop: {traced}"
+        assert any("tanh" in graph for graph in graphs), f"{order}, {name}: {graphs}"
+        for call, error in enumerate(report["errors"][name]):
+            assert error <= 1e-12, f"{order}, {name}, compiled call {call}: relative error {error:.3g}"
