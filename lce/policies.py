@@ -138,7 +138,8 @@ AUTO_TABLE: dict[tuple[str, torch.dtype], AutoPick] = {
         "sizeable share of the sampling noise (noise_vs_chunks_cuda); over 10^4 head-only steps compact at 256 "
         "chunks moved the rare classes' loss beyond the seed spread while balanced moved no bucket "
         "(head_gap_vs_step_adamw). The factor-1 aspect ratio: the same predicted peak as aspect_ratio:2 at the "
-        "reference heads with half the chunks, predicted faster (H200 datasheet rates, not yet measured). Meets "
+        "reference heads with half the chunks, predicted faster (H200 datasheet rates; an H200's fp32 runs rank it "
+        "first by time, notebook 04). Meets "
         "the error/noise rule (analysis.judge.rule, notebook 06)",
         evidence=("rare_rows", "row_errors_cuda-emulated", "error_vs_chunks_cuda-emulated", "noise_vs_chunks_cuda",
                   "head_gap_vs_step_adamw"),

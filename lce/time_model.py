@@ -3,8 +3,10 @@
 GEMM FLOPs at each GEMM's compute dtype's rate, the weight streamed once per GEMM and row chunk, the logits'
 elementwise passes, and a fixed cost per (row chunk x class block) step. On a CPU the rates are this CPU's
 (:func:`lce.cpu_gemms.rate_vs_fp32`: measured where a kernel is slower than fp32's, by the CPU's flags where it is
-fast); on CUDA they are an H200's datasheet rates, so every CUDA time lce predicts is *predicted*, never measured,
-until a GPU's bench rows exist (``python -m analysis gpu-check``). :data:`TIME_SOURCE` says which, per device kind.
+fast); on CUDA they are an H200's datasheet rates, so every CUDA time lce predicts is *predicted*: an H200's runs
+(``python -m analysis gpu-check``, notebook 04) took several times these predictions at LLM heads, and over ten times
+with an fp32 weight-gradient accumulator, which the model does not tell apart. :data:`TIME_SOURCE` says which, per
+device kind.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ __all__ = ["DeviceSpeed", "DEVICE_SPEEDS", "TIME_SOURCE", "estimated_seconds", "
 
 TIME_SOURCE: dict[str, str] = {
     "cpu": "predicted from this CPU's GEMM rates (lce.cpu_gemms)",
-    "cuda": "predicted from an H200's datasheet rates (no GPU bench rows yet)",
+    "cuda": "predicted from an H200's datasheet rates (an H200 measured several times longer, over 10x with an fp32 "
+            "accumulator: notebook 04)",
 }
 """Where each device kind's time predictions come from, as tables say beside a time-dependent choice."""
 

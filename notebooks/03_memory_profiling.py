@@ -7,13 +7,13 @@
 # measurement over the committed grids, breaks each configuration's plan down buffer by
 # buffer, and traces live memory through one forward+backward for lce, torch 2.13's native op
 # and the unfused reference. It measures nothing itself: the breakdown and the trace are the
-# committed results of `python -m analysis memory-study`. CUDA memory snapshots need a GPU;
-# no GPU data is committed yet, so everything here is CPU.
+# committed results of `python -m analysis memory-study`, and, for CUDA, of `python -m analysis
+# gpu-check` on an H200 (the CUDA allocator's peaks against the model, last section).
 
 # %%
 from IPython.display import Markdown, display
 
-from analysis.core.results_io import MEMORY_BREAKDOWN, MEMORY_TRACE, load_kind
+from analysis.core.results_io import GPU_MEMORY, MEMORY_BREAKDOWN, MEMORY_TRACE, load_kind
 from analysis.judge import pareto
 from analysis.paths import RESULTS_DIR
 from analysis.report import nb03_memory
@@ -60,8 +60,9 @@ miss is {lce_runs.ratio.max() - 1:.1%} (at {shape_of(furthest)}, {furthest["dtyp
 measured: peak live tensor bytes of one forward+backward (method:
 {", ".join(lce_runs.memory_method.dropna().unique())}); modeled: `lce.plan(...).peak_extra_bytes`.
 
-*Limits:* small shapes, where fixed overheads weigh more than at LLM sizes; the CPU allocator only (no GPU memory
-data is committed); one CPU; memory is measured on one seed per configuration (it does not depend on the values).""")
+*Limits:* small shapes, where fixed overheads weigh more than at LLM sizes; the CPU allocator (the CUDA allocator's
+peaks are the last section's); one CPU; memory is measured on one seed per configuration (it does not depend on the
+values).""")
 
 # %% [markdown]
 # ## Where the bytes go: lce's plan, buffer by buffer
@@ -132,5 +133,30 @@ within {(inside.measured_over_predicted - 1).abs().max():.1%} of their predicted
 {", ".join(traces.dtype.unique())}; on {cpus(traces)}; one call per configuration after a warm-up call, live
 tensor bytes after each allocator event; recorded by `python -m analysis memory-study`.
 
-*Limits:* the CPU allocator only (CUDA needs a GPU); one shape and one dtype; live tensor bytes, not the process's
-resident memory.""")
+*Limits:* the CPU allocator (an H200's peaks against the model: last section); one shape and one dtype; live
+tensor bytes, not the process's resident memory.""")
+
+
+# %% [markdown]
+# ## On a GPU: the CUDA allocator's peaks against the model
+# `python -m analysis gpu-check`'s memory step: per policy and shape (bf16), the CUDA
+# allocator's peak allocated bytes over one forward+backward, above the inputs, against
+# `lce.plan(...).peak_extra_bytes`.
+
+# %%
+gpu = nb03_memory.gpu_memory_fit(load_kind(RESULTS_DIR, GPU_MEMORY.name)[1])
+show(gpu, {"modeled_gib": "{:.3f}", "measured_gib": "{:.3f}", "measured_over_modeled": "{:.4f}"}, name="gpu-memory")
+
+# %%
+Markdown(f"""**Conclusion.** On {", ".join(sorted(gpu.device_name.unique()))} the model predicts the CUDA
+allocator's peak within {(gpu.measured_over_modeled - 1).abs().max():.2%} on all {len(gpu)} runs (measured over
+modeled {gpu.measured_over_modeled.min():.4f}–{gpu.measured_over_modeled.max():.4f}), from
+{gpu.modeled_gib.min():.2f} to {gpu.modeled_gib.max():.2f} GiB, at shapes up to
+{gpu.loc[gpu.modeled_gib.idxmax(), "shape"]}; the model never predicts more than was measured.
+
+*Inputs:* `gpu_memory.csv` (torch {", ".join(sorted(gpu.torch_version.unique()))}): bf16, the calls
+{", ".join(f"`{call}`" for call in dict.fromkeys(gpu.call))}, auto chunking, shapes
+{", ".join(sorted(gpu["shape"].unique()))} (N×D×C).
+
+*Limits:* one GPU, bf16 only; the reserved bytes (the caching allocator's pools) are in the file, not judged here.""")
+

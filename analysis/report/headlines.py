@@ -26,6 +26,21 @@ def decision_headline(results: Path) -> dict[str, float | str]:
             "torch_weight_floors": float(row["torch_grad_weight_floors"]), "saved_gib": float(row["saves_gib"])}
 
 
+def measured_head_headline(results: Path, head: str) -> dict[str, float] | None:
+    """The "auto" call measured on a GPU at ``head`` (``"N×D×C"``, :func:`analysis.report.nb04_pareto.head_costs`):
+    its weight-and-input error in floors, peak GiB and time over the unfused op's; None where no GPU ran it."""
+    from analysis.judge import pareto
+    from analysis.report.nb04_pareto import head_costs
+
+    costs = head_costs(pareto.load_table(results)[1])
+    pick = costs[costs["pick"] & (costs["shape"] == head)] if len(costs) else costs
+    if pick.empty:
+        return None
+    row = pick.iloc[0]
+    return {"floors": float(row["error"]), "gib": float(row["peak_mib"]) / 1024,
+            "vs_unfused_time": float(row["vs_unfused_time"])}
+
+
 def training_headline(results: Path) -> dict[str, float]:
     """The head-only AdamW study's final rare-class gaps (millinats) of bf16 compact at 256 chunks and of lce's
     balanced at 64, and the fp32 head's own seed spread there."""
@@ -69,11 +84,17 @@ def readme_headlines(results: Path) -> str:
     decision, training = decision_headline(results), training_headline(results)
     rl, memory = rl_headline(results), memory_headline(results)
     more = -decision["saved_gib"]
+    measured = measured_head_headline(results, decision["head"].replace("x", "×"))
+    on_gpu = "" if measured is None else (
+        f" Measured on an H200: {measured['floors']:.2f} floors (worst gradient) in {measured['gib']:.2f} GiB, at "
+        f"{measured['vs_unfused_time']:.0f}x the unfused op's time, spent adding into its fp32 accumulator in small "
+        "blocks (notebook 04).")
     return "\n".join([
         f"- **Accuracy for memory, chosen per head.** At a {decision['head']} bf16 head on CUDA, lce's default "
         f"({decision['auto']}) keeps the weight gradient at {decision['weight_floors']:.2f} rounding floors where "
         f"torch 2.13's default sits at {decision['torch_weight_floors']:.2f}, for {more:.2f} GiB more (predicted by "
-        "lce's models; [figures/error_vs_memory_cuda-emulated.png](figures/error_vs_memory_cuda-emulated.png)).",
+        "lce's models; [figures/error_vs_memory_cuda-emulated.png](figures/error_vs_memory_cuda-emulated.png))."
+        + on_gpu,
         f"- **The error matters on rare classes.** Over 10⁴ head-only AdamW steps ({training['seeds']} seeds), compact "
         f"at 256 chunks moved the rare classes' held-out loss by {training['compact_gap']:+.1f} millinats, beyond "
         f"the fp32 head's own seed spread ({training['spread']:.1f}), while balanced stayed at "

@@ -116,6 +116,12 @@ README_SETTINGS = ("lce default", "torch default", "lce balanced, acc fp32")
 """The settings the README's bf16 table compares (the bench table's columns)."""
 
 
+def _holds_cpu_bf16(path: Path) -> bool:
+    """Whether a sweep results file has CPU bf16 rows (the ones the README's bf16 tables read)."""
+    rows = pd.read_csv(path, usecols=["device", "dtype"])
+    return bool(((rows["device"] == "cpu") & (rows["dtype"] == "bfloat16")).any())
+
+
 def readme_bf16_errors(results: Path) -> str:
     """The README's bf16 tables, one per input family: per shape and :data:`README_SETTINGS`, the error of the loss
     and of each gradient in floors on the CPU (default chunking), seed median [INTERVAL]."""
@@ -134,7 +140,7 @@ def readme_bf16_errors(results: Path) -> str:
                      for n in names]
             lines.append(f"| {row['N']}×{row['D']}×{row['C']} | {row['setting']} | " + " | ".join(cells) + " |")
         parts.append("\n".join(lines) + "\n")
-    files = ", ".join(f"`{display_path(path)}`" for path in paths)
+    files = ", ".join(f"`{display_path(path)}`" for path in paths if _holds_cpu_bf16(path))
     return "\n".join(parts) + (f"\nRounding floors (1 = the exact answer rounded once to bf16), seed medians "
                                f"[{INTERVAL}]; CPU runs ({cpus(runs)}) with default chunking, from {files}; a "
                                "setting missing from a shape was not run there.\n")

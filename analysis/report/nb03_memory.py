@@ -194,3 +194,17 @@ def lacks(breakdown: pd.DataFrame, config: str, other: str) -> pd.DataFrame:
         breakdown.loc[breakdown["config"] == config, "buffer"])]
     return theirs.assign(MiB=theirs["nbytes"] / 2**20).sort_values("MiB", ascending=False)[
         ["buffer", "buffer_dtype", "MiB"]]
+
+
+def gpu_memory_fit(gpu: pd.DataFrame) -> pd.DataFrame:
+    """The ``ok`` rows of a ``gpu_memory`` results table, one per call and shape: the call (policy, and acc_dtype
+    where given), the policy it resolved to, modeled and measured (peak allocated) GiB and their ratio."""
+    rows = gpu[gpu["status"] == "ok"]
+    calls = rows["policy"] + rows["acc_dtype"].map(lambda acc: "" if acc == "default" else f" acc={acc}")
+    return pd.DataFrame({
+        "device_name": rows["device_name"], "torch_version": rows["torch_version"],
+        "shape": [f"{n}×{d}×{c}" for n, d, c in zip(rows["N"], rows["D"], rows["C"], strict=True)],
+        "call": calls, "resolved_policy": rows["resolved_policy"], "num_chunks": rows["num_chunks"],
+        "modeled_gib": rows["modeled_peak_bytes"] / 2**30, "measured_gib": rows["peak_allocated_bytes"] / 2**30,
+        "measured_over_modeled": rows["peak_allocated_bytes"] / rows["modeled_peak_bytes"]}).reset_index(drop=True)
+

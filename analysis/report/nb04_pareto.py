@@ -127,6 +127,11 @@ def _label_picks(ax, picks: pd.DataFrame, families: list[str]) -> None:
                     arrowprops={"arrowstyle": "-", "color": "k", "lw": 0.8, "shrinkB": 7})
 
 
+def _device_verdicts(table: pd.DataFrame, device: str) -> pd.DataFrame:
+    """The verdicts that hold ``device``'s picks: the emulation's own when a GPU's rows judge the CUDA entries."""
+    return verdicts(table[table["device"] != "cuda"] if device == "cuda-emulated" else table)
+
+
 def _picks_of(picks: pd.DataFrame, device: str, dtype: str, shape: tuple[int, int, int]) -> pd.DataFrame:
     return picks[(picks["device"] == device) & (picks["dtype"] == dtype)
                  & (picks["shape"] == "x".join(str(int(v)) for v in shape))]
@@ -195,7 +200,7 @@ def plot_error_vs_memory(table: pd.DataFrame, device: str = "cpu") -> CaptionedF
     here = data[(data["N"] == shape[0]) & (data["D"] == shape[1]) & (data["C"] == shape[2])]
     dtypes = sorted(here["dtype"].unique())
     styles = _family_styles(here["family"].unique())
-    picks = verdicts(table)
+    picks = _device_verdicts(table, device)
     fig = new_figure(4.6 * len(dtypes), 4.6)
     axes = fig.subplots(1, len(dtypes), squeeze=False)
     for ax, dtype in zip(axes.flat, dtypes, strict=True):
@@ -229,7 +234,7 @@ def plot_error_vs_memory_all_shapes(table: pd.DataFrame, device: str = "cpu") ->
     shapes.sort(key=lambda shape: (shape[0] * shape[1] * shape[2], shape))
     dtypes = sorted(data["dtype"].unique())
     styles = _family_styles(data["family"].unique())
-    picks = verdicts(table)
+    picks = _device_verdicts(table, device)
     fig = new_figure(4.2 * len(dtypes), 3.5 * len(shapes) + 0.9)
     axes = fig.subplots(len(shapes), len(dtypes), squeeze=False)
     for row, shape in enumerate(shapes):
@@ -477,6 +482,51 @@ def fronts(table: pd.DataFrame, verdicts_table: pd.DataFrame, device: str) -> pd
                      "pick_mib": pick["peak_mib"], "torch": group.loc[group["op"] == "torch", ERROR].min(),
                      "cheapest_mib": cheapest[MEMORY], "cheapest_error": cheapest[ERROR]})
     return pd.DataFrame(rows)
+
+
+HEAD_MIN_CLASSES = 100_000
+"""A shape with at least this many classes is an LLM head (the GPU grid's Llama-3 and Gemma-size heads)."""
+
+
+def head_costs(table: pd.DataFrame, device: str = "cuda") -> pd.DataFrame:
+    """At every LLM-head shape ``device`` ran (at least :data:`HEAD_MIN_CLASSES` classes), each lce configuration and
+    the unfused ``reference`` (seed medians): its error in floors, peak MiB, time in ms, time over the unfused op's,
+    and lce's predicted time (``predicted_ms``, :func:`lce.time_model.estimated_seconds` of the plan the call makes
+    there; NaN for the reference), with ``pick`` marking the "auto" call (``lce auto auto``); empty without runs."""
+    runs = table[(table["device"] == device) & (table["C"] >= HEAD_MIN_CLASSES)
+                 & table["op"].isin(["lce", "reference"])]
+    if runs.empty:
+        return pd.DataFrame()
+    keys = ["N", "D", "C", "dtype", "label"]
+    medians = runs.groupby(keys, sort=True)[[ERROR, MEMORY, TIME]].median()
+    calls = runs.groupby(keys, sort=True)[["op", "policy", "chunking", "acc_dtype"]].first()
+    medians = medians.join(calls).reset_index()
+    unfused = medians[medians["label"] == "reference"].set_index(["N", "D", "C"])[TIME]
+    shapes = pd.MultiIndex.from_frame(medians[["N", "D", "C"]])
+    return pd.DataFrame({
+        "shape": [f"{n}×{d}×{c}" for n, d, c in shapes], "run": medians["label"],
+        "pick": medians["label"] == "lce auto auto", "error": medians[ERROR], "peak_mib": medians[MEMORY],
+        "time_ms": medians[TIME], "vs_unfused_time": medians[TIME].to_numpy() / unfused.reindex(shapes).to_numpy(),
+        "predicted_ms": [_predicted_ms(call, device) for call in medians.itertuples()]})
+
+
+def _predicted_ms(call, device: str) -> float:
+    """lce's time model for one sweep call (a row with N, D, C, dtype, op, policy, chunking, acc_dtype)."""
+    import torch
+
+    import lce
+    from lce.testing import emulate_device_kind
+    from lce.time_model import estimated_seconds
+
+    if call.op != "lce":
+        return float("nan")
+    dtype = getattr(torch, call.dtype)
+    x = torch.empty(int(call.N), int(call.D), dtype=dtype, device="meta")
+    weight = torch.empty(int(call.C), int(call.D), dtype=dtype, device="meta")
+    acc = None if call.acc_dtype in ("", "default") else getattr(torch, call.acc_dtype)
+    options = lce.LinearCrossEntropyOptions(acc_policy=call.policy, chunking_method=call.chunking, acc_dtype=acc)
+    with emulate_device_kind(device):
+        return 1e3 * estimated_seconds(lce.plan(x, weight, options=options))
 
 
 def fp32_rankings(table: pd.DataFrame) -> pd.DataFrame:

@@ -498,13 +498,21 @@ def verdict_changes(verdicts_table: pd.DataFrame) -> pd.DataFrame:
 ROW_COLUMNS = ("grad_weight_fro_in_floors", "grad_weight_row_p99", "grad_weight_row_max", "grad_weight_bias_in_floors")
 
 
+def time_verdict_changes(verdicts_table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of :func:`verdict_changes` whose time verdict differs between families (memory does not count)."""
+    per_family = verdicts_table[verdicts_table["device"] != "cuda-emulated"].groupby(
+        ["device", "dtype", "pick", "family"])["on_time_front"].all()
+    changed = per_family.groupby(level=["device", "dtype", "pick"]).nunique() > 1
+    return changed[changed].reset_index()[["device", "dtype", "pick"]]
+
+
 def rows_and_bias(table: pd.DataFrame) -> pd.DataFrame:
     """Per device, family, dtype and op (lce, torch), default options in bf16 and fp16 at each family's largest
-    shape: grad_weight's Frobenius floors, p99 and worst class row, and signed bias (seed medians, with the
-    interval of :func:`analysis.judge.pareto.seed_interval`)."""
+    shape on that device: grad_weight's Frobenius floors, p99 and worst class row, and signed bias (seed medians,
+    with the interval of :func:`analysis.judge.pareto.seed_interval`)."""
     data = table[(table["op"].isin(["lce", "torch"])) & (table["policy"] == "auto") & (table["chunking"] == "auto")
                  & (table["acc_dtype"] == "default") & (table["dtype"] != "float32")]
-    largest = data.groupby("family")["N"].transform("max") == data["N"]
+    largest = data.groupby(["device", "family"])["N"].transform("max") == data["N"]
     medians = seed_interval(data[largest], list(ROW_COLUMNS))
     return medians.sort_values(["device", "family", "dtype", "op"]).reset_index(drop=True)
 
@@ -546,7 +554,8 @@ def readme_realistic_inputs(results: Path) -> str:
         f"{_shape(rare_summary(rare))}, {rare['seed'].nunique()} seeds): "
         "Frobenius floors (seed median) and the worst class row over seeds (in its own floors):",
         markdown_table(rows, {c: ".2f" for c in rows.columns}),
-        "Each auto entry's verdict per input family (quick and medium grids; ✓: on that front in every seed and "
+        "Each auto entry's verdict per input family (CPU: the quick and medium grids; CUDA: an H200's cuda grid; ✓: on "
+        "that front in every seed and "
         "shape of every family; error: the lowest and the highest family's median, floors):",
         markdown_table(changes.assign(changes=~changes["changes"]).rename(columns={"changes": "same everywhere"}),
                        {"error low": ".2f", "error high": ".2f"}),

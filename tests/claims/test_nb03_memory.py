@@ -26,9 +26,12 @@ def test_the_model_predicts_every_sweep_run_within_the_band_and_never_above_it()
     assert runs["ratio"].max() < 1.02
 
 
-def test_no_gpu_memory_data_is_committed():
-    """Limits: "the CPU allocator only (no GPU memory data is committed)"."""
-    assert _load(GPU_MEMORY.name).empty
+def test_on_the_h200_the_model_predicts_the_cuda_allocators_peak_within_a_fraction_of_a_percent():
+    """"On NVIDIA H200 the model predicts the CUDA allocator's peak within {0.18%} on all {12} runs ...; the model
+    never predicts more than was measured"."""
+    gpu = nb03_memory.gpu_memory_fit(_load(GPU_MEMORY.name))
+    assert len(gpu) >= 12 and set(gpu["device_name"]) == {"NVIDIA H200"}
+    assert (gpu["measured_over_modeled"] >= 1).all() and (gpu["measured_over_modeled"] < 1.005).all()
 
 
 def test_the_smallest_plan_lacks_only_fp32_buffers_led_by_the_weight_gradient_accumulator():
