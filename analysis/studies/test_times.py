@@ -7,9 +7,9 @@ the provenance, whose CPU model and GEMM verdict say which CPU kind the time bel
 them under the AVX2 stand-in (``ONEDNN_MAX_CPU_ISA=AVX2`` and ``LCE_CPU_GEMMS`` unset: the slow kind, bf16 GEMMs
 emulated) and records that in the ``cpu_gemms`` column.
 
-A new row makes the README's generated commands block stale until ``python -m analysis docs`` rewrites it: the
-whole suite's own docs test then fails inside the very run it times (run the tiers on a committed tree, then
-regenerate the docs and commit the row and the block together).
+A new row makes the README's generated commands block stale until ``python -m analysis docs`` rewrites it, so a
+tier timed after another in one call fails its docs test on the row the first one wrote: time the whole suite in
+a call of its own (``--tiers test``), then regenerate the docs and commit the rows and the block together.
 """
 
 from __future__ import annotations
