@@ -28,7 +28,7 @@ def decision_headline(results: Path) -> dict[str, float | str]:
 
 def measured_head_headline(results: Path, head: str) -> dict[str, float] | None:
     """The "auto" call measured on a GPU at ``head`` (``"N×D×C"``, :func:`analysis.report.nb04_pareto.head_costs`):
-    its weight-and-input error in floors, peak GiB and time over the unfused op's; None where no GPU ran it."""
+    its worst gradient error in floors, peak GiB and time over the unfused op's; None where no GPU ran it."""
     from analysis.judge import pareto
     from analysis.report.nb04_pareto import head_costs
 

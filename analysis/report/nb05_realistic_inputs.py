@@ -499,7 +499,8 @@ ROW_COLUMNS = ("grad_weight_fro_in_floors", "grad_weight_row_p99", "grad_weight_
 
 
 def time_verdict_changes(verdicts_table: pd.DataFrame) -> pd.DataFrame:
-    """The rows of :func:`verdict_changes` whose time verdict differs between families (memory does not count)."""
+    """The (device, dtype, pick) entries of a ``pareto.verdicts`` table whose time verdict differs between families
+    (on the time front in every seed and shape of one family, not of another; emulated layouts are not timed)."""
     per_family = verdicts_table[verdicts_table["device"] != "cuda-emulated"].groupby(
         ["device", "dtype", "pick", "family"])["on_time_front"].all()
     changed = per_family.groupby(level=["device", "dtype", "pick"]).nunique() > 1
@@ -554,9 +555,9 @@ def readme_realistic_inputs(results: Path) -> str:
         f"{_shape(rare_summary(rare))}, {rare['seed'].nunique()} seeds): "
         "Frobenius floors (seed median) and the worst class row over seeds (in its own floors):",
         markdown_table(rows, {c: ".2f" for c in rows.columns}),
-        "Each auto entry's verdict per input family (CPU: the quick and medium grids; CUDA: an H200's cuda grid; ✓: on "
-        "that front in every seed and "
-        "shape of every family; error: the lowest and the highest family's median, floors):",
+        "Each auto entry's verdict per input family (CPU: the quick and medium grids; CUDA: an H200's cuda grid; "
+        "✓: on that front in every seed and shape of every family; error: the lowest and the highest family's "
+        "median, floors):",
         markdown_table(changes.assign(changes=~changes["changes"]).rename(columns={"changes": "same everywhere"}),
                        {"error low": ".2f", "error high": ".2f"}),
     ]) + "\n"
