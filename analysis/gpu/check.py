@@ -5,18 +5,19 @@ A GPU is lent now and then for about 15 minutes in all, on a machine that reache
 ignored ``.gpu/wheels``, see :func:`download_wheels`). One call runs, in order, each step in a process
 of its own with its share of ``--budget-s`` (:data:`STEPS`):
 
-1. ``tests``: ``pytest -m cuda`` on :data:`CUDA_TEST_FILES` (fp64 parity of every policy on CUDA
-   tensors, bf16/fp16 errors at the floor, the memory model against the allocator), then lce's public-API
-   suites (:data:`API_TEST_FILES`) on the machine's own torch (2.11 there: their comparisons with torch's op
-   skip);
-2. ``grid``: the ``cuda`` grid (:mod:`analysis.sweep.grids`: every input family, the LLM heads, TF32 off and
-   on, three seeds) into ``cuda.csv``, with the fp64 reference computed on the GPU in blocks of rows
-   (:func:`analysis.sweep.run.reference_block_elements`), so its memory is bounded at 128256 or 256000 classes;
-3. ``memory``: the CUDA allocator's peaks (allocated and reserved) against lce's model,
-   ``lce.plan(...).peak_extra_bytes``, per policy (``gpu_memory.csv``);
-4. ``bench``: at :data:`CCE_SHAPE` in bf16 (the Cut Cross-Entropy paper's table), lce per policy, the
+1. ``bench``: at :data:`CCE_SHAPE` in bf16 (the Cut Cross-Entropy paper's table), lce per policy, the
    unfused op eager and under ``torch.compile``, Liger-Kernel and Cut Cross-Entropy when importable:
    CUDA-event time (median after warm-up), allocator peaks, errors against fp64 (``gpu_bench.csv``);
+2. ``memory``: the CUDA allocator's peaks (allocated and reserved) against lce's model,
+   ``lce.plan(...).peak_extra_bytes``, per policy (``gpu_memory.csv``);
+3. ``tests``: ``pytest -m cuda`` on :data:`CUDA_TEST_FILES` (fp64 parity of every policy on CUDA
+   tensors, bf16/fp16 errors at the floor, the memory model against the allocator, no host synchronisation in
+   the default path), then lce's public-API suites (:data:`API_TEST_FILES`) on the machine's own torch (2.11
+   there: their comparisons with torch's op skip);
+4. ``grid``: the ``cuda`` grid (:mod:`analysis.sweep.grids`: every input family, the LLM heads, TF32 off and
+   on, three seeds) into ``cuda.csv``, starting from the committed one (:func:`resume_from_committed`), with the
+   fp64 reference computed on the GPU in blocks of rows (:func:`analysis.sweep.run.reference_block_elements`),
+   so its memory is bounded at 128256 or 256000 classes;
 5. the log (``gpu_check.log``): provenance (GPU, driver, torch, CUDA, Triton, git revision: from
    ``$LCE_LAB_REVISION`` when the copy sent has no usable ``.git``), every step's output, and what each
    step did in how long.
@@ -41,6 +42,7 @@ import importlib.util
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,7 +65,7 @@ from analysis.core.results_io import GPU_BENCH, GPU_MEMORY, append_row
 from analysis.core.run_config import RunConfig
 from analysis.core.timing import time_call
 from analysis.gpu.wheels import GPU_PACKAGES, WHEELS_DIR, unpack_wheels, wheel_status
-from analysis.paths import ROOT, display_path
+from analysis.paths import RESULTS_DIR, ROOT, display_path
 from analysis.sweep.grids import CUDA_HEADLINE_SHAPES, Grid, Measurement, get_grid
 from analysis.sweep.run import reference_block_elements, results_path, run_grid
 from lce import decide
@@ -99,12 +101,14 @@ STEPS: tuple[Step, ...] = (
 """Every step, in the order they run. ``--steps`` picks some (:data:`DEFAULT_STEPS` otherwise) and their
 shares are scaled to add up to :data:`BUDGET_SHARE` of the budget."""
 
-DEFAULT_STEPS: tuple[str, ...] = ("bench", "head", "memory", "tests", "grid")
+DEFAULT_STEPS: tuple[str, ...] = ("bench", "memory", "tests", "grid")
 """What a plain ``gpu-check`` runs, ordered by what only the hardware can tell: the time and memory bench beside
-Liger-Kernel and Cut Cross-Entropy, the head-only training study on real kernels, the allocator's peaks, the CUDA
-tests, and the error grid last (the CPU emulation of the layouts already matches the H200's floors closely);
+Liger-Kernel and Cut Cross-Entropy, the allocator's peaks, the CUDA tests, and the error grid last (the CPU
+emulation of the layouts predicts the H200's errors: notebook 04). ``head`` (the head-only training study on real
+kernels) is opt-in: its gpu setting evaluates every 250 steps of all its arms, so a 7-minute call ends before its
+first evaluation after step 0 (the H200 call of 2026-12-04 stopped it at its 135 s share with step 0 only);
 ``noise`` and ``train`` (the does-it-matter study on real kernels) and ``hf`` (the transformers integration's
-training step) run when ``--steps`` names them."""
+training step) run, like it, when ``--steps`` names them."""
 
 BUDGET_SHARE = 0.95
 """The steps' shares of the budget; the rest pays for starting each step's process (torch's import, CUDA's
@@ -306,6 +310,9 @@ def run_grid_step(out: Path, deadline: Deadline, *, dry_run: bool = False, echo:
     groups done so far fell short) would outlast the deadline. Returns counts of groups and runs."""
     grid = grid or get_grid("cuda")
     configs = grid.configs
+    if not dry_run:
+        for line in resume_from_committed(out, grid.name):
+            echo(line)
     if dry_run:  # the plan a GPU would follow, then the tiny stand-in
         calls = grid.measurement.warmup + 1 + grid.measurement.repeats
         estimates = [(group[0], len(group), estimate_seconds(group, calls=calls)) for group in _groups(configs)]
@@ -338,6 +345,20 @@ def run_grid_step(out: Path, deadline: Deadline, *, dry_run: bool = False, echo:
         echo(f"  {label}: {summary.ran} new, {summary.errors} errors, {seconds:.1f} s (estimated {estimate:.1f} s)")
     echo(f"grid: {counts} -> {results_path(grid.name, folder=out)}")
     return counts
+
+
+def resume_from_committed(out: Path, grid_name: str, committed: Path = RESULTS_DIR) -> list[str]:
+    """Start ``out``'s results of ``grid_name`` from the committed ones when ``out`` has none, so a new call runs
+    only the problems no earlier GPU call finished (the sweep resumes by run key; every row keeps its own
+    provenance). Returns what it did, as log lines; nothing when ``out`` already has results or nothing is
+    committed (remove the copy from ``out`` before the step to measure everything again)."""
+    target = results_path(grid_name, folder=out)
+    source = results_path(grid_name, folder=committed)
+    if target.exists() or not source.exists():
+        return []
+    shutil.copyfile(source, target)
+    rows = sum(1 for _ in source.open(encoding="utf-8")) - 1
+    return [f"grid: resuming from the committed {display_path(source)} ({rows} rows): only missing problems run"]
 
 
 # ------------------------------------------------------------------------------------ steps 3 and 4

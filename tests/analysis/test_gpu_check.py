@@ -17,7 +17,7 @@ from analysis.core.implementations import float32_matmul_precision, tensor_devic
 from analysis.core.results_io import file_kind
 from analysis.gpu import check, wheels
 from analysis.judge.pareto import _devices_for
-from analysis.paths import ROOT
+from analysis.paths import RESULTS_DIR, ROOT
 from analysis.report import nb04_pareto
 from analysis.sweep.grids import CUDA_FAMILY_SHAPE, CUDA_HEADLINE_SHAPES, FAMILIES_IN_GRIDS, get_grid
 from analysis.sweep.run import reference_block_elements
@@ -38,9 +38,9 @@ def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
     assert "planned: " in log  # the real grid's problems, each with an estimate
     for shape in check.MEMORY_SHAPES:
         assert f"{shape} bf16:" in log  # lce's plan at the LLM heads, on meta tensors
-    assert {file_kind(tmp_path / name) for name in ("cuda.csv", "gpu_memory.csv", "gpu_bench.csv",
-                                                    "head_training_cuda.csv")} == {
-        "sweep", "gpu_memory", "gpu_bench", "head_training"}
+    assert {file_kind(tmp_path / name) for name in ("cuda.csv", "gpu_memory.csv", "gpu_bench.csv")} == {
+        "sweep", "gpu_memory", "gpu_bench"}
+    assert "== step head" not in log and not (tmp_path / "head_training_cuda.csv").exists()  # opt-in
     grid = pd.read_csv(tmp_path / "cuda.csv")
     assert set(grid["status"]) == {"ok"} and set(grid["device"]) == {"cuda-emulated"}
     assert set(grid["family"]) == set(FAMILIES_IN_GRIDS)
@@ -52,7 +52,7 @@ def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
 
 def test_step_shares_leave_room_and_bad_budgets_are_named():
     shares = check.step_seconds(420)
-    assert list(shares) == list(check.DEFAULT_STEPS) == ["bench", "head", "memory", "tests", "grid"]
+    assert list(shares) == list(check.DEFAULT_STEPS) == ["bench", "memory", "tests", "grid"]
     assert 0.9 * 420 <= sum(shares.values()) < 420
     chosen = check.step_seconds(420, ["train", "noise"])
     assert list(chosen) == ["noise", "train"]  # the fixed run order, whatever the order asked
@@ -81,7 +81,8 @@ def test_a_step_skips_work_its_deadline_cannot_hold(tmp_path):
     lines: list[str] = []
     counts = check.run_grid_step(tmp_path, check.Deadline.after(0.0), echo=lines.append)
     assert counts["groups_run"] == 0 and counts["groups_skipped"] > 0
-    assert not (tmp_path / "cuda.csv").exists()
+    committed = RESULTS_DIR / "cuda.csv"  # the step starts from it; with no time left it adds nothing
+    assert (tmp_path / "cuda.csv").read_bytes() == committed.read_bytes()
     assert any(line.startswith("  skipped ") for line in lines)
 
 
@@ -224,3 +225,19 @@ def test_the_bench_times_the_decision_procedures_candidates_at_the_cce_head():
     assert f"lce[{tuned.chosen.plan.acc_policy},rows:{tuned.chosen.plan.batch_chunk_size},acc=float32]" in specs
     assert {spec.policy for spec in check.decision_specs(CCE_SHAPE)} == {"accurate", "balanced", "compact"}
     assert specs[-1] == "compiled" and len(specs) == len(set(specs))
+
+
+def test_the_grid_step_resumes_from_the_committed_grid_and_never_over_a_calls_own_rows(tmp_path):
+    """A new call starts from the committed cuda.csv (only the missing problems run); an --out that already has
+    rows keeps them; without committed rows there is nothing to copy."""
+    committed, out = tmp_path / "committed", tmp_path / "out"
+    committed.mkdir(), out.mkdir()
+    assert check.resume_from_committed(out, "cuda", committed) == [] and not (out / "cuda.csv").exists()
+    (committed / "cuda.csv").write_text("key,status\na,ok\nb,error\n", encoding="utf-8")
+    lines = check.resume_from_committed(out, "cuda", committed)
+    assert len(lines) == 1 and "(2 rows)" in lines[0]
+    assert (out / "cuda.csv").read_text(encoding="utf-8") == (committed / "cuda.csv").read_text(encoding="utf-8")
+    (out / "cuda.csv").write_text("key,status\nc,ok\n", encoding="utf-8")
+    assert check.resume_from_committed(out, "cuda", committed) == []
+    assert (out / "cuda.csv").read_text(encoding="utf-8") == "key,status\nc,ok\n"
+
