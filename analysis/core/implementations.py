@@ -41,12 +41,12 @@ import torch.nn.functional as F
 import lce
 from analysis.core.emulated_gemms import Fp32LowPrecisionGemms, emulated_peer_note
 from analysis.core.inputs import Inputs, Outputs, outputs_of
-from analysis.core.problem import DTYPES
+from analysis.core.problem import DTYPES, Shape
 from lce.options import dtype_name
 from lce.testing import emulate_device_kind
 from lce.unfused import DEFAULT_IGNORE_INDEX, unfused_linear_cross_entropy
 
-__all__ = ["ImplSpec", "Implementation", "OPS", "DEVICES", "make_implementation", "unavailable_reason",
+__all__ = ["ImplSpec", "Implementation", "OPS", "DEVICES", "make_implementation", "unavailable_reason", "meta_plan",
            "resolved_plan", "CUDA_DEVICES", "tensor_device"]
 
 OPS: dict[str, str] = {
@@ -123,6 +123,15 @@ class ImplSpec:
             return self.op
         retain = ",retain_graph" if self.retain_graph else ""
         return f"{self.op}[{self.policy},{self.chunking},acc={self.acc_dtype}{retain}]"
+
+
+def meta_plan(spec: ImplSpec, shape: Shape, dtype: str, device_kind: str) -> lce.Plan:
+    """lce's plan of ``spec`` (a chunked op) at ``shape`` in ``dtype`` under ``device_kind``'s layouts, made on meta
+    tensors: nothing is allocated, so it serves LLM heads on any machine."""
+    x = torch.empty(shape.N, shape.D, dtype=DTYPES[dtype], device="meta")
+    weight = torch.empty(shape.C, shape.D, dtype=DTYPES[dtype], device="meta")
+    with emulate_device_kind(device_kind):
+        return lce.plan(x, weight, options=spec.options())
 
 
 def unavailable_reason(op: str, device: str) -> str | None:

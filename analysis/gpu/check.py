@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 
 import lce
-from analysis.core.implementations import ImplSpec, make_implementation, unavailable_reason
+from analysis.core.implementations import ImplSpec, make_implementation, meta_plan, unavailable_reason
 from analysis.core.inputs import make_inputs
 from analysis.core.memory import measure_peak
 from analysis.core.metrics import compare
@@ -70,7 +70,6 @@ from analysis.sweep.grids import CUDA_HEADLINE_SHAPES, Grid, Measurement, get_gr
 from analysis.sweep.run import reference_block_elements, results_path, run_grid
 from lce import decide
 from lce.options import EXPLICIT_POLICIES
-from lce.testing import emulate_device_kind
 
 __all__ = ["Step", "STEPS", "DEFAULT_STEPS", "DEFAULT_BUDGET_S", "GRACE_S", "TOKENS_FILE", "step_seconds", "Deadline",
            "dry_run_configs", "estimate_seconds", "run_grid_step", "run_memory_step", "run_bench_step",
@@ -378,14 +377,6 @@ def _peaks(call: Callable[[], object], device: str) -> tuple[object, int, int | 
     return result, memory.peak_bytes, torch.cuda.max_memory_reserved() - reserved_before
 
 
-def _planned(spec: ImplSpec, shape: Shape, dtype: str) -> lce.Plan:
-    """lce's plan of ``spec`` at ``shape`` under the CUDA layouts, on meta tensors (nothing allocated)."""
-    x = torch.empty(shape.N, shape.D, dtype=DTYPES[dtype], device="meta")
-    w = torch.empty(shape.C, shape.D, dtype=DTYPES[dtype], device="meta")
-    with emulate_device_kind("cuda"):
-        return lce.plan(x, w, options=spec.options())
-
-
 def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -398,7 +389,7 @@ def run_memory_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
     device = _device()
     for shape in MEMORY_SHAPES:
         for spec in MEMORY_SPECS:
-            plan = _planned(spec, shape, BENCH_DTYPE)
+            plan = meta_plan(spec, shape, BENCH_DTYPE, "cuda")
             echo(f"  plan {spec} {shape} bf16: {plan.acc_policy}, {plan.num_chunks} chunks, "
                  f"modeled peak {plan.peak_extra_bytes / 2**30:.2f} GiB")
     shapes = (DRY_BENCH_SHAPE,) if dry_run or device != "cuda" else MEMORY_SHAPES

@@ -13,6 +13,8 @@ import pandas as pd
 import seaborn as sns
 from matplotlib import ticker
 
+from analysis.core.implementations import ImplSpec, meta_plan
+from analysis.core.problem import Shape
 from analysis.core.provenance import cpu_kinds
 from analysis.core.results_io import latest
 from analysis.judge.pareto import (
@@ -42,6 +44,7 @@ from analysis.report.style import (
     panel_grid,
     seed_caption,
 )
+from lce.time_model import estimated_seconds
 
 FAMILY_MARKERS = {"random": "o", "calibrated": "s", "trained": "^"}
 """Marker shape per input family in the error-vs-memory figures (other families take :data:`_SPARE_MARKERS`)."""
@@ -512,21 +515,10 @@ def head_costs(table: pd.DataFrame, device: str = "cuda") -> pd.DataFrame:
 
 def _predicted_ms(call, device: str) -> float:
     """lce's time model for one sweep call (a row with N, D, C, dtype, op, policy, chunking, acc_dtype)."""
-    import torch
-
-    import lce
-    from lce.testing import emulate_device_kind
-    from lce.time_model import estimated_seconds
-
     if call.op != "lce":
         return float("nan")
-    dtype = getattr(torch, call.dtype)
-    x = torch.empty(int(call.N), int(call.D), dtype=dtype, device="meta")
-    weight = torch.empty(int(call.C), int(call.D), dtype=dtype, device="meta")
-    acc = None if call.acc_dtype in ("", "default") else getattr(torch, call.acc_dtype)
-    options = lce.LinearCrossEntropyOptions(acc_policy=call.policy, chunking_method=call.chunking, acc_dtype=acc)
-    with emulate_device_kind(device):
-        return 1e3 * estimated_seconds(lce.plan(x, weight, options=options))
+    spec = ImplSpec(call.op, call.policy, call.chunking, call.acc_dtype or "default")
+    return 1e3 * estimated_seconds(meta_plan(spec, Shape(int(call.N), int(call.D), int(call.C)), call.dtype, device))
 
 
 def fp32_rankings(table: pd.DataFrame) -> pd.DataFrame:

@@ -150,8 +150,12 @@ def test_the_pick_adds_each_chunks_weight_gradient_into_its_accumulator_in_milli
 
     calls = []
     original = gemm.mm
-    monkeypatch.setattr(gemm, "mm", lambda a, b, out_dtype, *args, **kwargs: (
-        calls.append((tuple(a.shape), tuple(b.shape), out_dtype)), original(a, b, out_dtype, *args, **kwargs))[1])
+
+    def counted(a, b, out_dtype, *args, **kwargs):
+        calls.append((tuple(a.shape), tuple(b.shape), out_dtype))
+        return original(a, b, out_dtype, *args, **kwargs)
+
+    monkeypatch.setattr(gemm, "mm", counted)
     monkeypatch.setattr(gemm, "_BLOCK_ELEMENTS", 1 << 12)  # the same cut at a test's size: 64 of 512 rows per block
     n, d, c = 64, 64, 512
     generator = torch.Generator().manual_seed(0)
