@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .autocasting import outside_autocast
 from .chunked import HeadTensors, Targets, per_row_grads, per_row_loss, scalar_loss_and_grads
 from .planning import Plan
 
@@ -74,6 +75,7 @@ class ScalarReductionLoss(torch.autograd.Function):
     """Loss with reduction "mean" or "sum"; gradients computed in forward."""
 
     @staticmethod
+    @outside_autocast
     def forward(ctx, input, weight, bias, target, class_weight, ignore_index, label_smoothing, plan: Plan):
         targets = _targets(plan, target, class_weight, ignore_index, label_smoothing)
         loss, grads, lse = scalar_loss_and_grads(plan, HeadTensors(input, weight, bias), targets)
@@ -81,6 +83,7 @@ class ScalarReductionLoss(torch.autograd.Function):
         return _with_lse(ctx, loss, lse)
 
     @staticmethod
+    @outside_autocast
     def backward(ctx, grad_loss, *_grad_lse):
         return (*hand_out_gradients(ctx, grad_loss), None, None, None, None, None)
 
@@ -89,6 +92,7 @@ class PerRowLoss(torch.autograd.Function):
     """Loss with reduction "none"; backward recomputes the logits chunk by chunk."""
 
     @staticmethod
+    @outside_autocast
     def forward(ctx, input, weight, bias, target, class_weight, ignore_index, label_smoothing, plan: Plan):
         targets = _targets(plan, target, class_weight, ignore_index, label_smoothing)
         losses, lse, other_prob = per_row_loss(plan, HeadTensors(input, weight, bias), targets)
@@ -98,6 +102,7 @@ class PerRowLoss(torch.autograd.Function):
         return _with_lse(ctx, losses, lse.to(torch.float32, copy=True) if plan.return_lse else None)
 
     @staticmethod
+    @outside_autocast
     def backward(ctx, grad_losses, *_grad_lse):
         input, weight, bias, target, class_weight, lse, other_prob = ctx.saved_tensors
         targets = _targets(ctx.plan, target, class_weight, ctx.ignore_index, ctx.label_smoothing)

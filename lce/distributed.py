@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .autocasting import autocast_dtype, autocast_off, loss_dtype_under, outside_autocast, take_head
 from .autograd import hand_out_gradients, keep_gradients
 from .chunked import (
     GroupReduction,
@@ -151,6 +152,16 @@ def _local_problem(input, weight_shard, target, linear_bias, weight, reduction, 
     return None
 
 
+def _taken_under_autocast(who: str, input, weight_shard, linear_bias) -> tuple:
+    """``(input, weight_shard, linear_bias, problem)``: the head's tensors as lce takes them under autocast
+    (:func:`lce.autocasting.take_head`), and the error that taking them raised as text (else None), to be agreed on
+    by every rank before it is raised."""
+    try:
+        return (*take_head(who, input, weight_shard, linear_bias), None)
+    except TypeError as error:
+        return input, weight_shard, linear_bias, f"TypeError: {error}"
+
+
 def _target_checksum(target: torch.Tensor) -> int:
     """A number that differs, almost surely, between two different target tensors (positions weigh in)."""
     flat = target.reshape(-1).to(torch.int64)
@@ -233,18 +244,21 @@ def _shard_targets(target: torch.Tensor, class_weight: torch.Tensor | None, igno
 
 class _ScalarVocabParallel(torch.autograd.Function):
     @staticmethod
+    @outside_autocast
     def forward(ctx, input, weight, bias, targets, layout, plan):
         loss, grads, _ = scalar_loss_and_grads(plan, HeadTensors(input, weight, bias), targets, layout)
         keep_gradients(ctx, grads, plan)
         return loss
 
     @staticmethod
+    @outside_autocast
     def backward(ctx, grad_loss):
         return (*hand_out_gradients(ctx, grad_loss), None, None, None)
 
 
 class _PerRowVocabParallel(torch.autograd.Function):
     @staticmethod
+    @outside_autocast
     def forward(ctx, input, weight, bias, targets, layout, plan):
         losses, lse, other_prob = per_row_loss(plan, HeadTensors(input, weight, bias), targets, layout)
         ctx.save_for_backward(input, weight, bias, lse, other_prob)
@@ -252,6 +266,7 @@ class _PerRowVocabParallel(torch.autograd.Function):
         return losses
 
     @staticmethod
+    @outside_autocast
     def backward(ctx, grad_losses):
         input, weight, bias, lse, other_prob = ctx.saved_tensors
         grads = per_row_grads(ctx.plan, HeadTensors(input, weight, bias), ctx.targets, lse, grad_losses, other_prob,
@@ -299,8 +314,10 @@ def vocab_parallel_linear_cross_entropy(
     on every rank before any collective of the loop.
     """
     world = dist.get_world_size(group)
-    problem = _local_problem(input, weight_shard, target, linear_bias, weight, reduction, ignore_index,
-                             label_smoothing, softcap, z_loss, options, loss_dtype)
+    input, weight_shard, linear_bias, problem = _taken_under_autocast("vocab_parallel_linear_cross_entropy", input,
+                                                                      weight_shard, linear_bias)
+    problem = problem or _local_problem(input, weight_shard, target, linear_bias, weight, reduction, ignore_index,
+                                        label_smoothing, softcap, z_loss, options, loss_dtype)
     descriptions: list[dict | None] = [None] * world
     call = (reduction, ignore_index, float(label_smoothing), softcap, float(z_loss), str(loss_dtype))
     dist.all_gather_object(descriptions, _description(input, weight_shard, target, linear_bias, weight, call, options,
@@ -318,6 +335,7 @@ def vocab_parallel_linear_cross_entropy(
     unbatched = input.dim() == 1
     if unbatched:
         input, target = input.unsqueeze(0), target.reshape(1)
+    loss_dtype = loss_dtype_under(loss_dtype, input)
     # One row chunking for the group, sized for the largest shard: the per-chunk all-reduces must pair up
     # across ranks. Each rank still tiles its own classes (no collective inside the class blocks).
     resolved = make_plan(LinearCrossEntropyOptions.coerce(options) if options is not None
@@ -325,11 +343,13 @@ def vocab_parallel_linear_cross_entropy(
                          num_rows=input.shape[0], in_features=input.shape[1], num_classes=layout.size,
                          dtype=input.dtype, device=input.device, reduction=reduction,
                          needs_grad=grads_needed(input, weight_shard, linear_bias), softcap=softcap, z_loss=z_loss,
-                         loss_dtype=None if loss_dtype == input.dtype else loss_dtype, chunking_classes=max(sizes))
-    targets = _shard_targets(target, weight, ignored, float(label_smoothing), float(z_loss), layout,
-                             resolved.stats_dtype)
+                         loss_dtype=None if loss_dtype == input.dtype else loss_dtype, chunking_classes=max(sizes),
+                         autocast=autocast_dtype(input.device))
     function = _PerRowVocabParallel if reduction == "none" else _ScalarVocabParallel
-    loss = function.apply(input, weight_shard, linear_bias, targets, layout, resolved)
+    with autocast_off(input.device):  # the plan decides every precision from here on (lce.autocasting)
+        targets = _shard_targets(target, weight, ignored, float(label_smoothing), float(z_loss), layout,
+                                 resolved.stats_dtype)
+        loss = function.apply(input, weight_shard, linear_bias, targets, layout, resolved)
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
 
 
@@ -380,8 +400,9 @@ def vocab_parallel_linear_log_probs(
     """
     world = dist.get_world_size(group)
     who = "vocab_parallel_linear_log_probs"
-    problem = _log_probs_problem(input, weight_shard, target, linear_bias, temperature, return_entropy, softcap,
-                                 ignore_index, options)
+    input, weight_shard, linear_bias, problem = _taken_under_autocast(who, input, weight_shard, linear_bias)
+    problem = problem or _log_probs_problem(input, weight_shard, target, linear_bias, temperature, return_entropy,
+                                            softcap, ignore_index, options)
     call = ("log_probs", ignore_index, return_entropy, softcap,
             _temperature_description(temperature) if problem is None else None)
     descriptions: list[dict | None] = [None] * world
@@ -395,10 +416,11 @@ def vocab_parallel_linear_log_probs(
     plan = log_probs_plan(flat_input, weight_shard, linear_bias=linear_bias, return_entropy=return_entropy,
                           softcap=None if softcap is None else float(softcap), options=options,
                           chunking_classes=max(sizes))
-    targets = _shard_targets(flat_target, None, ignore_index, 0.0, 0.0, layout, plan.stats_dtype)
-    per_row = temperature_per_row(temperature, flat_target.shape[0], plan.stats_dtype)
-    out = TokenLogProbs.apply(flat_input, weight_shard, linear_bias, flat_target,
-                              TokenCall(targets, per_row, plan, ignore_index, layout, who))
+    with autocast_off(input.device):  # the plan decides every precision from here on (lce.autocasting)
+        targets = _shard_targets(flat_target, None, ignore_index, 0.0, 0.0, layout, plan.stats_dtype)
+        per_row = temperature_per_row(temperature, flat_target.shape[0], plan.stats_dtype)
+        out = TokenLogProbs.apply(flat_input, weight_shard, linear_bias, flat_target,
+                                  TokenCall(targets, per_row, plan, ignore_index, layout, who))
     if not return_entropy:
         return out.reshape(target.shape)
     return out[0].reshape(target.shape), out[1].reshape(target.shape)

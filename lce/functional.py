@@ -7,6 +7,7 @@ import warnings
 
 import torch
 
+from .autocasting import autocast_dtype, autocast_off, loss_dtype_under, take_head, taken_dtype
 from .autograd import PerRowLoss, ScalarReductionLoss
 from .checks import require
 from .compiler import graph_break
@@ -15,7 +16,7 @@ from .planning import Plan, make_plan
 from .unfused import DEFAULT_IGNORE_INDEX, unfused_linear_cross_entropy
 
 __all__ = ["linear_cross_entropy", "plan", "check_arguments", "check_settings", "check_class_weight", "check_features",
-           "first_out_of_range", "grads_needed"]
+           "check_materialized_dtypes", "first_out_of_range", "grads_needed"]
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -65,7 +66,7 @@ def check_arguments(input, linear_weight, target, linear_bias, weight, reduction
             )
         if linear_bias.dtype != input.dtype:
             raise TypeError(f"linear_bias must have input's dtype {input.dtype}, got {linear_bias.dtype}")
-    check_class_weight(weight, num_classes, input.dtype)
+    check_class_weight(weight, num_classes)
     check_settings(reduction, ignore_index, label_smoothing)
     devices = {t.device for t in (input, linear_weight, target, linear_bias, weight) if t is not None}
     if len(devices) > 1:
@@ -79,8 +80,6 @@ def check_arguments(input, linear_weight, target, linear_bias, weight, reduction
                 f"target must be int64 class indices of shape {class_index_shape}, or class probabilities "
                 f"of the logits' shape {logits_shape}; got a {target.dtype} target of shape {_shape(target)}"
             )
-        if target.dtype != input.dtype:
-            raise TypeError(f"target (probabilities) must have input's dtype {input.dtype}, got {target.dtype}")
         if ignore_index is not None:
             raise ValueError("ignore_index must be None when target holds class probabilities")
         return True
@@ -102,12 +101,16 @@ def _check_tensor_or_none(name: str, value) -> None:
 
 
 def check_class_weight(weight: torch.Tensor | None, num_classes: int, dtype: torch.dtype | None = None) -> None:
-    """The per-class ``weight``: None, or a (C,) tensor (of ``dtype``, the input's, where it is known yet)."""
+    """The per-class ``weight``: None, or a floating-point (C,) tensor (of ``dtype``, where one is required: the
+    materialized formula's ``cross_entropy`` takes it in the logits' dtype; the chunked passes read it in their fp32
+    statistics, whatever its dtype)."""
     _check_tensor_or_none("weight", weight)
     if weight is None:
         return
     if _shape(weight) != (num_classes,):
         raise ValueError(f"weight (per-class) must have shape ({num_classes},), got {_shape(weight)}")
+    if not weight.is_floating_point():
+        raise TypeError(f"weight (per-class) must be a floating-point tensor, got {weight.dtype}")
     if dtype is not None and weight.dtype != dtype:
         raise TypeError(f"weight (per-class) must have input's dtype {dtype}, got {weight.dtype}")
 
@@ -184,8 +187,9 @@ def plan(input: torch.Tensor, linear_weight: torch.Tensor, *old_order, options: 
 
     Gradients are planned for the tensors that require grad (under grad mode).
     ``print(lce.plan(x, W, options=...))`` shows chunking, GEMM precisions, every buffer and
-    the predicted peak extra memory. The older order ``lce.plan(options, x, W)`` still works, with a
-    ``FutureWarning``.
+    the predicted peak extra memory. Under ``torch.autocast`` it is the plan of the call under it: the head's
+    tensors taken in autocast's dtype, the loss in fp32 (:mod:`lce.autocasting`). The older order
+    ``lce.plan(options, x, W)`` still works, with a ``FutureWarning``.
     """
     if old_order:
         if len(old_order) != 1 or isinstance(input, torch.Tensor):
@@ -205,19 +209,22 @@ def plan(input: torch.Tensor, linear_weight: torch.Tensor, *old_order, options: 
         raise ValueError(f"plan needs input (N, D) or (D,) and linear_weight (C, D), got {_shape(input)} "
                          f"and {_shape(linear_weight)}")
     check_settings(reduction)
+    dtype = taken_dtype(input.dtype, input.device)
+    loss_dtype = loss_dtype_under(loss_dtype, input)
     return make_plan(
         options,
         num_rows=input.shape[0] if input.dim() == 2 else 1,
         in_features=input.shape[-1],
         num_classes=linear_weight.shape[0],
-        dtype=input.dtype,
+        dtype=dtype,
         device=input.device,
         reduction=reduction,
         needs_grad=grads_needed(input, linear_weight, linear_bias),
         softcap=softcap,
         z_loss=z_loss,
         return_lse=return_lse,
-        loss_dtype=None if loss_dtype == input.dtype else loss_dtype,
+        loss_dtype=None if loss_dtype == dtype else loss_dtype,
+        autocast=autocast_dtype(input.device),
     )
 
 
@@ -230,8 +237,9 @@ def _chunked(input, linear_weight, target, linear_bias, weight, reduction, ignor
     resolved = plan(input, linear_weight, options=options, linear_bias=linear_bias, reduction=reduction,
                     **features)
     function = PerRowLoss if reduction == "none" else ScalarReductionLoss
-    out = function.apply(input, linear_weight, linear_bias, target, weight, ignore_index, label_smoothing,
-                         resolved)
+    with autocast_off(input.device):  # the plan decides every precision from here on (lce.autocasting)
+        out = function.apply(input, linear_weight, linear_bias, target, weight, ignore_index, label_smoothing,
+                             resolved)
     loss, lse = out if resolved.return_lse else (out, None)
     if unbatched:
         loss = loss.squeeze(0) if reduction == "none" else loss
@@ -271,7 +279,8 @@ def linear_cross_entropy(
             ``(N, d1, ..., dK)`` for K-dimensional weights), or class
             probabilities of the logits' shape (reference path only).
         linear_bias: ``(C,)`` (or ``(C, d1, ..., dK)``), same dtype as ``input``.
-        weight: per-class rescaling weights ``(C,)``, same dtype as ``input``.
+        weight: per-class rescaling weights ``(C,)``, floating point: on the chunked path any dtype (read in the
+            fp32 statistics), on the materialized one ``input``'s dtype (any under autocast).
         reduction: ``"mean"`` (weighted by ``weight[target]``), ``"sum"`` or ``"none"``.
         ignore_index: target value that contributes neither loss nor gradient;
             ``None`` means -100. May lie inside or outside ``[0, C)``.
@@ -302,15 +311,21 @@ def linear_cross_entropy(
             that dtype: an fp16 loss cannot carry a loss scale of 2**16 (65536 is inf in fp16), an fp32 one
             can, as torch's cross_entropy under fp16 autocast returns fp32.
 
+    Under ``torch.autocast``, the chunked path takes ``input``, ``linear_weight`` and ``linear_bias`` in
+    autocast's dtype (as ``linear`` would; fp64 stays fp64), returns the loss in fp32 unless ``loss_dtype`` says
+    otherwise (as ``cross_entropy`` would), and runs its own arithmetic with autocast off, as the plan says
+    (:mod:`lce.autocasting`). ``options=None`` is the materialized formula, on which autocast acts as on any code.
+
     Returns:
         The loss: a scalar, or per-sample losses (``(N,)``, or ``()`` for 1-D
-        input) for ``reduction="none"``, in ``input``'s dtype (or ``loss_dtype``); with
+        input) for ``reduction="none"``, in ``input``'s dtype (or ``loss_dtype``; fp32 under autocast); with
         ``return_lse``, the pair ``(loss, lse)``.
 
     Raises:
         ValueError / TypeError naming the offending argument for bad shapes,
         dtypes, values (including out-of-range targets) and options.
     """
+    input, linear_weight, linear_bias = take_head("lce.linear_cross_entropy", input, linear_weight, linear_bias)
     is_probabilities = check_arguments(input, linear_weight, target, linear_bias, weight, reduction,
                                        ignore_index, label_smoothing)
     check_features(softcap, z_loss, return_lse, loss_dtype)
@@ -319,13 +334,27 @@ def linear_cross_entropy(
     keywords = dict(linear_bias=linear_bias, weight=weight, reduction=reduction, ignore_index=ignore_index,
                     label_smoothing=label_smoothing, **features)
     if options is None:
+        check_materialized_dtypes(input, target, weight, is_probabilities)
         return unfused_linear_cross_entropy(input, linear_weight, target, **keywords)
     options = LinearCrossEntropyOptions.coerce(options)
     reason = _fallback_reason(linear_weight, is_probabilities)
     if reason is not None:
+        check_materialized_dtypes(input, target, weight, is_probabilities)
         warnings.warn(f"lce.linear_cross_entropy: options ignored, running the reference path because of {reason}",
                       UserWarning, stacklevel=2)
         return unfused_linear_cross_entropy(input, linear_weight, target, **keywords)
     ignored = DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index
+    features["loss_dtype"] = loss_dtype_under(loss_dtype, input)
     return _chunked(input, linear_weight, target, linear_bias, weight, reduction, ignored,
                     float(label_smoothing), options, features)
+
+
+def check_materialized_dtypes(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None,
+                              is_probabilities: bool) -> None:
+    """The materialized formula's ``cross_entropy`` takes probability targets and the per-class ``weight`` in the
+    logits' dtype (the input's), except under autocast, which takes them in fp32."""
+    if autocast_dtype(input.device) is not None:
+        return
+    if is_probabilities and target.dtype != input.dtype:
+        raise TypeError(f"target (probabilities) must have input's dtype {input.dtype}, got {target.dtype}")
+    check_class_weight(weight, weight.shape[0] if weight is not None else 0, input.dtype)

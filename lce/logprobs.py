@@ -14,6 +14,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from .autocasting import autocast_dtype, autocast_off, outside_autocast, take_head, taken_dtype
 from .checks import require
 from .chunked import GroupReduction, HeadTensors, Targets
 from .compiler import graph_break
@@ -107,13 +108,15 @@ def log_probs_plan(input: torch.Tensor, linear_weight: torch.Tensor, *, linear_b
                    return_entropy: bool = False, softcap: float | None = None,
                    options: LinearCrossEntropyOptions | None = None, chunking_classes: int | None = None) -> Plan:
     """The :class:`~lce.planning.Plan` :func:`linear_log_probs` runs for these tensors: ``print`` it for the chunking,
-    the GEMM precisions, every buffer and the predicted peak extra memory."""
+    the GEMM precisions, every buffer and the predicted peak extra memory. Under ``torch.autocast``, the plan of
+    the call under it (:mod:`lce.autocasting`)."""
     options = LinearCrossEntropyOptions() if options is None else LinearCrossEntropyOptions.coerce(options)
     rows = input.reshape(-1, input.shape[-1]).shape[0]
     return make_plan(options, num_rows=rows, in_features=input.shape[-1], num_classes=linear_weight.shape[0],
-                     dtype=input.dtype, device=input.device, reduction="none",
+                     dtype=taken_dtype(input.dtype, input.device), device=input.device, reduction="none",
                      needs_grad=grads_needed(input, linear_weight, linear_bias), softcap=softcap, op="log_probs",
-                     returns_entropy=return_entropy, chunking_classes=chunking_classes)
+                     returns_entropy=return_entropy, chunking_classes=chunking_classes,
+                     autocast=autocast_dtype(input.device))
 
 
 def raise_on_bad_rows(rows: TokenRows, target: torch.Tensor, num_classes: int, ignore_index: int,
@@ -167,6 +170,7 @@ class TokenLogProbs(torch.autograd.Function):
     chunk."""
 
     @staticmethod
+    @outside_autocast
     def forward(ctx, input, weight, bias, target, call: TokenCall):
         rows = token_statistics(call.plan, HeadTensors(input, weight, bias), call.targets, call.temperature,
                                 call.group)
@@ -181,6 +185,7 @@ class TokenLogProbs(torch.autograd.Function):
         return log_probs, torch.where(valid, rows.entropy, 0)
 
     @staticmethod
+    @outside_autocast
     @once_differentiable
     def backward(ctx, grad_log_probs, grad_entropy=None):
         input, weight, bias = ctx.saved_tensors
@@ -237,19 +242,25 @@ def linear_log_probs(
         out of range, and inputs whose logits are not finite (checked after forward, one host synchronisation; on
         CUDA a device-side assert instead, without one, unless under :func:`lce.checks.eager_checks`).
 
+    Under ``torch.autocast`` the head's fp32/bf16/fp16 tensors are taken in autocast's dtype (as ``linear`` would
+    take them) and everything after runs with autocast off, as the plan says (:mod:`lce.autocasting`): the
+    outputs are those of the same call outside autocast on the cast tensors, bit for bit.
+
     Under ``torch.compile`` the call is a graph break (the chunk loop runs eagerly, as the loss's does); the rest of
     a compiled model compiles around it.
     """
+    input, linear_weight, linear_bias = take_head(_WHO, input, linear_weight, linear_bias)
     check_log_probs_arguments(input, linear_weight, target, linear_bias, temperature, return_entropy, softcap,
                               ignore_index)
     plan = log_probs_plan(input, linear_weight, linear_bias=linear_bias, return_entropy=return_entropy,
                           softcap=None if softcap is None else float(softcap), options=options)
     flat_input, flat_target = input.reshape(-1, input.shape[-1]), target.reshape(-1)
-    targets = Targets.build(flat_target, class_weight=None, ignore_index=ignore_index, label_smoothing=0.0,
-                            num_classes=plan.num_classes, stats_dtype=plan.stats_dtype)
-    per_row = temperature_per_row(temperature, flat_target.shape[0], plan.stats_dtype)
-    out = TokenLogProbs.apply(flat_input, linear_weight, linear_bias, flat_target,
-                              TokenCall(targets, per_row, plan, ignore_index))
+    with autocast_off(input.device):  # the plan decides every precision from here on (lce.autocasting)
+        targets = Targets.build(flat_target, class_weight=None, ignore_index=ignore_index, label_smoothing=0.0,
+                                num_classes=plan.num_classes, stats_dtype=plan.stats_dtype)
+        per_row = temperature_per_row(temperature, flat_target.shape[0], plan.stats_dtype)
+        out = TokenLogProbs.apply(flat_input, linear_weight, linear_bias, flat_target,
+                                  TokenCall(targets, per_row, plan, ignore_index))
     if not return_entropy:
         return out.reshape(target.shape)
     log_probs, entropy = out

@@ -110,6 +110,9 @@ class Plan:
     """Whether the gradients are formed scaled by powers of two that keep them in fp16's normal range
     (:mod:`lce.headroom`): fp16 input, unless the plan was made under :func:`lce.testing.without_headroom`.
     Recorded when the plan is made, so forward and a recomputing backward agree."""
+    autocast: torch.dtype | None = None
+    """The dtype of the ``torch.autocast`` enabled when the plan was made (None: none), in which the head's
+    fp32/bf16/fp16 tensors are taken (:mod:`lce.autocasting`); the plan's own dtypes then hold with autocast off."""
 
     # ---- what the chunk loop asks ------------------------------------------
     @property
@@ -265,6 +268,11 @@ class Plan:
         lines.append(f"  chunk peak {chunk_peaks} (its largest step)")
         lines.append(f"  predicted peak extra memory: {self.peak_extra_bytes / 2**20:.2f} MiB")
         lines.extend(f"  note: {note}" for note in self.notes)
+        if self.autocast is not None:
+            lines.append(f"  note: under torch.autocast({dtype_name(self.autocast)}): the head's tensors are taken in "
+                         f"{dtype_name(self.input_dtype)} (cast copies where they were wider, as linear's), the loss "
+                         f"returned in {dtype_name(self.output_loss_dtype)}, and every GEMM and sum above runs with "
+                         "autocast off")
         return "\n".join(lines)
 
     def _computes_text(self) -> str:
@@ -311,6 +319,7 @@ def make_plan(
     loss_dtype: torch.dtype | None = None,
     op: Op = "cross_entropy",
     returns_entropy: bool = False,
+    autocast: torch.dtype | None = None,
 ) -> Plan:
     """Resolve ``options`` for one call (the rules of the options contract).
 
@@ -409,6 +418,7 @@ def make_plan(
         op=op,
         returns_entropy=bool(returns_entropy) and op == "log_probs",
         gradient_headroom=dtype == torch.float16 and not HEADROOM_OFF.get(),
+        autocast=autocast,
     )
 
 

@@ -82,6 +82,7 @@ from fractions import Fraction
 
 import torch
 
+from ..autocasting import CASTABLE, autocast_dtype, autocast_off
 from ..functional import check_features, linear_cross_entropy
 from ..options import LinearCrossEntropyOptions
 from ..recommendation import recommend
@@ -339,9 +340,7 @@ class _Call:
             raise ValueError(f"{self.name}'s forward calls lm_head more than once; lce.integrations.transformers "
                              "patches models that call it once, on the final hidden states")
         self.hidden = hidden
-        device_type = hidden.device.type
-        if torch.is_autocast_enabled(device_type):
-            self.autocast_dtype = torch.get_autocast_dtype(device_type)
+        self.autocast_dtype = autocast_dtype(hidden.device)
         if self.keep_logits:  # the head's own forward, here: in the forward's autocast state, its hooks run once
             return _DeferredLogits(self.head_forward(hidden), self.name)
         dtype = self._compute_dtype(self.model.lm_head.weight)
@@ -349,9 +348,7 @@ class _Call:
 
     def _compute_dtype(self, tensor: torch.Tensor) -> torch.dtype:
         """The dtype the unpatched lm_head would compute ``tensor`` in: autocast's for fp32, bf16 and fp16."""
-        if self.autocast_dtype is not None and tensor.is_floating_point() and tensor.dtype != torch.float64:
-            return self.autocast_dtype
-        return tensor.dtype
+        return self.autocast_dtype if self.autocast_dtype is not None and tensor.dtype in CASTABLE else tensor.dtype
 
     def loss_function(self, logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100,
                       shift_labels=None, **_ignored):
@@ -378,8 +375,7 @@ class _Call:
         x, weight = (t.to(self._compute_dtype(t)) for t in (x, head.weight))
         bias = None if bias is None else bias.to(self._compute_dtype(bias))
         options = self.state.options_for(x, weight)
-        off = torch.autocast(x.device.type, enabled=False) if self.autocast_dtype else contextlib.nullcontext()
-        with off:
+        with autocast_off(x.device):
             loss = _lce_loss(x, weight, bias, target, num_items_in_batch=num_items_in_batch,
                              ignore_index=ignore_index, options=options, softcap=softcap, **self.state.keywords)
         self.loss = loss

@@ -81,7 +81,7 @@ BAD_CALLS = [
     ("class-weight-2d", dict(weight=torch.ones(V, 1, dtype=F64)), ValueError, CLASS_WEIGHT),
     ("weight-dtype", dict(linear_weight=torch.zeros(V, D, dtype=torch.float32)), TypeError, "linear_weight|dtype"),
     ("bias-dtype", dict(linear_bias=torch.zeros(V, dtype=torch.float32)), TypeError, "linear_bias"),
-    ("class-weight-dtype", dict(weight=torch.ones(V, dtype=torch.float32)), TypeError, CLASS_WEIGHT),
+    ("class-weight-int", dict(weight=torch.ones(V, dtype=torch.int64)), TypeError, CLASS_WEIGHT),
     ("reduction", dict(reduction="avg"), ValueError, "reduction"),
     ("reduction-None", dict(reduction=None), ValueError, "reduction"),
     ("label_smoothing-neg", dict(label_smoothing=-0.1), ValueError, "label_smoothing"),
@@ -101,6 +101,16 @@ def test_bad_arguments_raise(path, changes, exc, match):
         warnings.simplefilter("ignore")  # a fallback warning may precede the error
         with pytest.raises(exc, match=match):
             _call(args, PATHS[path])
+
+
+def test_a_class_weight_of_another_dtype_is_refused_by_the_materialized_formula_only():
+    """The materialized formula's cross_entropy takes the class weight in the logits' dtype (torch's reference raises
+    too); the chunked passes read it in their fp32 statistics whatever its dtype, as torch 2.13's chunked op does."""
+    args = _good(weight=torch.tensor([0.75, 1.5, 1.0, 0.5, 1.25], dtype=torch.float32))
+    with pytest.raises(TypeError, match=CLASS_WEIGHT):
+        _call(args, PATHS["reference"])
+    chunked = _call(args, PATHS["chunked"])
+    assert abs(float(chunked) - float(_call(dict(args, weight=args["weight"].double()), None))) < 1e-12
 
 
 @pytest.mark.parametrize("options", ["auto", {"batch_chunk_size": 4}, 3, True], ids=repr)
