@@ -393,3 +393,53 @@ def own_cpu_gemms():
         yield
     finally:
         CPU_GEMMS_OVERRIDE.reset(token)
+
+
+# ------------------------------------------------------------------ autocast (lce.autocasting)
+
+def autocast_problem(leaf_dtype: torch.dtype, seed: int = 0, device: str = "cpu") -> dict:
+    """Leaves of ``leaf_dtype`` (fp32: the parameters of mixed-precision training) with targets, class weights and a
+    few ignored rows."""
+    n, d, c = 24, 16, 40
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    w = torch.randn(c, d, generator=g) * 3 / d**0.5  # logits spread over a few nats: the rounding shows
+    b = torch.randn(c, generator=g)
+    target = torch.randint(0, c, (n,), generator=g)
+    target[3::7] = -100
+    class_weight = torch.rand(c, generator=g) + 0.5
+    grad_rows = torch.randn(n, generator=g)
+    floats = dict(x=x.to(leaf_dtype), w=w.to(leaf_dtype), b=b.to(leaf_dtype), class_weight=class_weight,
+                  grad_rows=grad_rows)
+    return {key: t.to(device) for key, t in dict(floats, target=target).items()}
+
+
+def autocast_run(op, problem: dict, *, autocast: torch.dtype | None, cast: torch.dtype | None, backward_inside: bool,
+                 **keywords):
+    """``op`` on fresh leaves: under ``torch.autocast`` of the leaves' device type in ``autocast`` (None: no
+    autocast), on the leaves cast to ``cast`` first (None: as they are); backward inside the autocast block or after
+    it. Returns the outputs and the leaves' gradients."""
+    leaves = [problem[k].detach().clone().requires_grad_() for k in ("x", "w", "b")]
+    taken = [t if cast is None else t.to(cast) for t in leaves]
+    context = (torch.autocast(leaves[0].device.type, dtype=autocast) if autocast is not None
+               else contextlib.nullcontext())
+    with context:
+        out = op(*taken, **keywords)
+        outputs = out if isinstance(out, tuple) else (out,)
+        differentiable = [o for o in outputs if o.requires_grad]
+        seeds = [problem["grad_rows"][: o.numel()].reshape(o.shape).to(o.dtype) for o in differentiable]
+        if backward_inside:
+            torch.autograd.backward(differentiable, seeds)
+    if not backward_inside:
+        torch.autograd.backward(differentiable, seeds)
+    return [o.detach() for o in outputs], [t.grad for t in leaves]
+
+
+def assert_bitwise(under, outside, label: str) -> None:
+    """Two :func:`autocast_run` results hold the same outputs and gradients, dtype and bits."""
+    (outputs, grads), (outputs_off, grads_off) = under, outside
+    for i, (a, b) in enumerate(zip(outputs + grads, outputs_off + grads_off, strict=True)):
+        assert (a is None) == (b is None), f"{label}: output {i}"
+        if a is not None:
+            assert a.dtype == b.dtype, f"{label}: output {i} is {a.dtype} under autocast, {b.dtype} outside"
+            assert torch.equal(a, b), f"{label}: output {i} differs by {(a.double() - b.double()).abs().max():.3e}"

@@ -388,6 +388,42 @@ def log_probs_parity(rank: int, world: int) -> list[dict]:
     return results
 
 
-SCENARIOS = {"log_probs": log_probs_parity, "fp64": fp64_parity, "low_precision": low_precision,
+def autocast(rank: int, world: int) -> list[dict]:
+    """Issue 42: the vocab-parallel ops under CPU autocast (bf16, fp16) on fp32 shards against the same calls outside
+    autocast on the shards cast to autocast's dtype (``loss_dtype`` fp32 for the loss): whether every output and
+    gradient is bitwise equal, each reduction and the log-probabilities, backward run inside the autocast block."""
+    start, stop = shard_bounds(SHARDS[world])[rank]
+    x, w, b, class_weight, target, grad_rows = (t.float() if t.is_floating_point() else t for t in _problem())
+    grad_entropy = torch.flip(grad_rows, (0,))
+    options = lce.LinearCrossEntropyOptions(batch_chunk_size=5, class_chunk_size=4)
+
+    def run(fn, dtype, under, seeds, **kw):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, w[start:stop], b[start:stop])]
+        taken = leaves if under else [t.to(dtype) for t in leaves]
+        with torch.autocast("cpu", dtype=dtype, enabled=under):
+            out = fn(taken[0], taken[1], target, linear_bias=taken[2], options=options, **kw)
+            outputs = out if isinstance(out, tuple) else (out,)
+            torch.autograd.backward(list(outputs), [s[: o.numel()].reshape(o.shape).to(o.dtype)
+                                                    for o, s in zip(outputs, seeds, strict=False)])
+        return [o.detach() for o in outputs] + [t.grad for t in leaves]
+
+    rows = []
+    for dtype in (torch.bfloat16, torch.float16):
+        calls = {f"loss {reduction}": (vocab_parallel_linear_cross_entropy, [grad_rows],
+                                       dict(reduction=reduction, weight=class_weight[start:stop], ignore_index=IGNORE,
+                                            z_loss=1e-3, softcap=4.0))
+                 for reduction in ("mean", "none")}
+        calls["log_probs"] = (vocab_parallel_linear_log_probs, [grad_rows, grad_entropy],
+                              dict(return_entropy=True, temperature=0.7, ignore_index=IGNORE))
+        for label, (fn, seeds, kw) in calls.items():
+            off_kw = dict(kw, loss_dtype=torch.float32) if fn is vocab_parallel_linear_cross_entropy else kw
+            under, outside = run(fn, dtype, True, seeds, **kw), run(fn, dtype, False, seeds, **off_kw)
+            rows.append(dict(label=f"{label} {dtype}", dtypes=[str(t.dtype) for t in under],
+                             equal=[a.dtype == b.dtype and torch.equal(a, b)
+                                    for a, b in zip(under, outside, strict=True)]))
+    return rows
+
+
+SCENARIOS = {"autocast": autocast, "log_probs": log_probs_parity, "fp64": fp64_parity, "low_precision": low_precision,
              "all_ignored": all_ignored, "bad_inputs": bad_inputs, "module": module, "uneven": uneven_parity,
              "reported": reported_case, "random": random_parity, "loss_scale": loss_scale}

@@ -6,8 +6,18 @@ import pytest
 import torch
 
 import lce
-from helpers import Case, assert_parity, lce_run, make_problem, ref_run, rel_err
-from lce.options import EXPLICIT_POLICIES
+from helpers import (
+    Case,
+    assert_bitwise,
+    assert_parity,
+    autocast_problem,
+    autocast_run,
+    lce_run,
+    make_problem,
+    ref_run,
+    rel_err,
+)
+from lce.options import ACC_POLICIES, EXPLICIT_POLICIES
 
 pytestmark = [
     pytest.mark.cuda,
@@ -136,3 +146,28 @@ def test_the_default_path_never_synchronises_with_the_host(dtype):
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     assert torch.isfinite(x.grad).all() and torch.isfinite(w.grad).all()
+
+
+@pytest.mark.parametrize("autocast", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("policy", ACC_POLICIES)
+@pytest.mark.parametrize("op_name", ["loss mean", "loss none, tiled", "log_probs"])
+def test_ops_under_cuda_autocast_equal_the_calls_on_cast_tensors(autocast, policy, op_name):
+    """Issue 42 on CUDA: under ``torch.autocast("cuda")`` (whose fp32 list also recasts exp, log, sum and softmax)
+    lce's ops on fp32 leaves give, bit for bit, the calls outside autocast on the leaves cast to autocast's dtype."""
+    problem = autocast_problem(torch.float32, device="cuda")
+    tiled = "tiled" in op_name
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, batch_chunk_size=5,
+                                            class_chunk_size=16 if tiled else None)
+
+    def op(x, w, b, **extra):
+        if op_name == "log_probs":
+            return lce.linear_log_probs(x, w, problem["target"], linear_bias=b, temperature=0.7, return_entropy=True,
+                                        options=options)
+        return lce.linear_cross_entropy(x, w, problem["target"], linear_bias=b, options=options, z_loss=1e-3,
+                                        reduction=op_name.split()[1].rstrip(","), weight=problem["class_weight"],
+                                        **extra)
+
+    off = {} if op_name == "log_probs" else dict(loss_dtype=torch.float32)
+    under = autocast_run(op, problem, autocast=autocast, cast=None, backward_inside=True)
+    outside = autocast_run(op, problem, autocast=None, cast=autocast, backward_inside=False, **off)
+    assert_bitwise(under, outside, f"cuda {op_name} {policy}")

@@ -143,6 +143,17 @@ def test_vocab_parallel_log_probs_and_entropy_equal_the_fp64_formula(world, tmp_
         assert "rank 0: ValueError" in bad["error"] and "temperature must be a finite float > 0" in bad["error"], bad
 
 
+def test_vocab_parallel_ops_under_autocast_equal_the_calls_on_cast_shards(tmp_path):
+    """Issue 42: under CPU autocast (bf16, fp16), fp32 shards, each reduction and the log-probabilities give, bit
+    for bit, what the calls outside autocast give on the shards cast to autocast's dtype (the loss in fp32)."""
+    for rank, rows in enumerate(_spawn(2, "autocast", tmp_path)):
+        assert len(rows) == 6, rows
+        for row in rows:
+            assert all(row["equal"]), f"rank {rank}, {row['label']}: {row}"
+            assert row["dtypes"][0] == "torch.float32", row  # the loss and the log-probabilities in fp32
+            assert row["dtypes"][-3:] == ["torch.float32"] * 3, row  # the fp32 leaves' gradients
+
+
 def test_module_matches_single_process(tmp_path):
     for rows in _spawn(3, "module", tmp_path):
         (row,) = rows
