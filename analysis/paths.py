@@ -11,7 +11,7 @@ ROOT: Path = Path(__file__).resolve().parent.parent
 RESULTS_DIR: Path = ROOT / "analysis" / "results"
 """Where sweeps and studies write their results files (committed)."""
 FIGURES_DIR: Path = ROOT / "figures"
-"""Where ``python -m analysis figures`` writes PNG/SVG and ``README.md``."""
+"""Where ``python -m analysis figures`` writes a PNG per figure and ``README.md``."""
 LM_DATA_DIR: Path = ROOT / "analysis" / "data" / "lm"
 """The small language model's head dumps ``(x, W, y)`` and their metadata (committed; ``python -m analysis lm``)."""
 LM_CACHE_DIR: Path = ROOT / "analysis" / "cache" / "lm"

@@ -89,12 +89,12 @@ class Step:
 
 STEPS: tuple[Step, ...] = (
     Step("bench", 0.25, "lce, unfused eager and compiled, Liger, CCE at 8192x2304x256000 bf16 (gpu_bench.csv)"),
-    Step("head", 0.30, "the head-only study at D=2048, C=131072 on real cuBLAS (head_training_cuda.csv)"),
+    Step("head", 0.30, "the head-only study at D=2048, C=131072 on real cuBLAS (head_training_cuda.csv.gz)"),
     Step("memory", 0.10, "measured CUDA peaks against lce's memory model, per policy (gpu_memory.csv)"),
     Step("tests", 0.10, "pytest -m cuda: lce on CUDA tensors"),
     Step("grid", 0.20, "the cuda grid: families, LLM heads, TF32 off and on (cuda.csv)"),
     Step("noise", 0.30, "error against the sampling noise on real cuBLAS kernels (noise_cuda.csv)"),
-    Step("train", 0.65, "the training study's arms on the GPU (training_cuda.csv; carry .gpu/tokens.pt)"),
+    Step("train", 0.65, "the training study's arms on the GPU (training_cuda.csv.gz; carry .gpu/tokens.pt)"),
     Step("hf", 0.25, "one training step of a transformers Llama: unpatched, lce's patch, Liger's (hf_step_cuda.csv)"),
 )
 """Every step, in the order they run. ``--steps`` picks some (:data:`DEFAULT_STEPS` otherwise) and their
@@ -551,7 +551,7 @@ def run_noise_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
 def run_train_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
                    echo: Callable[[str], None] = print) -> dict:
     """Step ``train``: ``python -m analysis train --device cuda`` (every arm, seed 0) into
-    ``out/training_cuda.csv``, starting no run after the step's share; the dry run only checks the tokens file."""
+    ``out/training_cuda.csv.gz``, starting no run after the step's share; the dry run only checks the tokens file."""
     from analysis.studies import training
 
     if dry_run or not TOKENS_FILE.exists():
@@ -560,7 +560,7 @@ def run_train_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
         return {} if dry_run else {"error": "no tokens file"}
     cache = Path(tempfile.mkdtemp(prefix="lce-train-"))
     _study_command(training, ["--device", "cuda", "--tokens", str(TOKENS_FILE), "--cache", str(cache),
-                              "--results", str(out), "--file", "training_cuda.csv", "--seed-list", "0",
+                              "--results", str(out), "--file", "training_cuda.csv.gz", "--seed-list", "0",
                               "--budget-s", f"{max(deadline.left() - 60, 1):.0f}", "--no-progress"])
     return {}
 
@@ -568,7 +568,7 @@ def run_train_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
 def run_head_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
                   echo: Callable[[str], None] = print) -> dict:
     """Step ``head``: ``python -m analysis head-train --setting gpu --device cuda`` (AdamW, seed 0, as many steps as
-    the share allows) into ``out/head_training_cuda.csv``; the dry run: the quick setting on the CPU, SGD only."""
+    the share allows) into ``out/head_training_cuda.csv.gz``; the dry run: the quick setting on the CPU, SGD only."""
     from analysis.studies import head_training
 
     cache = Path(tempfile.mkdtemp(prefix="lce-head-"))
@@ -577,7 +577,7 @@ def run_head_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
                   "--budget-s", f"{max(deadline.left() - 90, 1):.0f}"])
     echo("head: " + " ".join(arguments))
     _study_command(head_training, [*arguments, "--cache", str(cache), "--results", str(out), "--file",
-                                   "head_training_cuda.csv", "--no-progress"])
+                                   "head_training_cuda.csv.gz", "--no-progress"])
     return {}
 
 

@@ -59,7 +59,7 @@ def plot_feature_errors(features: pd.DataFrame) -> CaptionedFigure | None:
                f"and z-loss next to the plain op, on {families} inputs ({shapes}), {shown['seed'].nunique()} seeds. "
                "Points: median over families of the seed median; bars: the smallest and the largest family. CUDA "
                "layouts emulated on CPU tensors; 'unfused' is the formula in the input dtype. Every contender, "
-               "the loss's ulps and the returned log-sum-exp's error are in features.csv.")
+               "the loss's ulps and the returned log-sum-exp's error are in features.csv.gz.")
     return CaptionedFigure(fig, "feature_errors", caption)
 
 

@@ -1,7 +1,7 @@
-"""Notebook 10 (does a gradient bias change training over a long horizon?): its figures and the README block, from
-``head_training.csv`` (``python -m analysis head-train``) and the language model's long run in ``training_long.csv``
-(``python -m analysis train --setting long``); the numbers come from :mod:`analysis.judge.horizon`. Nothing here
-measures.
+"""Notebook 10 (does a gradient bias change training over a long horizon?): its figures and the README block,
+from ``head_training.csv.gz`` (``python -m analysis head-train``) and the language model's long run in
+``training_long.csv.gz`` (``python -m analysis train --setting long``); the numbers come from
+:mod:`analysis.judge.horizon`. Nothing here measures.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Notebook 10's loss-scale section (fp16 gradients under a loss scale, issue 31): the per-arm comparison with the
-unfused autocast reference, its figure and the README block, from ``loss_scale.csv`` (``python -m analysis
+unfused autocast reference, its figure and the README block, from ``loss_scale.csv.gz`` (``python -m analysis
 loss-scale``). Nothing here measures.
 """
 

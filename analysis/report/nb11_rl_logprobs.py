@@ -1,5 +1,5 @@
 """Notebook 11 (per-token log-probabilities and entropy for RL, issue 32): each recipe's error on RL's scale, the
-confident rows, the costs, their figures and the README block, from ``rl_logprobs.csv``, ``rl_cost.csv`` and
+confident rows, the costs, their figures and the README block, from ``rl_logprobs.csv.gz``, ``rl_cost.csv`` and
 ``rl_example.csv``. Nothing here measures.
 """
 

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: F401 -- in a kernel, importing pyplot s
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib import rcParams, ticker
+from matplotlib import ticker
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -43,7 +43,7 @@ ERROR_LABEL = "worst gradient error (multiples of the rounding floor)"
 
 @dataclasses.dataclass(frozen=True)
 class CaptionedFigure:
-    """A drawn figure, the file stem it is saved under (``<stem>.png``, ``<stem>.svg``) and its caption."""
+    """A drawn figure, the file stem it is saved under (``<stem>.png``) and its caption."""
 
     figure: Figure
     stem: str
@@ -59,7 +59,6 @@ class CaptionedFigure:
 
 def apply_style() -> None:
     sns.set_theme(style="whitegrid", context="paper", font_scale=1.0)
-    rcParams["svg.hashsalt"] = "lce-lab"  # stable element ids: unchanged data gives unchanged SVGs
 
 
 def shape_text(row) -> str:

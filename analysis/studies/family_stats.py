@@ -9,7 +9,7 @@ whose log-log slope is about ``-s`` for a Zipf law of exponent ``s``).
 
 ``python -m analysis family-stats`` records :func:`family_statistics` (one
 row per family and statistic) and :func:`rank_frequencies` (the curve) in
-``analysis/results/family_stats.csv``; notebook 05 and the figure
+``analysis/results/family_stats.csv.gz``; notebook 05 and the figure
 ``families`` read them.
 """
 
@@ -110,7 +110,7 @@ def study(families: Sequence[str] = STUDY_FAMILIES, shape: Shape = FAMILY_SHAPE,
 # ---- python -m analysis family-stats -------------------------------------------------------------------------
 
 DESCRIPTION = ("Draws every family of analysis.studies.family_stats at the trained head's shape and writes "
-               "family_stats.csv (an earlier one becomes .previous); about a minute. `figures` draws it.")
+               "family_stats.csv.gz (an earlier one becomes .previous); about a minute. `figures` draws it.")
 
 
 def add_arguments(parser) -> None:
@@ -129,7 +129,7 @@ def run(args) -> None:
     from analysis.paths import display_path
 
     table = study(args.family or STUDY_FAMILIES, seed=args.seed)
-    path = args.results / "family_stats.csv"
+    path = args.results / "family_stats.csv.gz"
     set_aside_announced(path)
     append_rows(path, FAMILY_STATS.rows(table.assign(**provenance("cpu"))))
     summary = table[table["statistic"] != "target_count"].pivot(index="statistic", columns="family", values="value")

@@ -55,7 +55,7 @@ FEATURES_PROBLEMS: tuple[tuple[str, Shape], ...] = (
 )
 SEEDS: tuple[int, ...] = (0, 1, 2)
 STUDY_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
-FEATURES_FILE = "features.csv"
+FEATURES_FILE = "features.csv.gz"
 FEATURE_COST_FILE = "feature_cost.csv"
 COST_SHAPE = BENCH_SHAPE
 """The bench shape (``python -m analysis bench``)."""
@@ -175,7 +175,7 @@ def measure_cost(shape: Shape = COST_SHAPE, dtype_text: str = "bfloat16",
 
 
 def record(folder: Path, **settings) -> tuple[Path, float]:
-    """Measure (``settings``: :func:`measure`'s) and write ``folder/features.csv`` with provenance."""
+    """Measure (``settings``: :func:`measure`'s) and write ``folder/features.csv.gz`` with provenance."""
     return record_study(folder / FEATURES_FILE, FEATURES, measure, **settings)
 
 
@@ -188,7 +188,7 @@ def record_cost(folder: Path, **settings) -> tuple[Path, float]:
 
 DESCRIPTION = ("lce's features beyond torch's op against fp64, next to the plain op: bf16 and fp16, random "
                "and calibrated inputs at 2048x256x8192 and the trained head, per policy and layout, with the "
-               "fp64 softmax statistics of each feature set (features.csv, about 10 minutes here). With "
+               "fp64 softmax statistics of each feature set (features.csv.gz, about 10 minutes here). With "
                "--cost, also the time and peak of lce's defaults per feature set at the bench shape "
                "(feature_cost.csv).")
 

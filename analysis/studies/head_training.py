@@ -58,7 +58,9 @@ __all__ = ["Arm", "ADAMW_ARMS", "SGD_ARMS", "BUDGET_ARMS", "HEADROOM_ARMS",
            "ARM_GROUPS", "Setting", "SETTINGS", "METRICS", "Pool", "make_pool", "run_group",
            "collect", "run_study", "HEAD_TRAINING_FILE", "CACHE_DIR"]
 
-HEAD_TRAINING_FILE = "head_training.csv"
+HEAD_TRAINING_FILE = "head_training.csv.gz"
+"""The results file (its settings' files add a suffix before ``.csv.gz``); compressed, being large and rewritten
+whole (:mod:`analysis.core.results_io`)."""
 TEACHER_SEED = 0
 INIT_STD = 0.02
 METRICS = ("heldout_loss", "train_loss", "w_distance", "head_norm", "skipped_steps", "loss_scale",
@@ -524,7 +526,7 @@ def _done_steps(cache: Path, setting: Setting, optimizer: str, seed: int) -> int
 
 DESCRIPTION = ("Head-only training of a calibrated teacher's head for 10^4 steps per arm (AdamW: fp32, bf16 "
                "unfused, lce accurate/balanced/compact at 64, 32 and 256 chunks, fp16 balanced/compact with a loss "
-               "scale; SGD: fp32, balanced, compact at 256), 3 seeds, in lockstep. Writes head_training.csv "
+               "scale; SGD: fp32, balanced, compact at 256), 3 seeds, in lockstep. Writes head_training.csv.gz "
                "(held-out loss per target-frequency bucket, distance to the fp32 head, bias/noise along the run) "
                "as it goes; resumable (analysis/cache/head_training). --quick: about a minute.")
 CACHE_DIR = Path(__file__).resolve().parents[1] / "cache" / "head_training"
@@ -533,7 +535,7 @@ CACHE_DIR = Path(__file__).resolve().parents[1] / "cache" / "head_training"
 def add_arguments(parser) -> None:
     from analysis.core.arguments import progress_option, results_option, workers_option
 
-    parser.add_argument("--quick", action="store_true", help="the quick setting (writes head_training_quick.csv)")
+    parser.add_argument("--quick", action="store_true", help="the quick setting (writes head_training_quick.csv.gz)")
     parser.add_argument("--setting", choices=sorted(SETTINGS), default=None,
                         help="a setting by name (default: full; gpu: an LLM-like head for a lent GPU)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -545,7 +547,9 @@ def add_arguments(parser) -> None:
                              "picks), adamw-headroom (the fp16 arms with lce.headroom), comma-separated (default: "
                              "adamw,sgd)")
     parser.add_argument("--cache", type=Path, default=CACHE_DIR, help="run folders (resumable state)")
-    parser.add_argument("--file", default=None, metavar="NAME", help="results file name")
+    parser.add_argument("--file", default=None, metavar="NAME",
+                        help="results file name (default: head_training[_quick][_cuda].csv.gz; a .csv is written "
+                             "plain)")
     parser.add_argument("--bucket-bias-at-end", action="store_true",
                         help="add the per-bucket bias ratios at the last step to finished groups whose run did not "
                              "measure them along the way (then rewrite the results file)")
@@ -556,7 +560,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> None:
     from analysis.core.provenance import provenance
-    from analysis.core.results_io import HEAD_TRAINING, append_rows
+    from analysis.core.results_io import HEAD_TRAINING, replace_rows
     from analysis.paths import display_path
 
     started = time.monotonic()
@@ -566,7 +570,7 @@ def run(args) -> None:
     if unknown or not optimizers:
         raise ValueError(f"--optimizers must name some of {sorted(ARMS_BY_OPTIMIZER)}, got {args.optimizers!r}")
     suffix = ("_quick" if args.quick else "") + ("_cuda" if args.device == "cuda" else "")
-    path = args.results / (args.file or HEAD_TRAINING_FILE.replace(".csv", f"{suffix}.csv"))
+    path = args.results / (args.file or HEAD_TRAINING_FILE.replace(".csv", f"{suffix}.csv", 1))
     args.results.mkdir(parents=True, exist_ok=True)
     stamp = provenance(args.device)
 
@@ -574,11 +578,8 @@ def run(args) -> None:
         table = table[table["optimizer"].isin(optimizers)] if not table.empty else table  # the cache holds others
         if table.empty:
             return
-        partial = path.with_name(path.name + ".partial")
-        partial.unlink(missing_ok=True)
         threads = {"num_threads": "1"} if args.device == "cpu" else {}
-        append_rows(partial, HEAD_TRAINING.rows(table.assign(**{**stamp, **threads})))
-        partial.replace(path)
+        replace_rows(path, HEAD_TRAINING.rows(table.assign(**{**stamp, **threads})))
 
     if args.bucket_bias_at_end:
         pool = make_pool(setting)

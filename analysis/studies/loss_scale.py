@@ -72,7 +72,7 @@ SEEDS: dict[Shape, tuple[int, ...]] = {SHAPES[0]: (0, 1, 2), SHAPES[1]: (0, 1), 
 limit the notebook states)."""
 SCALES: tuple[float, ...] = (2.0 ** 12, 2.0 ** 14, 2.0 ** 16)
 FAMILY = "calibrated"
-LOSS_SCALE_FILE = "loss_scale.csv"
+LOSS_SCALE_FILE = "loss_scale.csv.gz"
 GRADIENTS: tuple[str, ...] = ("input", "weight", "bias")
 TINY = torch.finfo(torch.float16).tiny
 REFERENCE_BLOCK = 2 ** 26
@@ -312,7 +312,7 @@ def remeasure(folder: Path, labels: Sequence[str], file_name: str = LOSS_SCALE_F
 
 DESCRIPTION = ("fp16 gradients under loss scales of 2^12 to 2^16 on the calibrated family: lost entries and floors "
                "of lce (before and after lce.headroom) per policy and layout, torch's op and the unfused op as fp16 "
-               "autocast runs it; appends to loss_scale.csv problem by problem and resumes. About 35 CPU-minutes.")
+               "autocast runs it; appends to loss_scale.csv.gz problem by problem and resumes. About 35 CPU-minutes.")
 
 
 def add_arguments(parser) -> None:

@@ -13,7 +13,7 @@ one margin), rounded to bf16 or fp16, several seeds. Contenders
 layouts, with the default ``acc_dtype`` and fp32; torch 2.13's native op
 ("accurate" and "compact", ``acc_dtype`` fp32); the unfused formula in fp32
 on the upcast inputs, its gradients rounded back. Each run is one row of a
-``margins`` results file (``analysis/results/margins.csv``): the floors of
+``margins`` results file (``analysis/results/margins.csv.gz``): the floors of
 grad_input and grad_weight (:func:`analysis.core.metrics.report`), the loss in
 ulps of the dtype, the realized margin.
 """
@@ -43,7 +43,7 @@ MARGINS_SHAPE = Shape(64, 128, 4096)
 MARGIN_VALUES: tuple[float, ...] = tuple(float(m) for m in range(0, 45, 5))
 SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4)
 STUDY_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
-MARGINS_FILE = "margins.csv"
+MARGINS_FILE = "margins.csv.gz"
 
 CONTENDERS: tuple[Contender, ...] = (
     *lce_contenders(("accurate", "balanced", "compact", "auto"), ("cpu", "cuda-emulated"), ("default", "float32")),
@@ -89,7 +89,7 @@ def measure(shape: Shape = MARGINS_SHAPE, dtypes: Sequence[str] = STUDY_DTYPES,
 
 
 def record(folder: Path, **settings) -> tuple[Path, float]:
-    """Measure (``settings``: :func:`measure`'s) and write ``folder/margins.csv`` with provenance, an earlier
+    """Measure (``settings``: :func:`measure`'s) and write ``folder/margins.csv.gz`` with provenance, an earlier
     one moved to ``.previous``; return the path and the wall time in seconds."""
     return record_study(folder / MARGINS_FILE, MARGINS, measure, **settings)
 
@@ -97,7 +97,7 @@ def record(folder: Path, **settings) -> tuple[Path, float]:
 # ---- python -m analysis margins ------------------------------------------------------------------------------
 
 DESCRIPTION = ("Every row's target leads the other classes by 0, 5, ..., 40 nats (bf16 and fp16, one input per "
-               "seed); lce per policy and layout, torch's op and the unfused fp32 formula; writes margins.csv "
+               "seed); lce per policy and layout, torch's op and the unfused fp32 formula; writes margins.csv.gz "
                "(the floors of both gradients, the loss in ulps), moving an earlier one to .previous. About 2 "
                "minutes here.")
 

@@ -40,7 +40,7 @@ STUDY_SPECS: dict[str, ImplSpec] = {
 """The configurations compared, by display name (chunked lce ones get a breakdown)."""
 
 BREAKDOWN_FILE = "memory_breakdown.csv"
-TRACE_FILE = "memory_trace.csv"
+TRACE_FILE = "memory_trace.csv.gz"
 
 
 def _problem(name: str, shape: Shape, dtype: str) -> dict[str, object]:
@@ -116,7 +116,7 @@ def record(folder: Path, shape: Shape = STUDY_SHAPE, dtype: str = STUDY_DTYPE) -
 # ---- python -m analysis memory-study -------------------------------------------------------------------------
 
 DESCRIPTION = ("Writes memory_breakdown.csv (every buffer of lce's plan per configuration, no measurement) and "
-               "memory_trace.csv (live extra bytes after each allocator event of one forward+backward, lce next "
+               "memory_trace.csv.gz (live extra bytes after each allocator event of one forward+backward, lce next "
                "to torch and the unfused reference), moving earlier ones to .previous; about 20 s at the default "
                "problem. `figures` draws them.")
 

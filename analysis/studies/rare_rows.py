@@ -17,7 +17,7 @@ options); the unfused reference in the input dtype. For every run,
 :func:`analysis.core.metrics.row_floors` of grad_weight is summarised per bin of
 :data:`BINS` (median, 99th percentile, max, and the row count), with the
 Frobenius floors of both gradients; each (run, bin) is one row of a
-``rare_rows`` results file (``analysis/results/rare_rows.csv``), bin ``all``
+``rare_rows`` results file (``analysis/results/rare_rows.csv.gz``), bin ``all``
 for every row together.
 """
 
@@ -47,7 +47,7 @@ RARE_ROWS_SHAPE = Shape(2048, 256, 16384)
 four CPU-minutes here; five seeds at C=16384 fit in about six)."""
 SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4)
 STUDY_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
-RARE_ROWS_FILE = "rare_rows.csv"
+RARE_ROWS_FILE = "rare_rows.csv.gz"
 
 BINS: dict[str, tuple[int, int]] = {"never": (0, 0), "1-2": (1, 2), "3-15": (3, 15), "16+": (16, 2**62)}
 """Bin name -> the inclusive range of a class's target count in the batch."""
@@ -130,7 +130,7 @@ def record(folder: Path, file_name: str = RARE_ROWS_FILE, **settings) -> tuple[P
 # ---- python -m analysis rare-rows ----------------------------------------------------------------------------
 
 DESCRIPTION = ("Calibrated inputs (Zipfian targets), fp16 and bf16; lce per policy, layout, acc_dtype and "
-               "chunking, torch's op and the unfused reference; writes rare_rows.csv (row error median/p99/max per "
+               "chunking, torch's op and the unfused reference; writes rare_rows.csv.gz (row error median/p99/max per "
                "bin of target count, Frobenius floors), moving an earlier one to .previous. About 6 CPU-minutes.")
 
 
@@ -142,8 +142,8 @@ def add_arguments(parser) -> None:
                         help=f"lce policies (default: {','.join(POLICIES)})")
     parser.add_argument("--chunkings", type=argument(names_of(CHUNKINGS)), default=CHUNKINGS, metavar="M[,M]",
                         help=f"lce chunking methods (default: {','.join(CHUNKINGS)})")
-    parser.add_argument("--file", default="rare_rows.csv", metavar="NAME",
-                        help="results file name in the results folder (default: rare_rows.csv; a spot check at "
+    parser.add_argument("--file", default="rare_rows.csv.gz", metavar="NAME",
+                        help="results file name in the results folder (default: rare_rows.csv.gz; a spot check at "
                              "another shape goes in a file of its own)")
 
 

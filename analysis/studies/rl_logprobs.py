@@ -71,7 +71,7 @@ __all__ = ["Recipe", "RECIPES", "CHUNKING_RECIPES", "RL_CHUNKING_FILE", "Problem
            "STUDY_DTYPES", "SEEDS", "RL_LOGPROBS_FILE", "RL_COST_FILE", "COST_SHAPES", "problem_inputs",
            "measure_problem", "record", "measure_costs", "record_costs", "ratio_summary"]
 
-RL_LOGPROBS_FILE = "rl_logprobs.csv"
+RL_LOGPROBS_FILE = "rl_logprobs.csv.gz"
 RL_COST_FILE = "rl_cost.csv"
 TEMPERATURES: tuple[float, ...] = (0.6, 0.8, 1.0, 1.2)
 STUDY_DTYPES: tuple[str, ...] = ("bfloat16", "float16")
@@ -374,7 +374,7 @@ def record_costs(folder: Path, **settings) -> tuple[Path, float]:
 DESCRIPTION = ("Per-token log-probabilities and entropy for RL: each recipe (materialized in the input dtype, fp32 "
                "statistics cast back, an fp32 head, lce) against fp64 on the trained LM's head, the calibrated family "
                "and confident rows, T 0.6-1.2, bf16 and fp16, 3 seeds: importance-ratio error, implied KL, entropy "
-               "error, policy-gradient floors (rl_logprobs.csv, resumable; about 40 CPU-minutes); --costs: peak "
+               "error, policy-gradient floors (rl_logprobs.csv.gz, resumable; about 40 CPU-minutes); --costs: peak "
                "memory and time per recipe at a Qwen-size head (rl_cost.csv, a few minutes).")
 
 

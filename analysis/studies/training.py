@@ -45,6 +45,7 @@ from analysis.core.buckets import BUCKETS, bucket_edges
 from analysis.core.emulated_gemms import low_precision_linear
 from analysis.core.implementations import ROWS_PREFIX, ImplSpec
 from analysis.core.problem import DTYPES
+from analysis.core.results_io import results_stem
 from analysis.lm.model import ModelConfig
 from analysis.lm.train import BUCKET_COLUMNS, HeadLoss, TrainConfig, fp32_head_loss, train
 from analysis.paths import LM_CACHE_DIR
@@ -306,14 +307,14 @@ def write_bucket_edges(folder: Path, train_tokens: torch.Tensor, vocab_size: int
 def bucket_edges_of(where: Path | str | None = None, setting: str = "long", device: str = "cpu") -> pd.DataFrame:
     """The bucket edges a setting's per-bucket losses were measured with: one row per bucket (index frequent,
     middle, rare) with ``classes``, ``min_count``, ``max_count``, ``target_share``. ``where`` is a
-    ``buckets.json`` (or a results file, whose ``<stem>_buckets.json`` beside it is read), else the run
-    folder of ``setting`` on ``device`` in the default study cache."""
+    ``buckets.json`` (or a results file ``<name>.csv`` or ``<name>.csv.gz``, whose ``<name>_buckets.json`` beside it
+    is read), else the run folder of ``setting`` on ``device`` in the default study cache."""
     if where is None:
         path = LM_CACHE_DIR / "study" / setting / device / BUCKET_EDGES_FILE
     else:
         path = Path(where)
         if path.suffix != ".json":
-            path = path.with_name(f"{path.stem}_buckets.json")
+            path = path.with_name(f"{results_stem(path)}_buckets.json")
     edges = json.loads(path.read_text(encoding="utf-8"))["buckets"]
     return pd.DataFrame.from_dict(edges, orient="index").loc[list(BUCKETS)]
 
@@ -467,7 +468,7 @@ def checkpoint_errors(cache: Path, setting: Setting, streams: tuple[torch.Tensor
 
 DESCRIPTION = ("Arms: the fp32 head, the unfused bf16 head, lce accurate/balanced/compact in bf16 and fp16 "
                "(loss-scaled) on the CUDA layouts (emulated on a CPU), aspect_ratio:2 chunks. Same "
-               "initialisation and batches per seed. Writes training.csv (train and held-out loss per step) "
+               "initialisation and batches per seed. Writes training.csv.gz (train and held-out loss per step) "
                "as runs finish, and noise_checkpoints.csv (gradient error vs noise on the fp32 arm's "
                "snapshots). Resumable (checkpoints in analysis/cache/lm/study). --quick: about 2 minutes (CI, "
                "notebook); full: about 100 minutes on 2 cores; --setting long (fp32, bf16 balanced and compact at 256 "
@@ -485,7 +486,7 @@ def add_arguments(parser) -> None:
     from analysis.core.arguments import argument, progress_option, results_option, seed_list, workers_option
     from analysis.paths import LM_CACHE_DIR, display_path
 
-    parser.add_argument("--quick", action="store_true", help="the quick setting (writes training_quick.csv)")
+    parser.add_argument("--quick", action="store_true", help="the quick setting (writes training_quick.csv.gz)")
     parser.add_argument("--setting", choices=sorted(SETTINGS), default="full",
                         help="which setting without --quick (default: full)")
     parser.add_argument("--seeds", type=int, default=None, metavar="K", help="seeds 0..K-1 (default: the setting's)")
@@ -501,7 +502,8 @@ def add_arguments(parser) -> None:
                         help="start no run after S seconds (the runs done are written; a rerun resumes)")
     parser.add_argument("--tokens", type=Path, default=None, metavar="FILE",
                         help="token streams file ({'train','heldout'}), e.g. carried to a GPU machine")
-    parser.add_argument("--file", default=None, metavar="NAME", help="results file name")
+    parser.add_argument("--file", default=None, metavar="NAME",
+                        help="results file name (default: training[_quick][_cuda].csv.gz; a .csv is written plain)")
     parser.add_argument("--cache", type=Path, default=LM_CACHE_DIR,
                         help=f"token streams and run folders (default: {display_path(LM_CACHE_DIR)})")
     parser.add_argument("--no-checkpoint-errors", action="store_true",
@@ -516,7 +518,7 @@ def run(args) -> None:
     import time
 
     from analysis.core.provenance import provenance
-    from analysis.core.results_io import NOISE, TRAINING, append_rows, set_aside
+    from analysis.core.results_io import NOISE, TRAINING, append_rows, replace_rows, set_aside
     from analysis.lm.pipeline import DEFAULT_VOCAB
     from analysis.paths import display_path
 
@@ -528,23 +530,20 @@ def run(args) -> None:
         setting = dataclasses.replace(setting, seeds=args.seed_list)
     torch.set_num_threads(args.threads)
     suffix = "" if args.device == "cpu" else f"_{args.device}"
-    path = args.results / (args.file or f"training{'_quick' if args.quick else ''}{suffix}.csv")
+    path = args.results / (args.file or f"training{'_quick' if args.quick else ''}{suffix}.csv.gz")
     args.results.mkdir(parents=True, exist_ok=True)
     cache = args.cache / "study"
     model_config = ModelConfig(DEFAULT_VOCAB)
     set_aside(path)
 
-    edges = path.with_name(f"{path.stem}_buckets.json")  # beside the results, where bucket_edges_of(path) looks
+    edges = path.with_name(f"{results_stem(path)}_buckets.json")  # beside the results, where bucket_edges_of looks
 
     def copy_edges() -> None:
         edges.write_text((cache / setting.name / args.device / BUCKET_EDGES_FILE).read_text(encoding="utf-8"),
                          encoding="utf-8")
 
     def write(table) -> None:
-        partial = path.with_name(path.name + ".partial")
-        partial.unlink(missing_ok=True)
-        append_rows(partial, TRAINING.rows(table.assign(device=args.device, **provenance(args.device))))
-        partial.replace(path)
+        replace_rows(path, TRAINING.rows(table.assign(device=args.device, **provenance(args.device))))
         copy_edges()
 
     deadline = None if args.budget_s is None else started + args.budget_s

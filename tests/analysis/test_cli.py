@@ -56,7 +56,7 @@ def test_grids_and_demo_run(capsys):
 @pytest.mark.slow
 def test_memory_study_writes_its_results_files(tmp_path, capsys):
     assert main(["memory-study", "--shape", "64x16x512", "--results", str(tmp_path)]) == 0
-    breakdown, trace = tmp_path / "memory_breakdown.csv", tmp_path / "memory_trace.csv"
+    breakdown, trace = tmp_path / "memory_breakdown.csv", tmp_path / "memory_trace.csv.gz"
     assert file_kind(breakdown) == "memory_breakdown" and file_kind(trace) == "memory_trace"
     table = read_table(trace)
     assert set(table["config"]) == {"lce auto", "lce balanced acc=fp32", "lce compact acc=bf16", "torch auto",
@@ -65,15 +65,15 @@ def test_memory_study_writes_its_results_files(tmp_path, capsys):
             and table["git_revision"].notna().all())
     assert (read_table(breakdown)["predicted_peak_bytes"] > 0).all()
     main(["memory-study", "--shape", "64x16x512", "--results", str(tmp_path)])  # a rerun replaces, never appends
-    assert len(read_table(trace)) == len(table) and (tmp_path / "memory_trace.csv.previous").exists()
-    assert "memory_trace.csv" in capsys.readouterr().out
+    assert len(read_table(trace)) == len(table) and (tmp_path / "memory_trace.csv.gz.previous").exists()
+    assert "memory_trace.csv.gz" in capsys.readouterr().out
 
 
 @pytest.mark.slow
 def test_margins_writes_its_results_file(tmp_path, capsys):
     assert main(["margins", "--shape", "8x16x128", "--seeds", "1", "--margins", "0,40", "--dtypes", "bfloat16",
                  "--results", str(tmp_path)]) == 0
-    path = tmp_path / "margins.csv"
-    assert file_kind(path) == "margins" and "margins.csv" in capsys.readouterr().out
+    path = tmp_path / "margins.csv.gz"
+    assert file_kind(path) == "margins" and "margins.csv.gz" in capsys.readouterr().out
     table = read_table(path)
     assert len(table) == 17 * 2 and table["git_revision"].notna().all() and (table["cpu_s"] > 0).all()

@@ -40,7 +40,7 @@ def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
         assert f"{shape} bf16:" in log  # lce's plan at the LLM heads, on meta tensors
     assert {file_kind(tmp_path / name) for name in ("cuda.csv", "gpu_memory.csv", "gpu_bench.csv")} == {
         "sweep", "gpu_memory", "gpu_bench"}
-    assert "== step head" not in log and not (tmp_path / "head_training_cuda.csv").exists()  # opt-in
+    assert "== step head" not in log and not (tmp_path / "head_training_cuda.csv.gz").exists()  # opt-in
     grid = pd.read_csv(tmp_path / "cuda.csv")
     assert set(grid["status"]) == {"ok"} and set(grid["device"]) == {"cuda-emulated"}
     assert set(grid["family"]) == set(FAMILIES_IN_GRIDS)

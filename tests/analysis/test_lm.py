@@ -7,13 +7,21 @@ import json
 import platform
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
 
 import lce
-from analysis.core.head_dumps import MAKE_COMMAND, available_checkpoints, load_head_dump, save_head_dump
+from analysis.core.head_dumps import (
+    MAKE_COMMAND,
+    available_checkpoints,
+    from_byte_planes,
+    load_head_dump,
+    save_head_dump,
+    to_byte_planes,
+)
 from analysis.lm.corpus import is_heldout, load_corpus
 from analysis.lm.dumps import compute_head_dump
 from analysis.lm.model import ModelConfig, TinyLM
@@ -197,6 +205,24 @@ def test_dumps_have_the_documented_shapes_and_round_trip(tmp_path):
         save_head_dump(dump, "../x", tmp_path)
 
 
+def test_byte_planes_keep_every_bit_and_a_dump_of_plain_arrays_is_refused(tmp_path):
+    """The dumps are stored as compressed byte planes: every bit comes back, odd values and byte orders included."""
+    odd = np.array([0.0, -0.0, np.inf, -np.inf, np.finfo(np.float32).tiny / 3, 1e-45, 3.4e38, 1.5], np.float32)
+    odd = np.concatenate([odd, np.frombuffer(np.array([0x7FC00001, 0xFFBADBAD], np.uint32).tobytes(), np.float32)])
+    for array in (odd.reshape(2, 5), np.array([0, -1, 2**63 - 1, -(2**63)], np.int64), odd.astype(">f4")):
+        planes = to_byte_planes(array)
+        assert planes.dtype == np.uint8 and planes.shape == (array.itemsize, *array.shape)
+        back = from_byte_planes(planes, array.dtype.newbyteorder("="))
+        assert back.tobytes() == array.astype(array.dtype.newbyteorder("=")).tobytes() and back.shape == array.shape
+    with pytest.raises(ValueError, match=r"planes must be uint8 of shape \(4, ...\) for float32, got float32"):
+        from_byte_planes(odd, np.float32)
+    np.savez(tmp_path / "head-final.npz", x=np.zeros((2, 3), np.float32), weight=np.zeros((5, 3), np.float32),
+             target=np.zeros(2, np.int64))
+    (tmp_path / "head-final.json").write_text("{}")
+    with pytest.raises(ValueError, match=f"does not hold a head dump's byte planes .*`{MAKE_COMMAND}`"):
+        load_head_dump("final", tmp_path)
+
+
 def test_a_missing_dump_names_the_command_that_makes_it(tmp_path):
     with pytest.raises(FileNotFoundError, match=MAKE_COMMAND) as error:
         load_head_dump("final", tmp_path / "nowhere")
@@ -206,7 +232,7 @@ def test_a_missing_dump_names_the_command_that_makes_it(tmp_path):
 def test_committed_dumps_load_and_match_their_metadata():
     assert available_checkpoints() == ["early", "final"], f"run `{MAKE_COMMAND}` and commit {LM_DATA_DIR}"
     total = sum(p.stat().st_size for p in LM_DATA_DIR.iterdir())
-    assert total < 20 * 2**20
+    assert total < 16 * 2**20  # compressed byte planes: about 15 MiB for both (19 MB as plain arrays)
     losses = {}
     for name in ("early", "final"):
         dump = load_head_dump(name)

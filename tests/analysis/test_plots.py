@@ -49,7 +49,8 @@ def test_every_figure_builds_from_the_fixture_without_measuring(full_run):
     tmp_path, written = full_run
     names = {path.name for path in written}
     for stem in STEMS:
-        assert f"{stem}.png" in names and f"{stem}.svg" in names
+        assert f"{stem}.png" in names
+    assert not [name for name in names if not name.endswith(".png") and name != "README.md"]  # one file per figure
     for path in written:
         assert path.stat().st_size > 0
     index = (tmp_path / "README.md").read_text()
@@ -94,6 +95,26 @@ def test_figures_are_made_outside_pyplot_so_notebooks_show_only_what_they_displa
     before = plt.get_fignums()
     table = prepare(load_results([FIXTURE]))
     assert draw_all(table) and plt.get_fignums() == before
+
+
+def test_a_figure_is_saved_once_as_an_opaque_png_with_the_same_bytes_every_time(tmp_path):
+    """One RGB PNG per figure at PNG_DPI, no SVG beside it; the same figure gives the same bytes (no timestamp)."""
+    from PIL import Image
+
+    from analysis.report.figures import PNG_DPI, save
+    from analysis.report.style import CaptionedFigure, new_figure
+
+    def drawn() -> CaptionedFigure:
+        fig = new_figure(4.0, 3.0)
+        fig.subplots().plot([1, 2, 3], [3, 1, 2], label="line")
+        return CaptionedFigure(fig, "example", "caption")
+
+    first = save(drawn(), tmp_path / "a")
+    second = save(drawn(), tmp_path / "b")
+    assert first.read_bytes() == second.read_bytes() and [p.name for p in first.parent.iterdir()] == ["example.png"]
+    with Image.open(first) as image:
+        assert image.mode == "RGB" and round(image.info["dpi"][0]) == PNG_DPI
+        assert image.width == pytest.approx(4.0 * PNG_DPI, rel=0.2)  # bbox "tight" trims the margins a little
 
 
 def test_a_flat_result_looks_flat():
@@ -201,7 +222,7 @@ def test_only_saves_the_named_figures_leaves_the_others_and_writes_the_whole_ind
     assert main(["figures", "--results", str(TESTDATA), "--out", str(tmp_path),
                  "--only", "time_vs_shape,gradient_bias", "--only", "memory_trace"]) == 0
     printed = {Path(line).name for line in capsys.readouterr().out.split()}
-    assert printed == {f"{stem}.{suffix}" for stem in chosen for suffix in ("png", "svg")} | {"README.md"}
+    assert printed == {f"{stem}.png" for stem in chosen} | {"README.md"}
     assert (tmp_path / "README.md").read_text() == index
     assert {path.name for path in tmp_path.iterdir()} == {path.name for path in full}
     for name, (content, mtime) in before.items():

@@ -86,13 +86,14 @@ def test_gaps_compare_each_finished_run_with_the_fp32_run_of_its_seed():
 def test_train_command_writes_tidy_rows_with_provenance(tmp_path):
     assert main(["train", "--quick", "--arms", "fp32,bf16 compact", "--seeds", "1", "--workers", "1",
                  "--results", str(tmp_path), "--cache", str(tmp_path / "cache"), "--no-progress"]) == 0
-    rows = read_table(tmp_path / "training_quick.csv")
+    rows = read_table(tmp_path / "training_quick.csv.gz")
     assert set(rows["arm"]) == {"fp32", "bf16 compact"}
     assert set(rows["split"]) == {"train", "heldout", *training.BUCKET_SPLITS}
     assert rows["step"].max() == training.SETTINGS["quick"].steps
     assert list(rows.columns) == list(TRAINING.columns) and rows["torch_version"].notna().all()
     assert rows["loss"].between(5, 12).all()
-    edges = training.bucket_edges_of(tmp_path / "training_quick.csv")
+    edges = training.bucket_edges_of(tmp_path / "training_quick.csv.gz")
+    assert (tmp_path / "training_quick_buckets.json").exists() and not (tmp_path / "training_quick.csv").exists()
     assert list(edges.index) == ["frequent", "middle", "rare"] and edges["target_share"].sum() == pytest.approx(1)
 
 

@@ -1,5 +1,5 @@
 """Claims of notebook 10 and of the README's "Over a long horizon" passage, each a named assertion over the committed
-head_training.csv and training_long.csv. A failure names the sentence to rewrite."""
+head_training.csv.gz and training_long.csv.gz. A failure names the sentence to rewrite."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Claims of notebook 10's loss-scale section and of the README's "fp16 and a loss scale" passage, each a named
-assertion over the committed loss_scale.csv (``python -m analysis loss-scale``). A failure names the sentence to
+assertion over the committed loss_scale.csv.gz (``python -m analysis loss-scale``). A failure names the sentence to
 rewrite."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Claims of notebook 11 (per-token log-probabilities and entropy for RL) and of the README's RL passage, each a
-named assertion over the committed rl_logprobs.csv, rl_cost.csv and rl_example.csv (``python -m analysis
+named assertion over the committed rl_logprobs.csv.gz, rl_cost.csv and rl_example.csv (``python -m analysis
 rl-logprobs [--costs]``, ``python examples/grpo_update.py --csv``). A failure names the sentence to rewrite."""
 
 from __future__ import annotations

@@ -23,22 +23,22 @@ def test_the_quick_start_call_never_holds_the_logits():
 
 def test_the_committed_gpu_runs_are_the_noise_and_training_studies_and_one_partial_gpu_check():
     """"On a GPU" (docs/reproducing.md): "The GPU runs committed so far are the noise and training studies on an H200
-    (noise_cuda.csv, training_cuda.csv) and one gpu-check on an H200 (cuda.csv, gpu_memory.csv, gpu_bench.csv)";
-    "its grid reached 27 of its 36 problems ...; no head_training_cuda.csv; the compiled and Cut Cross-Entropy bench
+    (noise_cuda.csv, training_cuda.csv.gz) and one gpu-check on an H200 (cuda.csv, gpu_memory.csv, gpu_bench.csv)";
+    "its grid reached 27 of its 36 problems ...; no head_training_cuda.csv.gz; the compiled and Cut Cross-Entropy bench
     arms did not run"."""
     import pandas as pd
 
     from analysis.paths import RESULTS_DIR
     from analysis.sweep.grids import get_grid
 
-    for name in ("noise_cuda.csv", "training_cuda.csv", "gpu_memory.csv", "gpu_bench.csv"):
+    for name in ("noise_cuda.csv", "training_cuda.csv.gz", "gpu_memory.csv", "gpu_bench.csv"):
         table = pd.read_csv(RESULTS_DIR / name)
         assert table["device_name"].str.contains("H200").all(), name
     grid = pd.read_csv(RESULTS_DIR / "cuda.csv")
     problems = ["device", "family", "dtype", "N", "D", "C", "seed"]
     planned = {(c.device, c.family, c.dtype, c.N, c.D, c.C, c.seed) for c in get_grid("cuda").configs}
     assert len(planned) == 36 and len(grid[problems].drop_duplicates()) == 27
-    assert not (RESULTS_DIR / "head_training_cuda.csv").exists()
+    assert not any((RESULTS_DIR / f"head_training_cuda{form}").exists() for form in (".csv", ".csv.gz"))
     bench = pd.read_csv(RESULTS_DIR / "gpu_bench.csv").set_index("op")
     assert bench.loc["cce", "status"] == "error" and bench.loc["compiled", "status"] == "not run"
 
