@@ -34,6 +34,7 @@ from typing import TypeVar
 
 import torch
 
+from .errors import ArgumentTypeError
 from .options import dtype_name
 
 __all__ = ["CASTABLE", "autocast_dtype", "taken_dtype", "take", "take_head", "loss_dtype_under", "autocast_off",
@@ -82,9 +83,9 @@ def take_head(who: str, input, linear_weight, linear_bias=None) -> tuple:
     if len(dtypes) > 1:
         named = zip(("input", "linear_weight", "linear_bias"), (input, linear_weight, linear_bias), strict=True)
         given = ", ".join(f"{name} {dtype_name(t.dtype)}" for name, t in named if isinstance(t, torch.Tensor))
-        raise TypeError(f"{who}: under torch.autocast({input.device.type!r}, dtype={dtype_name(dtype)}) the head's "
-                        f"fp32/bf16/fp16 tensors are taken in {dtype_name(dtype)} and fp64 ones are left as they are, "
-                        f"so they must all be fp64 or none; got {given}")
+        raise ArgumentTypeError(f"{who}: under torch.autocast({input.device.type!r}, dtype={dtype_name(dtype)}) the "
+                                f"head's fp32/bf16/fp16 tensors are taken in {dtype_name(dtype)} and fp64 ones are "
+                                f"left as they are, so they must all be fp64 or none; got {given}")
     return taken
 
 

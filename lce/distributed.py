@@ -148,8 +148,14 @@ def _local_problem(input, weight_shard, target, linear_bias, weight, reduction, 
         check_arguments(input, weight_shard, torch.zeros_like(target) if isinstance(target, torch.Tensor) else target,
                         linear_bias, weight, reduction, ignore_index, label_smoothing)
     except (TypeError, ValueError) as error:
-        return f"{type(error).__name__}: {error}"
+        return _problem_text(error)
     return None
+
+
+def _problem_text(error: TypeError | ValueError) -> str:
+    """An argument error as the text the ranks agree on: "TypeError: ..." or "ValueError: ..." (lce's classes,
+    lce.errors, are named by the built-in class they are)."""
+    return f"{'TypeError' if isinstance(error, TypeError) else 'ValueError'}: {error}"
 
 
 def _taken_under_autocast(who: str, input, weight_shard, linear_bias) -> tuple:
@@ -159,7 +165,7 @@ def _taken_under_autocast(who: str, input, weight_shard, linear_bias) -> tuple:
     try:
         return (*take_head(who, input, weight_shard, linear_bias), None)
     except TypeError as error:
-        return input, weight_shard, linear_bias, f"TypeError: {error}"
+        return input, weight_shard, linear_bias, _problem_text(error)
 
 
 def _target_checksum(target: torch.Tensor) -> int:
@@ -362,7 +368,7 @@ def _log_probs_problem(input, weight_shard, target, linear_bias, temperature, re
         check_log_probs_arguments(input, weight_shard, target, linear_bias, temperature, return_entropy, softcap,
                                   ignore_index, who="vocab_parallel_linear_log_probs")
     except (TypeError, ValueError) as error:
-        return f"{type(error).__name__}: {error}"
+        return _problem_text(error)
     return None
 
 

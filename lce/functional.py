@@ -11,6 +11,7 @@ from .autocasting import autocast_dtype, autocast_off, loss_dtype_under, take_he
 from .autograd import PerRowLoss, ScalarReductionLoss
 from .checks import require
 from .compiler import graph_break
+from .errors import ArgumentTypeError, ArgumentValueError, TargetIndexError, TargetKindError
 from .options import LinearCrossEntropyOptions
 from .planning import Plan, make_plan
 from .unfused import DEFAULT_IGNORE_INDEX, unfused_linear_cross_entropy
@@ -31,73 +32,74 @@ def check_arguments(input, linear_weight, target, linear_bias, weight, reduction
     ``target`` holds probabilities."""
     for name, value in (("input", input), ("linear_weight", linear_weight), ("target", target)):
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+            raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     for name, value in (("linear_bias", linear_bias), ("weight", weight)):
         _check_tensor_or_none(name, value)
     if input.dim() not in (1, 2):
-        raise ValueError(f"input must have shape (in_features,) or (N, in_features), got shape {_shape(input)}")
+        raise ArgumentValueError(f"input must have shape (in_features,) or (N, in_features), got shape {_shape(input)}")
     if not input.is_floating_point():
-        raise TypeError(f"input must be a floating-point tensor, got dtype {input.dtype}")
+        raise ArgumentTypeError(f"input must be a floating-point tensor, got dtype {input.dtype}")
     if linear_weight.dim() < 2:
-        raise ValueError(
+        raise ArgumentValueError(
             f"linear_weight must have shape (C, in_features) or (C, d1, ..., dK, in_features), "
             f"got shape {_shape(linear_weight)}"
         )
     in_features = input.shape[-1]
     if linear_weight.shape[-1] != in_features:
-        raise ValueError(
+        raise ArgumentValueError(
             f"linear_weight's last dimension must equal input's in_features={in_features}, "
             f"got linear_weight of shape {_shape(linear_weight)}"
         )
     if linear_weight.dtype != input.dtype:
-        raise TypeError(f"linear_weight must have input's dtype {input.dtype}, got {linear_weight.dtype}")
+        raise ArgumentTypeError(f"linear_weight must have input's dtype {input.dtype}, got {linear_weight.dtype}")
     num_classes = linear_weight.shape[0]
     out_features = _shape(linear_weight)[1:-1]
     if out_features and input.dim() != 2:
-        raise ValueError(
+        raise ArgumentValueError(
             f"a K-dimensional linear_weight {_shape(linear_weight)} needs input of shape (N, {in_features}), "
             f"got input of shape {_shape(input)}"
         )
     logits_shape = (*_shape(input)[:-1], num_classes, *out_features)
     if linear_bias is not None:
         if _shape(linear_bias) != (num_classes, *out_features):
-            raise ValueError(
+            raise ArgumentValueError(
                 f"linear_bias must have shape {(num_classes, *out_features)}, got {_shape(linear_bias)}"
             )
         if linear_bias.dtype != input.dtype:
-            raise TypeError(f"linear_bias must have input's dtype {input.dtype}, got {linear_bias.dtype}")
+            raise ArgumentTypeError(f"linear_bias must have input's dtype {input.dtype}, got {linear_bias.dtype}")
     check_class_weight(weight, num_classes)
     check_settings(reduction, ignore_index, label_smoothing)
     devices = {t.device for t in (input, linear_weight, target, linear_bias, weight) if t is not None}
     if len(devices) > 1:
-        raise ValueError(f"input, linear_weight, target, linear_bias and weight must share one device, "
-                         f"got {sorted(str(d) for d in devices)}")
+        raise ArgumentValueError(f"input, linear_weight, target, linear_bias and weight must share one device, "
+                                 f"got {sorted(str(d) for d in devices)}")
 
     class_index_shape = (*_shape(input)[:-1], *out_features)
     if target.is_floating_point():
         if _shape(target) != logits_shape:
-            raise TypeError(
+            raise TargetKindError(
                 f"target must be int64 class indices of shape {class_index_shape}, or class probabilities "
                 f"of the logits' shape {logits_shape}; got a {target.dtype} target of shape {_shape(target)}"
             )
         if ignore_index is not None:
-            raise ValueError("ignore_index must be None when target holds class probabilities")
+            raise ArgumentValueError("ignore_index must be None when target holds class probabilities")
         return True
     if target.dtype != torch.int64:
-        raise TypeError(f"target (class indices) must have dtype torch.int64, got {target.dtype}")
+        raise ArgumentTypeError(f"target (class indices) must have dtype torch.int64, got {target.dtype}")
     if _shape(target) != class_index_shape:
-        raise ValueError(f"target must have shape {class_index_shape} to match input {_shape(input)}, "
-                         f"got {_shape(target)}")
+        raise ArgumentValueError(f"target must have shape {class_index_shape} to match input {_shape(input)}, "
+                                 f"got {_shape(target)}")
     ignored = DEFAULT_IGNORE_INDEX if ignore_index is None else ignore_index
     bad = first_out_of_range(target, num_classes, ignored)
     if bad is not None:
-        raise ValueError(f"target values must lie in [0, {num_classes}) or equal ignore_index={ignored}, found {bad}")
+        raise TargetIndexError(f"target values must lie in [0, {num_classes}) or equal ignore_index={ignored}, "
+                               f"found {bad}")
     return False
 
 
 def _check_tensor_or_none(name: str, value) -> None:
     if value is not None and not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
 
 
 def check_class_weight(weight: torch.Tensor | None, num_classes: int, dtype: torch.dtype | None = None) -> None:
@@ -108,21 +110,21 @@ def check_class_weight(weight: torch.Tensor | None, num_classes: int, dtype: tor
     if weight is None:
         return
     if _shape(weight) != (num_classes,):
-        raise ValueError(f"weight (per-class) must have shape ({num_classes},), got {_shape(weight)}")
+        raise ArgumentValueError(f"weight (per-class) must have shape ({num_classes},), got {_shape(weight)}")
     if not weight.is_floating_point():
-        raise TypeError(f"weight (per-class) must be a floating-point tensor, got {weight.dtype}")
+        raise ArgumentTypeError(f"weight (per-class) must be a floating-point tensor, got {weight.dtype}")
     if dtype is not None and weight.dtype != dtype:
-        raise TypeError(f"weight (per-class) must have input's dtype {dtype}, got {weight.dtype}")
+        raise ArgumentTypeError(f"weight (per-class) must have input's dtype {dtype}, got {weight.dtype}")
 
 
 def check_settings(reduction: str, ignore_index: int | None = None, label_smoothing: float = 0.0) -> None:
     """Reject bad values of the arguments that are not tensors (torch's op's), naming the argument."""
     if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+        raise ArgumentValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must be a float in [0, 1], got {label_smoothing!r}")
+        raise ArgumentValueError(f"label_smoothing must be a float in [0, 1], got {label_smoothing!r}")
     if ignore_index is not None and (isinstance(ignore_index, bool) or not isinstance(ignore_index, int)):
-        raise TypeError(f"ignore_index must be an int or None, got {ignore_index!r}")
+        raise ArgumentTypeError(f"ignore_index must be an int or None, got {ignore_index!r}")
 
 
 def first_out_of_range(target: torch.Tensor, num_classes: int, ignore_index: int) -> int | None:
@@ -147,17 +149,18 @@ def check_features(softcap: float | None, z_loss: float, return_lse: bool,
     number = (int, float)
     if softcap is not None:
         if isinstance(softcap, bool) or not isinstance(softcap, number):
-            raise TypeError(f"softcap must be a float > 0 or None, got {type(softcap).__name__}")
+            raise ArgumentTypeError(f"softcap must be a float > 0 or None, got {type(softcap).__name__}")
         if not (math.isfinite(softcap) and softcap > 0):
-            raise ValueError(f"softcap must be a finite float > 0 or None, got {softcap!r}")
+            raise ArgumentValueError(f"softcap must be a finite float > 0 or None, got {softcap!r}")
     if isinstance(z_loss, bool) or not isinstance(z_loss, number):
-        raise TypeError(f"z_loss must be a float >= 0, got {type(z_loss).__name__}")
+        raise ArgumentTypeError(f"z_loss must be a float >= 0, got {type(z_loss).__name__}")
     if not (math.isfinite(z_loss) and z_loss >= 0):
-        raise ValueError(f"z_loss must be a finite float >= 0, got {z_loss!r}")
+        raise ArgumentValueError(f"z_loss must be a finite float >= 0, got {z_loss!r}")
     if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+        raise ArgumentTypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
     if loss_dtype is not None and loss_dtype not in LOSS_DTYPES:
-        raise ValueError(f"loss_dtype must be None or one of {[str(d) for d in LOSS_DTYPES]}, got {loss_dtype!r}")
+        raise ArgumentValueError(f"loss_dtype must be None or one of {[str(d) for d in LOSS_DTYPES]}, got "
+                                 f"{loss_dtype!r}")
 
 
 def _fallback_reason(linear_weight: torch.Tensor, target_is_probabilities: bool) -> str | None:
@@ -193,21 +196,21 @@ def plan(input: torch.Tensor, linear_weight: torch.Tensor, *old_order, options: 
     """
     if old_order:
         if len(old_order) != 1 or isinstance(input, torch.Tensor):
-            raise TypeError("lce.plan takes (input, linear_weight) and keywords: lce.plan(x, W, options=..., "
-                            f"linear_bias=..., ...); got {2 + len(old_order)} positional arguments")
+            raise ArgumentTypeError("lce.plan takes (input, linear_weight) and keywords: lce.plan(x, W, options=..., "
+                                    f"linear_bias=..., ...); got {2 + len(old_order)} positional arguments")
         warnings.warn("lce.plan(options, input, linear_weight) is the older order; call lce.plan(input, "
                       "linear_weight, options=options), as linear_cross_entropy takes them", FutureWarning,
                       stacklevel=2)
         options, input, linear_weight = input, linear_weight, old_order[0]
     for name, value in (("input", input), ("linear_weight", linear_weight)):
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"lce.plan: {name} must be a torch.Tensor, got {type(value).__name__} (lce.plan takes "
-                            "the op's tensors first: lce.plan(x, W, options=...))")
+            raise ArgumentTypeError(f"lce.plan: {name} must be a torch.Tensor, got {type(value).__name__} (lce.plan "
+                                    "takes the op's tensors first: lce.plan(x, W, options=...))")
     options = LinearCrossEntropyOptions() if options is None else LinearCrossEntropyOptions.coerce(options)
     check_features(softcap, z_loss, return_lse, loss_dtype)
     if input.dim() not in (1, 2) or linear_weight.dim() != 2:
-        raise ValueError(f"plan needs input (N, D) or (D,) and linear_weight (C, D), got {_shape(input)} "
-                         f"and {_shape(linear_weight)}")
+        raise ArgumentValueError(f"plan needs input (N, D) or (D,) and linear_weight (C, D), got {_shape(input)} "
+                                 f"and {_shape(linear_weight)}")
     check_settings(reduction)
     dtype = taken_dtype(input.dtype, input.device)
     loss_dtype = loss_dtype_under(loss_dtype, input)
@@ -356,5 +359,5 @@ def check_materialized_dtypes(input: torch.Tensor, target: torch.Tensor, weight:
     if autocast_dtype(input.device) is not None:
         return
     if is_probabilities and target.dtype != input.dtype:
-        raise TypeError(f"target (probabilities) must have input's dtype {input.dtype}, got {target.dtype}")
+        raise ArgumentTypeError(f"target (probabilities) must have input's dtype {input.dtype}, got {target.dtype}")
     check_class_weight(weight, weight.shape[0] if weight is not None else 0, input.dtype)

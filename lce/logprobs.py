@@ -18,6 +18,7 @@ from .autocasting import autocast_dtype, autocast_off, outside_autocast, take_he
 from .checks import require
 from .chunked import GroupReduction, HeadTensors, Targets
 from .compiler import graph_break
+from .errors import ArgumentTypeError, ArgumentValueError, TargetIndexError
 from .functional import check_features, first_out_of_range, grads_needed
 from .logprob_passes import TokenRows, token_gradients, token_statistics
 from .options import LinearCrossEntropyOptions
@@ -40,60 +41,63 @@ def check_log_probs_arguments(input, linear_weight, target, linear_bias, tempera
     expected (the values of a temperature tensor and the targets are checked after forward, in one host sync)."""
     for name, value in (("input", input), ("linear_weight", linear_weight), ("target", target)):
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{who}: {name} must be a torch.Tensor, got {type(value).__name__}")
+            raise ArgumentTypeError(f"{who}: {name} must be a torch.Tensor, got {type(value).__name__}")
     if linear_bias is not None and not isinstance(linear_bias, torch.Tensor):
-        raise TypeError(f"{who}: linear_bias must be a torch.Tensor or None, got {type(linear_bias).__name__}")
+        raise ArgumentTypeError(f"{who}: linear_bias must be a torch.Tensor or None, got {type(linear_bias).__name__}")
     if input.dim() < 1 or not input.is_floating_point():
-        raise TypeError(f"{who}: input must be a floating-point tensor of shape (..., in_features), got "
-                        f"{input.dtype} of shape {_shape(input)}")
+        raise ArgumentTypeError(f"{who}: input must be a floating-point tensor of shape (..., in_features), got "
+                                f"{input.dtype} of shape {_shape(input)}")
     if linear_weight.dim() != 2 or linear_weight.shape[1] != input.shape[-1]:
-        raise ValueError(f"{who}: linear_weight must have shape (C, {input.shape[-1]}) to match input's last "
-                         f"dimension, got {_shape(linear_weight)}")
+        raise ArgumentValueError(f"{who}: linear_weight must have shape (C, {input.shape[-1]}) to match input's last "
+                                 f"dimension, got {_shape(linear_weight)}")
     if linear_weight.shape[0] < 1:
-        raise ValueError(f"{who}: linear_weight must hold at least one class, got shape {_shape(linear_weight)}")
+        raise ArgumentValueError(f"{who}: linear_weight must hold at least one class, got shape "
+                                 f"{_shape(linear_weight)}")
     if linear_weight.dtype != input.dtype:
-        raise TypeError(f"{who}: linear_weight must have input's dtype {input.dtype}, got {linear_weight.dtype}")
+        raise ArgumentTypeError(f"{who}: linear_weight must have input's dtype {input.dtype}, got "
+                                f"{linear_weight.dtype}")
     if linear_bias is not None:
         if _shape(linear_bias) != (linear_weight.shape[0],):
-            raise ValueError(f"{who}: linear_bias must have shape ({linear_weight.shape[0]},), got "
-                             f"{_shape(linear_bias)}")
+            raise ArgumentValueError(f"{who}: linear_bias must have shape ({linear_weight.shape[0]},), got "
+                                     f"{_shape(linear_bias)}")
         if linear_bias.dtype != input.dtype:
-            raise TypeError(f"{who}: linear_bias must have input's dtype {input.dtype}, got {linear_bias.dtype}")
+            raise ArgumentTypeError(f"{who}: linear_bias must have input's dtype {input.dtype}, got "
+                                    f"{linear_bias.dtype}")
     if target.dtype != torch.int64:
-        raise TypeError(f"{who}: target must hold int64 class indices, got {target.dtype}")
+        raise ArgumentTypeError(f"{who}: target must hold int64 class indices, got {target.dtype}")
     if _shape(target) != _shape(input)[:-1]:
-        raise ValueError(f"{who}: target must have shape {_shape(input)[:-1]} (input's without in_features), got "
-                         f"{_shape(target)}")
+        raise ArgumentValueError(f"{who}: target must have shape {_shape(input)[:-1]} (input's without "
+                                 f"in_features), got {_shape(target)}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"{who}: ignore_index must be an int, got {ignore_index!r}")
+        raise ArgumentTypeError(f"{who}: ignore_index must be an int, got {ignore_index!r}")
     if not isinstance(return_entropy, bool):
-        raise TypeError(f"{who}: return_entropy must be a bool, got {type(return_entropy).__name__}")
+        raise ArgumentTypeError(f"{who}: return_entropy must be a bool, got {type(return_entropy).__name__}")
     check_features(softcap, 0.0, False)
     _check_temperature(temperature, target, input.device, who)
     devices = {t.device for t in (input, linear_weight, target, linear_bias) if t is not None}
     if len(devices) > 1:
-        raise ValueError(f"{who}: input, linear_weight, target and linear_bias must share one device, got "
-                         f"{sorted(str(d) for d in devices)}")
+        raise ArgumentValueError(f"{who}: input, linear_weight, target and linear_bias must share one device, got "
+                                 f"{sorted(str(d) for d in devices)}")
 
 
 def _check_temperature(temperature, target: torch.Tensor, device: torch.device, who: str) -> None:
     if isinstance(temperature, torch.Tensor):
         if not temperature.is_floating_point():
-            raise TypeError(f"{who}: temperature must be a float > 0 or a floating-point tensor, got a tensor of "
-                            f"{temperature.dtype}")
+            raise ArgumentTypeError(f"{who}: temperature must be a float > 0 or a floating-point tensor, got a "
+                                    f"tensor of {temperature.dtype}")
         if temperature.dim() and _shape(temperature) != _shape(target):
-            raise ValueError(f"{who}: a temperature tensor must be 0-dim or have target's shape {_shape(target)} "
-                             f"(one per token), got {_shape(temperature)}")
+            raise ArgumentValueError(f"{who}: a temperature tensor must be 0-dim or have target's shape "
+                                     f"{_shape(target)} (one per token), got {_shape(temperature)}")
         if temperature.requires_grad:
-            raise ValueError(f"{who}: temperature receives no gradient; pass temperature.detach() (it requires "
-                             "grad)")
+            raise ArgumentValueError(f"{who}: temperature receives no gradient; pass temperature.detach() (it requires "
+                                     "grad)")
         if temperature.device != device:
-            raise ValueError(f"{who}: temperature must be on input's device {device}, got {temperature.device}")
+            raise ArgumentValueError(f"{who}: temperature must be on input's device {device}, got {temperature.device}")
         return
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"{who}: temperature must be a float > 0 or a tensor, got {type(temperature).__name__}")
+        raise ArgumentTypeError(f"{who}: temperature must be a float > 0 or a tensor, got {type(temperature).__name__}")
     if not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"{who}: temperature must be a finite float > 0, got {temperature!r}")
+        raise ArgumentValueError(f"{who}: temperature must be a finite float > 0, got {temperature!r}")
 
 
 def temperature_per_row(temperature: float | torch.Tensor, num_rows: int, dtype: torch.dtype) -> float | torch.Tensor:
@@ -140,14 +144,14 @@ def raise_on_bad_rows(rows: TokenRows, target: torch.Tensor, num_classes: int, i
         return
     bad = first_out_of_range(target, num_classes, ignore_index)
     if bad is not None:
-        raise ValueError(f"{who}: target values must lie in [0, {num_classes}) or equal ignore_index={ignore_index}, "
-                         f"found {bad}")
+        raise TargetIndexError(f"{who}: target values must lie in [0, {num_classes}) or equal "
+                               f"ignore_index={ignore_index}, found {bad}")
     if not bool(good_temperature.all()):
         value = float(temperature[~good_temperature][0])
-        raise ValueError(f"{who}: temperature must hold finite values > 0, found {value!r}")
+        raise ArgumentValueError(f"{who}: temperature must hold finite values > 0, found {value!r}")
     row = int(torch.nonzero(~finite)[0, 0])
-    raise ValueError(f"{who}: the logits of row {row} (of the flattened input) are not finite: input, linear_weight "
-                     "or linear_bias hold inf or NaN there, or the logits overflow")
+    raise ArgumentValueError(f"{who}: the logits of row {row} (of the flattened input) are not finite: input, "
+                             "linear_weight or linear_bias hold inf or NaN there, or the logits overflow")
 
 
 @dataclasses.dataclass(frozen=True)
