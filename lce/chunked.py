@@ -58,6 +58,7 @@ from typing import Protocol
 
 import torch
 
+from . import kernels
 from .gemm import add_mm_, mm, mm_upcast_weight, mm_upcast_weight_t
 from .headroom import STORE_LIMIT, RunningSum, largest_entry, power_of_two_under, scale_to_fit
 from .planning import LOSS_SUM_DTYPE, Plan
@@ -146,6 +147,13 @@ def _scalar_chunk(loop: ChunkLoop, rows: slice) -> ChunkResult:
     z = chunk_logits(chunk)
     if chunk.plan.softcap is not None:
         return _capped_chunk(loop, chunk, z)
+    if loop.uses_kernels:  # two passes over z: statistics, then dz in place (lce.kernels)
+        stats = kernel_statistics(z, chunk)
+        if loop.sums is not None:
+            scale = loop.scales.dz_scale(chunk, stats.lse)
+            dz = kernel_grad_logits_(z, chunk, scale, stats.row_max, stats.other_prob, divisor=stats.sum_exp)
+            loop.sums.add_chunk(chunk, dz, scale.rescale)
+        return ChunkResult(stats.losses(chunk.targets, rows).sum(dtype=LOSS_SUM_DTYPE), stats.lse)
     losses, lse, other_prob = chunk_loss_and_softmax_(z, chunk)
     if loop.sums is not None:
         scale = loop.scales.dz_scale(chunk, lse)
@@ -171,7 +179,7 @@ def _per_row_loss_chunk(loop: ChunkLoop, rows: slice) -> RowStatistics:
     chunk = chunk.without_input_in_acc()  # not needed past the logits GEMM: freed before the statistics
     if chunk.plan.softcap is not None:
         return _capped_chunk_statistics(z, chunk)[0]
-    return chunk_statistics_(z, chunk)
+    return kernel_statistics(z, chunk) if loop.uses_kernels else chunk_statistics_(z, chunk)
 
 
 def _per_row_grad_chunk(loop: ChunkLoop, rows: slice, lse: torch.Tensor, other_prob: torch.Tensor | None) -> None:
@@ -183,6 +191,9 @@ def _per_row_grad_chunk(loop: ChunkLoop, rows: slice, lse: torch.Tensor, other_p
     if chunk.plan.softcap is not None:
         dz = capped_grad_logits_(cap_logits_(z, chunk.plan.softcap), chunk, chunk.all_classes, lse,
                                  other_prob, scale)
+    elif loop.uses_kernels:
+        chunk_other_prob = kernels.sum_apart_from_target(z, chunk.targets.safe_target[rows], lse)
+        dz = kernel_grad_logits_(z, chunk, scale, lse, chunk_other_prob)
     else:
         probs, chunk_other_prob = chunk_softmax_from_lse_(z, chunk, lse)
         dz = chunk_grad_logits_(probs, chunk, chunk_other_prob, scale)
@@ -215,7 +226,9 @@ def _tiled_statistics(loop: ChunkLoop, chunk: Chunk) -> RowStatistics:
     plan, stats = chunk.plan, None
     for cols in plan.class_chunks():
         z = block_logits(chunk, cols)
-        if plan.softcap is None:
+        if plan.softcap is None and loop.uses_kernels:
+            stats = kernel_statistics(z, chunk, cols, stats)
+        elif plan.softcap is None:
             stats = block_statistics_(z, chunk, cols, stats)
         else:
             stats = capped_statistics(cap_logits_(z, plan.softcap), chunk, cols, stats)
@@ -236,7 +249,9 @@ def _tiled_gradients(loop: ChunkLoop, chunk: Chunk, lse: torch.Tensor, other_pro
     scale = loop.scales.dz_scale(chunk, lse)
     for cols in plan.class_chunks():
         z = block_logits(chunk, cols)
-        if plan.softcap is None:
+        if plan.softcap is None and loop.uses_kernels:
+            dz = kernel_grad_logits_(z, chunk, scale, lse, other_prob, cols)
+        elif plan.softcap is None:
             dz = chunk_grad_logits_(z.sub_(lse[:, None]).exp_(), chunk, other_prob, scale, cols)
         else:
             dz = capped_grad_logits_(cap_logits_(z, plan.softcap), chunk, cols, lse, other_prob, scale)
@@ -332,13 +347,15 @@ class ChunkLoop:
     sums: GradientSums | None = None
     scales: RowScales | None = None
     group: GroupReduction | None = None
+    uses_kernels: bool = False
+    """Whether the chunk passes run as lce.kernels' Triton kernels (:attr:`~lce.planning.Plan.fused_passes`)."""
 
     @classmethod
     def of(cls, plan: Plan, head: HeadTensors, targets: Targets, *, sums: GradientSums | None = None,
            scales: RowScales | None = None, group: GroupReduction | None = None) -> ChunkLoop:
         """The loop of one pass, with the head's bias converted for the logits GEMM (once, not per chunk)."""
         bias = head.bias.to(plan.gemm_dtypes("logits").result) if head.bias is not None else None
-        return cls(plan, head, bias, targets, sums, scales, group)
+        return cls(plan, head, bias, targets, sums, scales, group, plan.fused_passes and plan.op == "cross_entropy")
 
     @property
     def sweeps_statistics_first(self) -> bool:
@@ -428,7 +445,7 @@ def block_logits(chunk: Chunk, cols: slice) -> torch.Tensor:
     """``z = x @ W.T + b`` for the chunk's rows and the block's classes ``cols``, in the stats dtype."""
     plan, weight = chunk.plan, chunk.head.weight[cols]
     if plan.upcasts_weight_for("logits"):
-        z = mm_upcast_weight_t(chunk.x_in_acc, weight)
+        z = mm_upcast_weight_t(chunk.x_in_acc, weight, plan.device_kind)
     else:
         z = mm(chunk.head.input[chunk.rows], weight.T, plan.gemm_dtypes("logits").result,
                in_fp32=plan.gemm_in_fp32("logits"))
@@ -591,9 +608,35 @@ def chunk_grad_logits_(probs: torch.Tensor, chunk: Chunk, other_prob: torch.Tens
     may hold a block of classes ``cols`` only; rows whose target lies outside
     it get no target entry.
     """
+    coef = dz_coefficients(chunk, scale)
+    index, in_block = block_target_index(chunk, cols)
+    target_prob = probs.gather(1, index).squeeze(1)
+    dz = probs.mul_(coef.prob[:, None])
+    target_entry = (coef.prob - coef.target) * target_prob - coef.target * other_prob
+    dz.scatter_(1, index, torch.where(in_block, target_entry, coef.prob * target_prob)[:, None])
+    if coef.smoothing is not None:
+        if chunk.targets.class_weight is None:
+            dz.add_(coef.smoothing[:, None])
+        else:
+            dz.addr_(coef.smoothing, chunk.targets.class_weight[cols])
+    return dz
+
+
+@dataclasses.dataclass(frozen=True)
+class DzCoefficients:
+    """A chunk's dz, row by row (rows,): ``prob`` times ``p``, the target's entry
+    ``(prob - target) * p_y - target * (1 - p_y)``, plus ``smoothing * w_c`` (None without label smoothing);
+    each already divided by the rescale, 0 for ignored rows."""
+
+    prob: torch.Tensor
+    target: torch.Tensor
+    smoothing: torch.Tensor | None
+
+
+def dz_coefficients(chunk: Chunk, scale: DzScale) -> DzCoefficients:
+    """The per-row coefficients of dz (the formula in the module docstring), for the PyTorch ops and the kernels."""
     targets, rows, rescale = chunk.targets, chunk.rows, scale.rescale
     eps, c = targets.label_smoothing, targets.num_classes
-    index, in_block = block_target_index(chunk, cols)
     row_scale = torch.where(targets.valid[rows], scale.row_scale / rescale, 0)
     target_coef = row_scale * (1.0 - eps) * targets.row_weight[rows]
     prob_coef = target_coef
@@ -601,16 +644,41 @@ def chunk_grad_logits_(probs: torch.Tensor, chunk: Chunk, other_prob: torch.Tens
         prob_coef = prob_coef + row_scale * (eps / c) * targets.class_weight_sum
     if scale.lse_coef is not None:
         prob_coef = prob_coef + scale.lse_coef / rescale
-    target_prob = probs.gather(1, index).squeeze(1)
-    dz = probs.mul_(prob_coef[:, None])
-    target_entry = (prob_coef - target_coef) * target_prob - target_coef * other_prob
-    dz.scatter_(1, index, torch.where(in_block, target_entry, prob_coef * target_prob)[:, None])
-    if eps:
-        if targets.class_weight is None:
-            dz.sub_((eps / c) * row_scale[:, None])
-        else:
-            dz.addr_(row_scale, targets.class_weight[cols], alpha=-eps / c)
-    return dz
+    return DzCoefficients(prob_coef, target_coef, (-eps / c) * row_scale if eps else None)
+
+
+def kernel_statistics(z: torch.Tensor, chunk: Chunk, cols: slice = slice(None),
+                      previous: RowStatistics | None = None) -> RowStatistics:
+    """:func:`chunk_statistics_` (or, for a block of classes, :func:`block_statistics_`) by lce.kernels: one read
+    of ``z``, which is left as it is."""
+    targets = chunk.targets
+    index, in_block = block_target_index(chunk, cols)
+    block = RowStatistics(*kernels.row_statistics(
+        z, torch.where(in_block, index.squeeze(1), -1),
+        class_weight=None if targets.class_weight is None else targets.class_weight[cols],
+        weighted_logit_sum=bool(targets.label_smoothing),
+        running_max=None if previous is None else previous.row_max))
+    if previous is None:
+        return block
+    carried = (previous.row_max - block.row_max).exp().nan_to_num_(0.0)  # as block_statistics_ folds its blocks
+    return RowStatistics(block.row_max, torch.addcmul(block.other, previous.other, carried),
+                         torch.where(in_block, block.target_logit, previous.target_logit),
+                         None if block.weighted_logit_sum is None
+                         else previous.weighted_logit_sum + block.weighted_logit_sum)
+
+
+def kernel_grad_logits_(z: torch.Tensor, chunk: Chunk, scale: DzScale, shift: torch.Tensor, other_prob: torch.Tensor,
+                        cols: slice = slice(None), divisor: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits ``z`` (the classes ``cols``) turned into ``dz / scale.rescale`` in place by lce.kernels, with
+    ``p = exp(z - shift)`` (``/ divisor`` where given): :func:`chunk_softmax_from_lse_` or the division of
+    :func:`chunk_loss_and_softmax_`, then :func:`chunk_grad_logits_`, in one pass."""
+    coef = dz_coefficients(chunk, scale)
+    index, in_block = block_target_index(chunk, cols)
+    class_weight = chunk.targets.class_weight
+    return kernels.grad_logits_(z, torch.where(in_block, index.squeeze(1), -1), shift, prob_coef=coef.prob,
+                                target_coef=coef.target, other_prob=other_prob, divisor=divisor,
+                                smoothing_coef=coef.smoothing,
+                                class_weight=None if class_weight is None else class_weight[cols])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -838,18 +906,28 @@ class GradientSums:
 
         if self.input is not None:
             operands, result = plan.gemm_dtypes("grad_input")
-            if input_sum is not None and self.wide_input_partials:
-                input_sum.add_(self._grad_input_product(dz_as(operands), weight, rescale, input_sum.dtype))
+            correction = TargetResidual.of(chunk, dz, dz_as(operands), cols).input_correction(weight)
+            if input_sum is not None and plan.sums_input_blocks_in_place:  # one GEMM into the fp32 sum
+                torch.addmm(input_sum, dz_as(operands), weight, out_dtype=input_sum.dtype, alpha=rescale,
+                            out=input_sum)
+                if correction is not None:
+                    input_sum.add_(correction, alpha=rescale)
+            elif input_sum is not None and self.wide_input_partials:
+                input_sum.add_(self._grad_input_product(dz_as(operands), weight, rescale, input_sum.dtype,
+                                                        addend=correction))
             elif input_sum is not None:
-                input_sum.add_(self._grad_input_product(dz_as(operands), weight, rescale).to(input_sum.dtype))
+                input_sum.add_(self._grad_input_product(dz_as(operands), weight, rescale,
+                                                        addend=correction).to(input_sum.dtype))
             else:
                 scale = self._input_rows_scale(dz, weight, rescale)
                 self._input_scales.append((rows, scale))
                 if plan.upcasts_weight_for("grad_input") or result != plan.input_dtype:
-                    self.input[rows].copy_(self._grad_input_product(dz_as(operands), weight, rescale * scale))
+                    self.input[rows].copy_(self._grad_input_product(dz_as(operands), weight, rescale * scale,
+                                                                    addend=correction))
                 else:
                     mm(dz_as(operands), weight, result, out=self.input[rows], alpha=rescale * scale,
-                       in_fp32=plan.gemm_in_fp32("grad_input"))
+                       in_fp32=plan.gemm_in_fp32("grad_input"), addend=correction)
+            del correction  # freed before the weight gradient's step, as lce.memory_model says
         if self.weight is not None:
             operands, product = plan.gemm_dtypes("grad_weight")
             x = head.input[rows] if operands == plan.input_dtype else chunk.x_in_acc
@@ -862,20 +940,30 @@ class GradientSums:
                 else:  # a narrow product added to a wide sum: scaled for its rounding, unscaled in the add
                     product_scale = power_of_two_under(STORE_LIMIT, bound)
                     alpha = rescale * product_scale
+            correction = None
+            if plan.target_residual_to_weight:  # added before the product, which then rounds the sum once
+                target = TargetResidual.of(chunk, dz, dz_as(operands), cols)
+                correction = target.weight_correction(head.input[rows], self.weight.dtype)
+                if correction is not None:
+                    self.weight[cols].index_add_(0, target.index, correction, alpha=rescale)
             add_mm_(self.weight[cols], dz_as(operands).T, x, product, alpha=alpha,
-                    in_fp32=plan.gemm_in_fp32("grad_weight"), product_scale=product_scale)
+                    in_fp32=plan.gemm_in_fp32("grad_weight"), product_scale=product_scale,
+                    device_kind=plan.device_kind, mixed_addmm=plan.mixed_addmm,
+                    fresh=plan.num_chunks == 1 and correction is None)
+            del correction  # alive through the product's blocks, as lce.memory_model counts it
         if self.bias is not None:
             self.bias[cols].add_(dz.sum(0), alpha=rescale)
 
     def _grad_input_product(self, dz: torch.Tensor, weight: torch.Tensor, rescale: float,
-                            result: torch.dtype | None = None) -> torch.Tensor:
-        """``rescale * dz @ weight`` in the plan's grad_input precision (or with the wider ``result``), as a new
-        (rows, D) tensor."""
+                            result: torch.dtype | None = None, addend: torch.Tensor | None = None) -> torch.Tensor:
+        """``rescale * (dz @ weight + addend)`` in the plan's grad_input precision (or with the wider ``result``),
+        as a new (rows, D) tensor."""
         if self.plan.upcasts_weight_for("grad_input"):
-            product = mm_upcast_weight(dz, weight, alpha=rescale)
+            product = mm_upcast_weight(dz, weight, alpha=rescale, device_kind=self.plan.device_kind)
+            product = product if addend is None else product.add_(addend, alpha=rescale)
             return product if result is None or product.dtype == result else product.to(result)
         return mm(dz, weight, result or self.plan.gemm_dtypes("grad_input").result, alpha=rescale,
-                  in_fp32=self.plan.gemm_in_fp32("grad_input"))
+                  in_fp32=self.plan.gemm_in_fp32("grad_input"), addend=addend)
 
     def _input_rows_scale(self, dz: torch.Tensor, weight: torch.Tensor, rescale: float) -> float:
         """The power of two a chunk's input-gradient rows are stored scaled by (1.0 unless scaled output): from
@@ -923,6 +1011,46 @@ class GradientSums:
         if self.scaled_output:
             grads.scales = GradientScales(_runs(self._input_scales), weight_scale, bias_scale)
         return grads
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetResidual:
+    """What rounding dz for a backward GEMM lost at each row's target entry, carried past the rounding.
+
+    A row's target entry is its largest in magnitude (``s (p_y - 1)`` against ``s p_c`` elsewhere), so rounding it
+    to a GEMM's bf16/fp16 operand costs the most: where the row's products cancel (few classes, or logits that
+    nearly agree) that one rounding can dominate the gradient's error. The residual ``dz_y - round(dz_y)`` is exact
+    in the stats dtype and at most half an ulp of the entry, so its product with the target's weight row (the
+    input gradient's correction) costs only a rounding of that small term in the input dtype, and is added in the
+    GEMM's own sum before its one rounding; its product with the row's input (the target's weight-gradient row)
+    goes into the accumulator where that is wider than the operands. The target entry then counts at about twice
+    the operand dtype's precision, the other entries as rounded. ``index`` (rows,) is each row's target within the
+    block ``cols``, ``residual`` (rows,) 0 where the target lies outside it; both None where dz was not rounded."""
+
+    index: torch.Tensor | None
+    residual: torch.Tensor | None
+
+    @classmethod
+    def of(cls, chunk: Chunk, dz: torch.Tensor, rounded: torch.Tensor, cols: slice) -> TargetResidual:
+        if rounded.dtype == dz.dtype:
+            return cls(None, None)
+        index, in_block = block_target_index(chunk, cols)
+        lost = dz.gather(1, index).squeeze(1) - rounded.gather(1, index).squeeze(1).to(dz.dtype)
+        return cls(index.squeeze(1), torch.where(in_block, lost, 0))
+
+    def input_correction(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """``residual * weight[target]`` (rows, D) in the weight's dtype, in dz's units; None where nothing was
+        lost."""
+        if self.residual is None:
+            return None
+        return weight[self.index].mul_(self.residual[:, None].to(weight.dtype))
+
+    def weight_correction(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """``residual * x`` (rows, D) in ``dtype`` (the weight-gradient sum's), in dz's units, for the target rows
+        of the weight gradient (``index``); None where nothing was lost."""
+        if self.residual is None:
+            return None
+        return torch.mul(x, self.residual[:, None].to(dtype))
 
 
 def _runs(scales: list[tuple[slice, float]]) -> tuple[tuple[slice, float], ...]:

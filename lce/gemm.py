@@ -22,42 +22,52 @@ tensors' device:
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 
 
 def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None = None,
-       alpha: float = 1.0, *, in_fp32: bool = False) -> torch.Tensor:
-    """``alpha * (a @ b)`` for same-dtype 2-D operands, summed in at least fp32, returned in ``out_dtype``.
+       alpha: float = 1.0, *, in_fp32: bool = False, addend: torch.Tensor | None = None) -> torch.Tensor:
+    """``alpha * (a @ b + addend)`` for same-dtype 2-D operands, summed in at least fp32, returned in ``out_dtype``.
 
     ``out`` (contiguous, ``out_dtype``) receives the result without a temporary
     when the native GEMM applies; otherwise the result is copied into it.
     ``alpha`` is a power of two here (exact), applied before any narrowing.
     ``in_fp32``: the operands' dtype has no fast GEMM here (see the module docstring).
+    ``addend`` (the result's shape, any floating dtype): a small correction added in the GEMM's own sum, before
+    its one rounding (a native GEMM takes it as ``addmm``'s ``input``, in the operands' dtype).
     """
     if a.dtype == out_dtype and not in_fp32:
-        result = torch.mm(a, b, out=out) if out is not None else a @ b
+        if addend is not None:
+            result = torch.addmm(addend.to(a.dtype), a, b, out=out)
+        else:
+            result = torch.mm(a, b, out=out) if out is not None else a @ b
         return result.mul_(alpha) if alpha != 1.0 else result
     if a.dtype == out_dtype:
-        return _mm_in_fp32(a, b, out_dtype, alpha, out)
+        return _mm_in_fp32(a, b, out_dtype, alpha, out, addend)
     if out is not None:
-        return out.copy_(mm(a, b, out_dtype, alpha=alpha, in_fp32=in_fp32))
+        return out.copy_(mm(a, b, out_dtype, alpha=alpha, in_fp32=in_fp32, addend=addend))
     if a.is_cuda and torch.finfo(out_dtype).bits >= 32:
         try:
             result = torch.mm(a, b, out_dtype=out_dtype)
+            result = result if addend is None else result.add_(addend)
             return result.mul_(alpha) if alpha != 1.0 else result
         except (TypeError, RuntimeError, NotImplementedError):
             pass  # a build or dtype pair without the mixed-precision kernel
-    return _mm_via_upcast(a, b, out_dtype, alpha)
+    return _mm_via_upcast(a, b, out_dtype, alpha, addend)
 
 
-def _mm_via_upcast(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, alpha: float) -> torch.Tensor:
-    """Operands upcast to at least fp32 (products of fp16/bf16 numbers are exact there), one GEMM,
-    one rounding to ``out_dtype``. Where it stands in for CUDA's mixed-precision ``mm`` on CPU
-    tensors its temporaries are not the CUDA op's, so the memory-model test counts only its result."""
+def _mm_via_upcast(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, alpha: float,
+                   addend: torch.Tensor | None = None) -> torch.Tensor:
+    """Operands upcast to at least fp32 (products of fp16/bf16 numbers are exact there), one GEMM (plus
+    ``addend``, then times ``alpha``), one rounding to ``out_dtype``. Where it stands in for CUDA's
+    mixed-precision ``mm`` on CPU tensors its temporaries are not the CUDA op's, so the memory-model test counts
+    only its result."""
     wide = torch.promote_types(out_dtype, torch.float32)
     result = a.to(wide) @ b.to(wide)
+    result = result if addend is None else result.add_(addend)
     return (result.mul_(alpha) if alpha != 1.0 else result).to(out_dtype)
 
 
@@ -65,11 +75,40 @@ _BLOCK_ELEMENTS = 1 << 20
 """Rows of a (C, D) target are updated in blocks of about this many elements when a
 dtype conversion is involved, so the products and converted temporaries stay ~4 MiB, not (C, D)-sized."""
 
+_CUDA_BLOCK_ELEMENTS = 1 << 26
+"""The same on CUDA, for the weight-gradient product added into its accumulator where the device has no
+mixed-precision ``addmm`` (:func:`mixed_addmm_supported`): 256 MiB of fp32 per block, so a 256000 x 2304 head
+takes 9 GEMMs a chunk, each large enough to run at the GEMM's rate. Blocks of a million elements (the CPU's size,
+chosen for its caches) cost an H200 over 500 small GEMMs a chunk: 1.6 s a step at that head, against 49 ms for the
+unfused op (``analysis/results/gpu_bench.csv``)."""
 
-def rows_per_block(cols: int) -> int:
-    """Rows of a ``(rows, cols)`` matrix converted at a time (~1M elements): the weight upcast by
+
+def block_elements(device_kind: str) -> int:
+    """Elements of a (C, D) target updated at a time on ``device_kind`` ("cpu" or "cuda")."""
+    return _CUDA_BLOCK_ELEMENTS if device_kind == "cuda" else _BLOCK_ELEMENTS
+
+
+def rows_per_block(cols: int, device_kind: str = "cpu") -> int:
+    """Rows of a ``(rows, cols)`` matrix converted at a time (:func:`block_elements`): the weight upcast by
     the ``*_upcast_weight`` GEMMs and the weight-gradient target updated by :func:`add_mm_`."""
-    return max(1, _BLOCK_ELEMENTS // max(cols, 1))
+    return max(1, block_elements(device_kind) // max(cols, 1))
+
+
+@functools.cache
+def mixed_addmm_supported(device: torch.device) -> bool:
+    """Whether ``torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)`` sums bf16/fp16 operands' product straight
+    into an fp32 ``acc`` on ``device``, in one GEMM with fp32 accumulation: probed once per device on tiny tensors
+    (CUDA builds before it rejected ``out=`` with ``out_dtype``, pytorch issue 154086; CPUs have no such kernel)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False  # predictions for a GPU made without one assume the blocked sum (the larger peak)
+    try:
+        a = torch.tensor([[1.0, 2.0 ** -8]], dtype=torch.bfloat16, device=device)
+        b = torch.tensor([[1.0], [1.0]], dtype=torch.bfloat16, device=device)
+        acc = torch.ones(1, 1, dtype=torch.float32, device=device)
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    except (TypeError, RuntimeError, NotImplementedError):
+        return False
+    return float(acc) == 2.0 + 2.0 ** -8  # an fp32 sum: a bf16 one would lose the 2^-8
 
 
 class Fp32Blocks(NamedTuple):
@@ -90,8 +129,9 @@ def in_fp32_blocks(m: int, k: int, n: int) -> Fp32Blocks:
 
 
 def _mm_in_fp32(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, alpha: float,
-                out: torch.Tensor | None) -> torch.Tensor:
-    """``alpha * (a @ b)`` rounded once to ``out_dtype``, computed on fp32 copies of blocks (:func:`in_fp32_blocks`)."""
+                out: torch.Tensor | None, addend: torch.Tensor | None = None) -> torch.Tensor:
+    """``alpha * (a @ b + addend)`` rounded once to ``out_dtype``, computed on fp32 copies of blocks
+    (:func:`in_fp32_blocks`)."""
     (m, k), n = a.shape, b.shape[1]
     if out is None:
         out = torch.empty(m, n, dtype=out_dtype, device=a.device)
@@ -101,56 +141,72 @@ def _mm_in_fp32(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, alpha:
         for start in range(0, n, blocks.size):
             cols = slice(start, start + blocks.size)
             product = a_wide @ b[:, cols].float()
+            product = product if addend is None else product.add_(addend[:, cols])
             out[:, cols] = product.mul_(alpha) if alpha != 1.0 else product
         return out
     total = torch.zeros(m, n, dtype=torch.float32, device=a.device)
     for start in range(0, k, blocks.size):
         part = slice(start, start + blocks.size)
         total.addmm_(a[:, part].float(), b[part].float())
+    total = total if addend is None else total.add_(addend)
     return out.copy_(total.mul_(alpha) if alpha != 1.0 else total)
 
 
-def mm_upcast_weight_t(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def mm_upcast_weight_t(a: torch.Tensor, weight: torch.Tensor, device_kind: str = "cpu") -> torch.Tensor:
     """``a @ weight.T`` with the low-precision ``weight`` (C, D) upcast to ``a.dtype`` one block of rows at a time.
 
     The same numbers as upcasting the whole weight first (the upcast is exact),
     without a (C, D) wide copy; on a 2-core AVX512 CPU it was no slower
-    (blocks stay in cache): 512 x 32768 x 512 fp32, 100 ms blocked vs 109 ms.
+    (blocks stay in cache): 512 x 32768 x 512 fp32, 100 ms blocked vs 109 ms. Blocks of
+    :func:`block_elements` of ``device_kind``.
     """
     out = torch.empty(a.shape[0], weight.shape[0], dtype=a.dtype, device=a.device)
-    step = rows_per_block(weight.shape[1])
+    step = rows_per_block(weight.shape[1], device_kind)
     for start in range(0, weight.shape[0], step):
         out[:, start:start + step] = a @ weight[start:start + step].to(a.dtype).T
     return out
 
 
-def mm_upcast_weight(a: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+def mm_upcast_weight(a: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0, device_kind: str = "cpu",
+                     ) -> torch.Tensor:
     """``alpha * (a @ weight)`` with ``weight`` (C, D) upcast to ``a.dtype`` block by block; ``a`` is (rows, C)."""
     out = torch.zeros(a.shape[0], weight.shape[1], dtype=a.dtype, device=a.device)
-    step = rows_per_block(weight.shape[1])
+    step = rows_per_block(weight.shape[1], device_kind)
     for start in range(0, weight.shape[0], step):
         out.addmm_(a[:, start:start + step], weight[start:start + step].to(a.dtype))
     return out.mul_(alpha) if alpha != 1.0 else out
 
 
 def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtype: torch.dtype,
-            alpha: float = 1.0, *, in_fp32: bool = False, product_scale: float = 1.0) -> None:
+            alpha: float = 1.0, *, in_fp32: bool = False, product_scale: float = 1.0, device_kind: str = "cpu",
+            mixed_addmm: bool = False, fresh: bool = False) -> None:
     """``target += alpha * (a @ b) / product_scale`` where ``alpha * (a @ b)`` is rounded to ``product_dtype``
     before the add (``product_scale``: a power of two that lifts a narrow product into its dtype's normal range
     for that rounding; the add divides it out exactly, so it applies only to a product narrower than the target).
 
     When operands, product and target share a dtype this is a single in-place
-    ``addmm_`` (no temporary, one rounding of ``target + alpha * a @ b``);
+    ``addmm_`` (no temporary, one rounding of ``target + alpha * a @ b``); so it is, with ``mixed_addmm``
+    (:func:`mixed_addmm_supported`), for low-precision operands whose product is summed in the fp32 target;
     otherwise the product is formed by :func:`mm` a block of ``target`` rows at a time (about
-    :data:`_BLOCK_ELEMENTS` elements) and each block added as soon as it exists. ``in_fp32``: as for :func:`mm`.
+    :func:`block_elements` of ``device_kind``) and each block added as soon as it exists. ``in_fp32``: as for
+    :func:`mm`. ``fresh``: ``target`` holds zeros (the only chunk of rows), so a product of its dtype is written
+    into it by ``mm`` rather than added (a CPU's ``addmm_`` into a bf16 target copies the target to fp32).
     """
     if product_scale != 1.0 and torch.promote_types(target.dtype, product_dtype) == product_dtype:
         raise ValueError(f"add_mm_: product_scale applies to a product narrower than its target, got a "
                          f"{product_dtype} product for a {target.dtype} target")
     if target.dtype == a.dtype == product_dtype and not in_fp32:
-        target.addmm_(a, b, alpha=alpha)
+        if fresh:
+            torch.mm(a, b, out=target)
+            if alpha != 1.0:
+                target.mul_(alpha)
+        else:
+            target.addmm_(a, b, alpha=alpha)
         return
-    step = rows_per_block(target.shape[1])
+    if mixed_addmm and target.dtype == product_dtype and a.dtype != product_dtype and not in_fp32:
+        torch.addmm(target, a, b, out_dtype=product_dtype, alpha=alpha, out=target)
+        return
+    step = rows_per_block(target.shape[1], device_kind)
     if target.dtype == product_dtype == a.dtype:
         # in_fp32: the same single rounding of target + alpha * a @ b, computed in fp32 a block of rows at a time.
         b_wide = b.float()

@@ -233,7 +233,7 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
         "logits of one chunk (then its softmax and dz, in place, when it has the stats dtype)")
     upcast_for = [gemm for gemm in ("logits", "grad_input") if gemm in steps and plan.upcasts_weight_for(gemm)]
     if upcast_for:
-        block = min(rows_per_block(d), c)
+        block = min(rows_per_block(d, plan.device_kind), c)
         add("weight_block_in_acc", (block, d), acc_dt, upcast_for,
             "a block of weight rows upcast to acc_dtype (no full-size copy)")
         if "logits" in upcast_for:
@@ -249,11 +249,20 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
             rounded.append(dtype)
             add("grad_logits_narrow" if dtype == in_dt else "grad_logits_in_acc", (rows, c), dtype,
                 backward_steps[backward_steps.index(gemm):], "dz rounded to a backward GEMM's operand dtype")
+    # lce.chunked.TargetResidual: the rounding residual of each row's target entry, times the target's weight row
+    # (added in the input gradient's GEMM) and times the row's input (added to a wider weight-gradient sum)
+    if "grad_input" in steps and plan.gemm_dtypes("grad_input").operands != stats_dt:
+        add("target_input_correction", (rows, d), in_dt, ("grad_input",),
+            "the target entries' rounding residual times their weight rows, added in the GEMM's sum")
+    if "grad_weight" in steps and plan.target_residual_to_weight:
+        add("target_weight_correction", (rows, d), plan.weight_grad_sum_dtype, ("grad_weight",),
+            "the target entries' rounding residual times the rows' input, added to the target rows of the sum")
     grad_input_dt = plan.gemm_dtypes("grad_input").result
     if "grad_input" in steps and plan.tiles_classes:
         # made after the statistics sweep; the gradient sweep, which holds the most, has it throughout
         add("grad_input_rows_sum", (rows, d), stats_dt, steps, "grad_input of one chunk summed over the class blocks")
-        add("grad_input_chunk", (rows, d), grad_input_dt, ("grad_input",), "one class block's grad_input product")
+        if not plan.sums_input_blocks_in_place:
+            add("grad_input_chunk", (rows, d), grad_input_dt, ("grad_input",), "one class block's grad_input product")
         # (a GEMM in fp32 rounds into its product after its fp32 total, listed below, and holds more then)
         if grad_input_dt != stats_dt and not _in_fp32(plan, "grad_input"):
             add("grad_input_chunk_in_sum", (rows, d), stats_dt, ("grad_input",),
@@ -263,8 +272,10 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
             "grad_input of one chunk before rounding")
     weight_gemm = plan.gemm_dtypes("grad_weight")
     # (lce.headroom's bounds, a (rows,) or (C,) fp32 sum of |dz|, are made and freed before the step's GEMM)
-    if "grad_weight" in steps and not weight_gemm.operands == weight_gemm.result == plan.weight_grad_sum_dtype:
-        block = (min(rows_per_block(d), c), d)
+    summed_in_place = (weight_gemm.operands == weight_gemm.result == plan.weight_grad_sum_dtype
+                       or (plan.mixed_addmm and weight_gemm.result == plan.weight_grad_sum_dtype))
+    if "grad_weight" in steps and not summed_in_place:
+        block = (min(rows_per_block(d, plan.device_kind), c), d)
         add("weight_grad_chunk", block, weight_gemm.result, ("grad_weight",),
             "one block of classes of a chunk's weight-gradient product (no (C, D) product exists)")
         common = torch.promote_types(weight_gemm.result, plan.weight_grad_sum_dtype)

@@ -9,9 +9,13 @@ rows cut into ``num_chunks`` contiguous chunks of ``ceil(N / num_chunks)`` rows,
 * logits ``z = x_t @ W_t.T`` with exact products and fp32 sums (the layouts' mixed-precision GEMM);
   ``dz = softmax(z) - onehot(y)`` in fp32;
 * ``accurate``: ``grad_W = round_t(s * dz.T @ x_t)``, one fp32 GEMM, one rounding;
-* ``balanced``: ``dz`` rounded to ``t`` first, then the same fp32 sum and one rounding;
+* ``balanced``: ``dz`` rounded to ``t`` first, its target entries' rounding residual added back in the fp32 sum
+  (:class:`lce.chunked.TargetResidual`: the target entries count unrounded), then one rounding;
 * ``compact``: ``dz`` rounded to ``t``; each chunk's product ``s * dz_j.T @ x_j`` (fp32) is added to
-  the gradient *in* ``t``: ``g = round_t(g + product_j)``, once per chunk, in chunk order;
+  the gradient *in* ``t``: ``g = round_t(g + product_j)``, once per chunk, in chunk order (a sum in ``t`` takes
+  no residual);
+* the input gradient (``with_input``): ``round_t(s * dz @ W_t)``, ``dz`` rounded with its target entries'
+  residual added back, except in accurate, whose ``dz`` is not rounded;
 
 where ``s = 1 / N`` multiplies the products. In fp16 lce keeps the gradient scaled by a power of two
 ``sigma`` (:mod:`lce.headroom`): chosen from the fp32 sum's largest entry for accurate and balanced, and for
@@ -97,16 +101,20 @@ def head_step(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype
     dz = log_p.exp_()
     dz[torch.arange(n), target] -= 1.0
     dz.mul_(row_scale / rescale)
+    with_residual = dz  # accurate: dz is not rounded
     if policy != "accurate":
+        exact_targets = dz[torch.arange(n), target]
         dz = dz.to(dtype).float()
+        with_residual = dz.clone()
+        with_residual[torch.arange(n), target] = exact_targets
     if policy == "compact":
         stored, sigma = _compact_sum(dz, x_t, rows, rescale, dtype, headroom)
     else:
-        total = (dz.T @ x_t).mul_(rescale)
+        total = (with_residual.T @ x_t).mul_(rescale)
         sigma = power_of_two_under(STORE_LIMIT, largest_entry(total)) if headroom else 1.0
         stored = total.mul_(sigma).to(dtype)
     returned = _returned(stored, sigma, loss_scale, headroom)
-    grad_input = _grad_input(dz, w_t, rows, rescale, dtype, headroom) if with_input else None
+    grad_input = _grad_input(with_residual, w_t, rows, rescale, dtype, headroom) if with_input else None
     finite = bool(torch.isfinite(returned).all())
     return HeadStep(loss, returned.float().div_(loss_scale), finite, grad_input, (stored, sigma))
 
