@@ -42,6 +42,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "budgets": ("analysis.studies.budgets", "lce.recommend per memory budget, measured; class tiling's cost"),
     "features": ("analysis.studies.features", "error, time and memory of soft-capping, z-loss and lse"),
     "vocab-parallel": ("analysis.studies.vocab_parallel", "vocab-parallel lce on 1-4 CPU processes: errors, peaks"),
+    "time-model": ("analysis.studies.time_model",
+                   "fit lce's time model to the committed timed runs of each device kind; held-out report"),
     "cpu-kinds": ("analysis.studies.cpu_kinds", "this CPU's GEMM rates; lce.recommend's picks timed here"),
     "cpu-probe": ("analysis.studies.cpu_probe", "lce.cpu_gemms' verdict at 1, 2 and all threads, idle and busy"),
     "hf-step": ("analysis.studies.hf_step",

@@ -29,11 +29,13 @@ notebooks print are this procedure's output, so they cannot disagree:
    listed first.
 
 "auto" is one rule per (device kind, dtype) for every shape: :func:`derive_auto` applies the procedure to
-chunking *rules* (:data:`AUTO_CHUNKINGS`) at the :data:`REFERENCE_HEADS` -- and on CPU on every CPU kind
+chunking *rules* (:data:`AUTO_CHUNKINGS`, with a floor on rows per chunk: :data:`CUDA_ROW_FLOORS` on CUDA) at the
+:data:`REFERENCE_HEADS` -- and on CPU on every CPU kind
 (:data:`REFERENCE_CPU_KINDS`) -- and the auto table must equal its output (``tests/lce/test_decide.py``). A
-default has one more condition, *drop-in*: at every reference head each of its gradients is predicted no less
+default has two more conditions: *drop-in*, at every reference head each of its gradients is predicted no less
 accurate than under torch 2.13's own default (:data:`TORCH_DEFAULTS`), so that switching to lce makes no number
-worse; and where the procedure is indifferent (a tie in memory, time and error) auto keeps torch's pick.
+worse; and *accurate default*, every gradient within :data:`DEFAULT_MAX_ERROR_FOR_AUTO` floors (a weight gradient
+summed in fp32); and where the procedure is indifferent (a tie in memory, time and error) auto keeps torch's pick.
 :func:`lce.recommend` applies the same procedure to one shape's candidates, which can tune rows and class blocks
 to that shape; where that buys less memory than auto's rule, recommend says so (its explanation names auto's
 plan).
@@ -65,9 +67,10 @@ from .time_model import estimated_seconds
 
 __all__ = ["Candidate", "Head", "REFERENCE_HEADS", "DEFAULT_MAX_ERROR", "BIAS_LIMIT", "NOISE_ERROR_LIMIT",
            "TRAINED_CHUNK_COUNTS", "TIME_FACTOR", "MEMORY_TIE", "OBJECTIVE", "CONDITIONS", "AUTO_CHUNKINGS",
+           "CUDA_ROW_FLOORS", "auto_floors",
            "REFERENCE_CPU_KINDS", "TORCH_DEFAULTS", "TORCH_FALLBACK", "DROP_IN_TOLERANCE", "Choice", "AutoDerivation",
-           "evaluate", "error_fault", "training_fault", "drop_in_fault", "faults", "objective", "choose",
-           "rule_candidate", "derive_auto"]
+           "evaluate", "error_fault", "training_fault", "drop_in_fault", "default_accuracy_fault", "faults",
+           "objective", "choose", "DEFAULT_MAX_ERROR_FOR_AUTO", "rule_candidate", "derive_auto"]
 
 DEFAULT_MAX_ERROR: dict[torch.dtype, float] = {torch.bfloat16: 2.0, torch.float16: 10.0}
 """The error condition: the largest predicted gradient error, in floors of each dtype (none for fp32/fp64, whose
@@ -130,6 +133,13 @@ fp32 chunk would save more); :func:`lce.recommend` tunes such a shape."""
 AUTO_CHUNKINGS: tuple[str, ...] = ("aspect_ratio", "aspect_ratio:2", "aspect_ratio:4", "aspect_ratio:8")
 """The chunking rules "auto" may resolve to (torch's options accept these for every shape)."""
 
+CUDA_ROW_FLOORS: tuple[int, ...] = (1, 256, 512, 1024, 2048)
+"""The floors on rows per chunk a CUDA "auto" rule may keep (with one of :data:`AUTO_CHUNKINGS`): every step of the
+chunk loop costs the GPU a fixed time (launches, the Python around them: :mod:`lce.time_model`), which the aspect
+ratio's chunks of a few dozen rows at a small head pay hundreds of times. The largest floor offered, 2048 rows, keeps
+a chunk's fp32 logits at most 2 GiB at a 256000-class head: above it chunking would stop saving memory. On a CPU
+the floor is fixed per dtype (:data:`lce.policies.CPU_MIN_ROWS`, from its chunk sweep)."""
+
 TORCH_DEFAULTS: dict[tuple[str, torch.dtype], tuple[str, str]] = {
     ("cuda", torch.bfloat16): ("compact", "aspect_ratio:2"),
     ("cuda", torch.float16): ("compact", "aspect_ratio:2"),
@@ -144,6 +154,14 @@ TORCH_FALLBACK: tuple[str, str] = ("compact", "aspect_ratio:2")
 DROP_IN_TOLERANCE = 0.02
 """How much larger than under torch's default a default's predicted error may be and still count as no less
 accurate (the error model's own resolution is coarser)."""
+
+DEFAULT_MAX_ERROR_FOR_AUTO: dict[torch.dtype, float] = {torch.bfloat16: 1.25, torch.float16: 1.25}
+"""The *accurate default* condition: a default's predicted error, every gradient at every reference head, at most
+this many floors. lce's default keeps the weight gradient's sum over chunks in fp32, rounded once (the error model
+predicts balanced's and accurate's within 1.2 floors at every chunk count, while a sum in the input dtype -- compact
+-- grows past 1.4 at a few chunks and 6 at torch's chunk counts): the accuracy the repository exists to deliver is
+what a user gets without choosing it. :func:`lce.recommend` keeps the looser :data:`DEFAULT_MAX_ERROR` for choices a
+user asks for."""
 
 REFERENCE_CPU_KINDS: dict[str, tuple[str, float]] = {
     "AMX Xeon": ("native", 2.5),
@@ -287,6 +305,14 @@ def choose(candidates: Iterable[Candidate], limit: float, budget: float | None =
 
 # ---- "auto": the procedure over chunking rules at the reference heads ---------------------------------------
 
+def default_accuracy_fault(candidate: Candidate) -> str | None:
+    """Why ``candidate`` fails the accurate-default condition (None: it meets it, or its dtype has none)."""
+    limit = DEFAULT_MAX_ERROR_FOR_AUTO.get(candidate.plan.input_dtype)
+    if limit is None or candidate.error <= limit:
+        return None
+    return f"predicted {candidate.error:.3g} floors, over a default's limit of {limit:g}"
+
+
 def drop_in_fault(candidate: Candidate, torch_default: Candidate) -> str | None:
     """Why ``candidate`` fails the drop-in condition against torch's default at the same head (None: it meets it)."""
     worse = [f"{name} {candidate.errors[name]:.3g} > {torch_default.errors[name]:.3g} floors"
@@ -296,15 +322,17 @@ def drop_in_fault(candidate: Candidate, torch_default: Candidate) -> str | None:
 
 
 def rule_candidate(policy: str, chunking: str, head: Head, dtype: torch.dtype, device_kind: str,
-                   cpu_rate: float | None = None, min_rows: bool = True) -> Candidate:
+                   cpu_rate: float | None = None, min_rows: bool | int = True) -> Candidate:
     """The candidate that the "auto" entry ``(policy, chunking)`` resolves to at ``head``: fp32 ``acc_dtype`` for
-    bf16/fp16 input, and on CPU at least :data:`~lce.policies.CPU_MIN_ROWS` rows per chunk, as auto chunking
-    keeps (``min_rows=False``: torch's chunking, without that floor)."""
+    bf16/fp16 input, and at least ``min_rows`` rows per chunk, as auto chunking keeps (``True``: the device's fixed
+    floor, :data:`~lce.policies.CPU_MIN_ROWS` on a CPU and none on CUDA; ``False``: torch's chunking, without a
+    floor)."""
     from .testing import emulate_device_kind
 
     rows = aspect_ratio_chunk_size(head.N, head.D, head.C, int(chunking.partition(":")[2] or 1))
-    if device_kind == "cpu" and min_rows:
-        rows = max(rows, min(CPU_MIN_ROWS.get(dtype, 1), head.N))
+    floor = min_rows if not isinstance(min_rows, bool) else (
+        CPU_MIN_ROWS.get(dtype, 1) if device_kind == "cpu" and min_rows else 1)
+    rows = max(rows, min(floor, head.N))
     acc_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else None
     options = LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
                                         batch_chunk_size=rows)
@@ -315,15 +343,26 @@ def rule_candidate(policy: str, chunking: str, head: Head, dtype: torch.dtype, d
 
 @dataclasses.dataclass(frozen=True)
 class AutoDerivation:
-    """:func:`derive_auto`'s answer: the pick ``(policy, chunking)``, and per rule and context (head, CPU kind) the
-    candidate and its faults."""
+    """:func:`derive_auto`'s answer: the pick ``(policy, chunking)`` and its floor on rows per chunk (``min_rows``),
+    and per rule ``(policy, chunking, floor)`` and context (head, CPU kind) the candidate and its faults."""
 
     device_kind: str
     dtype: torch.dtype
     pick: tuple[str, str]
+    min_rows: int
     contexts: tuple[str, ...]
-    table: Mapping[tuple[str, str], Mapping[str, Candidate]]
-    rule_faults: Mapping[tuple[str, str], tuple[str, ...]]
+    table: Mapping[tuple[str, str, int], Mapping[str, Candidate]]
+    rule_faults: Mapping[tuple[str, str, int], tuple[str, ...]]
+
+    @property
+    def rule(self) -> tuple[str, str, int]:
+        """The picked rule as the table keys it."""
+        return (*self.pick, self.min_rows)
+
+
+def auto_floors(device_kind: str, dtype: torch.dtype) -> tuple[int, ...]:
+    """The floors on rows per chunk an "auto" rule of ``device_kind`` may keep (see :data:`CUDA_ROW_FLOORS`)."""
+    return CUDA_ROW_FLOORS if device_kind == "cuda" else (CPU_MIN_ROWS.get(dtype, 1),)
 
 
 def _contexts(device_kind: str, dtype: torch.dtype, heads: Sequence[Head]):
@@ -342,20 +381,22 @@ def derive_auto(device_kind: str, dtype: torch.dtype, heads: Sequence[Head] = RE
     from .testing import cpu_gemms
 
     limit = DEFAULT_MAX_ERROR.get(dtype, math.inf)
-    rules = [(policy, chunking) for policy in EXPLICIT_POLICIES for chunking in AUTO_CHUNKINGS]
+    rules = [(policy, chunking, floor) for policy in EXPLICIT_POLICIES for chunking in AUTO_CHUNKINGS
+             for floor in auto_floors(device_kind, dtype)]
     contexts = _contexts(device_kind, dtype, heads)
     torch_rule = TORCH_DEFAULTS.get((device_kind, dtype), TORCH_FALLBACK)
-    table: dict[tuple[str, str], dict[str, Candidate]] = {rule: {} for rule in rules}
+    table: dict[tuple[str, str, int], dict[str, Candidate]] = {rule: {} for rule in rules}
     torch_default: dict[str, Candidate] = {}
     for name, head, support, rate in contexts:
         with contextlib.nullcontext() if support is None else cpu_gemms(support):
-            for rule in rules:
-                table[rule][name] = rule_candidate(*rule, head, dtype, device_kind, rate)
+            for policy, chunking, floor in rules:
+                table[(policy, chunking, floor)][name] = rule_candidate(policy, chunking, head, dtype, device_kind,
+                                                                        rate, min_rows=floor)
             torch_default[name] = rule_candidate(*torch_rule, head, dtype, device_kind, rate, min_rows=False)
 
     def reasons(candidate: Candidate, name: str) -> list[str]:
-        drop_in = drop_in_fault(candidate, torch_default[name])
-        return [*faults(candidate, limit), *([drop_in] if drop_in else [])]
+        extra = (drop_in_fault(candidate, torch_default[name]), default_accuracy_fault(candidate))
+        return [*faults(candidate, limit), *(reason for reason in extra if reason)]
 
     rule_faults = {rule: tuple(sorted({f"{name}: {reason}" for name, c in table[rule].items()
                                        for reason in reasons(c, name)})) for rule in rules}
@@ -376,4 +417,4 @@ def derive_auto(device_kind: str, dtype: torch.dtype, heads: Sequence[Head] = RE
     pick = min(tied, key=lambda rule: (round(sum(table[rule][name].seconds / fastest[name] for name in names), 6),
                                        round(max(table[rule][name].error for name in names), 6),
                                        rule[0] != torch_rule[0], rules.index(rule)))
-    return AutoDerivation(device_kind, dtype, pick, tuple(names), table, rule_faults)
+    return AutoDerivation(device_kind, dtype, pick[:2], pick[2], tuple(names), table, rule_faults)

@@ -17,9 +17,10 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from . import memory_model
+from . import kernels, memory_model
 from .cpu_gemms import LOW_PRECISION, GemmSupport, gemm_support
 from .device import device_kind_of, has_mixed_precision_mm
+from .gemm import mixed_addmm_supported
 from .headroom import HEADROOM_OFF
 from .memory_model import Buffer
 from .options import LinearCrossEntropyOptions, dtype_name, parse_chunking_method
@@ -110,6 +111,14 @@ class Plan:
     """Whether the gradients are formed scaled by powers of two that keep them in fp16's normal range
     (:mod:`lce.headroom`): fp16 input, unless the plan was made under :func:`lce.testing.without_headroom`.
     Recorded when the plan is made, so forward and a recomputing backward agree."""
+    fused_passes: bool = False
+    """Whether a chunk's elementwise passes (row statistics, then dz in place) run as :mod:`lce.kernels`' Triton
+    kernels, two passes over the logits, rather than a sequence of PyTorch ops: on CUDA with Triton, for the loss's
+    passes with fp32 statistics and no soft-cap (:func:`lce.kernels.covers`); the same arithmetic either way."""
+    mixed_addmm: bool = False
+    """Whether a low-precision weight-gradient product is summed into its fp32 accumulator by one GEMM per chunk
+    (``torch.addmm`` with ``out_dtype``, where this CUDA build has it: :func:`lce.gemm.mixed_addmm_supported`);
+    otherwise its product is formed a block of classes at a time and added (:func:`lce.gemm.add_mm_`)."""
     autocast: torch.dtype | None = None
     """The dtype of the ``torch.autocast`` enabled when the plan was made (None: none), in which the head's
     fp32/bf16/fp16 tensors are taken (:mod:`lce.autocasting`); the plan's own dtypes then hold with autocast off."""
@@ -137,8 +146,36 @@ class Plan:
 
     @property
     def weight_grad_sum_dtype(self) -> torch.dtype:
-        """Where the weight gradient is summed over chunks (the gradient itself when it is the input dtype)."""
+        """Where the weight gradient is summed over chunks (the gradient itself when it is the input dtype). With
+        one chunk of rows there is no sum over chunks: each class's product is complete once formed, and is
+        rounded straight into the gradient, so no (C, D) accumulator is made (the layout's sum, rounded once,
+        would give the same numbers) -- except in fp16 under :mod:`lce.headroom`, whose power-of-two scale is
+        chosen from the finished sum."""
+        if self.num_chunks == 1 and not (self.input_dtype == torch.float16 and self.gradient_headroom):
+            return self.input_dtype
         return self.dtype(self.layout.weight_grad_sum)
+
+    @property
+    def target_residual_to_weight(self) -> bool:
+        """Whether the rounding residual of each row's target entry of dz goes to that target's weight-gradient row
+        (:class:`lce.chunked.TargetResidual`): where dz is rounded for the weight-gradient GEMM and the gradient is
+        summed wider than that rounding (an accumulator), or formed in one chunk of rows from a product wider than
+        it; never into fp16 running sums (:mod:`lce.headroom`), nor into a sum of the operands' own width."""
+        operands, product = self.gemm_dtypes("grad_weight")
+        if operands == self.stats_dtype or (self.weight_grad_sum_dtype == torch.float16 and self.gradient_headroom):
+            return False
+        wider_sum = self.weight_grad_sum_dtype.itemsize > operands.itemsize
+        wider_product = self.num_chunks == 1 and product.itemsize > operands.itemsize
+        return wider_sum or wider_product
+
+    @property
+    def sums_input_blocks_in_place(self) -> bool:
+        """Whether a class block's input-gradient product is summed into the chunk's fp32 input sum by the GEMM
+        itself (:attr:`mixed_addmm`, low-precision operands, a result of the sum's dtype), with no product of its
+        own (class tiling)."""
+        operands, result = self.gemm_dtypes("grad_input")
+        return (self.mixed_addmm and self.tiles_classes and operands != result == self.stats_dtype
+                and not self.upcasts_weight_for("grad_input"))
 
     @property
     def num_chunks(self) -> int:
@@ -191,13 +228,14 @@ class Plan:
         on input-dtype operands where :attr:`narrow_gemms_in_fp32`, and, on the CPU layouts, the weight gradient's
         GEMM when it adds into a sum of the input dtype (compact without a wider ``acc_dtype``): a CPU without
         native bf16 accumulation (no AVX512-BF16 or AMX) makes an fp32 copy of the whole (C, D) target inside its
-        own ``addmm_``, once per chunk; a block at a time, the copy is one block, and the arithmetic the same."""
+        own ``addmm_``, once per chunk; a block at a time, the copy is one block, and the arithmetic the same. (With
+        one chunk of rows the product is written into the gradient, not added: no such copy.)"""
         if self.cpu_gemms is None:
             return False
         operands, result = self.gemm_dtypes(name)
         if self.narrow_gemms_in_fp32:
             return operands == self.input_dtype
-        return (self.device_kind == "cpu" and name == "grad_weight"
+        return (self.device_kind == "cpu" and name == "grad_weight" and self.num_chunks > 1
                 and operands == result == self.weight_grad_sum_dtype == self.input_dtype)
 
     def upcasts_weight_for(self, gemm_name: Literal["logits", "grad_input"]) -> bool:
@@ -257,6 +295,8 @@ class Plan:
             f"  sums       softmax/loss {dtype_name(self.stats_dtype)}, loss total {dtype_name(LOSS_SUM_DTYPE)}, "
             f"weight grad {dtype_name(self.weight_grad_sum_dtype)}",
             *([f"  cpu gemms  {self._cpu_gemms_text()}"] if self.cpu_gemms is not None else []),
+            f"  passes     {'two fused Triton kernels per step (lce.kernels)' if self.fused_passes else 'PyTorch ops'}"
+            + (", the weight gradient summed by one GEMM per chunk" if self.mixed_addmm else ""),
             "  buffers",
         ]
         for b in self.buffers:
@@ -368,7 +408,8 @@ def make_plan(
             )
         if options.chunking_method == "auto" and chunk < min(pick.min_rows, num_rows):
             chunk = min(pick.min_rows, num_rows)
-            notes.append(f"auto chunking on {kind} keeps at least {pick.min_rows} rows per chunk (GEMM efficiency)")
+            why = "each step's fixed cost" if kind == "cuda" else "GEMM efficiency"
+            notes.append(f"auto chunking on {kind} keeps at least {pick.min_rows} rows per chunk ({why})")
     chunk = max(1, chunk)
 
     acc_dtype = options.acc_dtype
@@ -418,6 +459,10 @@ def make_plan(
         op=op,
         returns_entropy=bool(returns_entropy) and op == "log_probs",
         gradient_headroom=dtype == torch.float16 and not HEADROOM_OFF.get(),
+        fused_passes=(op == "cross_entropy" and kernels.available(device)
+                      and kernels.covers(stats_dtype=torch.float64 if dtype == torch.float64 else torch.float32,
+                                         softcap=softcap)),
+        mixed_addmm=kind == "cuda" and mixed_addmm_supported(device),
         autocast=autocast,
     )
 

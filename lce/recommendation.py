@@ -38,10 +38,10 @@ from .error_model import ACCURACY
 from .functional import linear_cross_entropy
 from .options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dtype_name
 from .planning import Plan
-from .time_model import DEVICE_SPEEDS, TIME_SOURCE, DeviceSpeed, estimated_seconds, gemm_compute_dtype, gemm_flops
+from .time_model import CONSTANTS, TIME_SOURCE, TimeConstants, estimated_seconds, gemm_compute_dtype, gemm_flops
 
 __all__ = ["Recommendation", "RecommendationWarning", "Candidate", "recommend", "candidates", "estimated_seconds",
-           "gemm_compute_dtype", "gemm_flops", "DEFAULT_MAX_ERROR", "DeviceSpeed", "DEVICE_SPEEDS"]
+           "gemm_compute_dtype", "gemm_flops", "DEFAULT_MAX_ERROR", "TimeConstants", "CONSTANTS"]
 
 
 class RecommendationWarning(UserWarning):
@@ -134,7 +134,7 @@ class Recommendation:
                                                                                c.error, c.seconds))
                 lines.append(f"  vs {policy:<8} {best.label()}: {self._why_not(best, fastest)} "
                              f"(peak {_mib(best.peak_bytes)}, error {best.error:.3g}, ~{best.seconds * 1e3:.3g} ms)")
-        time_model = f"time: a roofline estimate for ranking, {TIME_SOURCE[p.device_kind]}"
+        time_model = f"time: lce.time_model, {TIME_SOURCE[p.device_kind]}"
         if p.cpu_gemms is not None:
             time_model += f" ({p.cpu_gemms.dtype_name} GEMMs {p.cpu_gemms.support} on this CPU)"
         lines.append(f"  models     memory: lce.memory_model; error: lce.error_model ({ACCURACY}); {time_model}")

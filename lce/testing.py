@@ -11,7 +11,7 @@ from .cpu_gemms import CPU_GEMMS_OVERRIDE, LOW_PRECISION, SUPPORTS, Support
 from .device import DEVICE_KIND_OVERRIDE, DEVICE_KINDS
 from .headroom import HEADROOM_OFF
 
-__all__ = ["emulate_device_kind", "cpu_gemms", "without_headroom"]
+__all__ = ["emulate_device_kind", "cpu_gemms", "without_headroom", "interpreted_kernels"]
 
 
 @contextlib.contextmanager
@@ -66,3 +66,21 @@ def without_headroom() -> Iterator[None]:
         yield
     finally:
         HEADROOM_OFF.reset(token)
+
+
+@contextlib.contextmanager
+def interpreted_kernels() -> Iterator[None]:
+    """Run :mod:`lce.kernels`' Triton kernels on CPU tensors through Triton's interpreter inside the block, as they
+    run compiled on CUDA (plans made inside say :attr:`lce.Plan.fused_passes`): how the kernels are tested without
+    a GPU. The interpreter must have been asked for before triton was first imported (``TRITON_INTERPRET=1``:
+    ``tests/conftest.py`` sets it for a test session without CUDA); ``RuntimeError`` otherwise."""
+    from .kernels import INTERPRETED_ON_CPU
+    from .kernels.interpreter import interpreting
+
+    if not interpreting():
+        raise RuntimeError("lce.testing.interpreted_kernels needs TRITON_INTERPRET=1 set before triton is imported")
+    token = INTERPRETED_ON_CPU.set(True)
+    try:
+        yield
+    finally:
+        INTERPRETED_ON_CPU.reset(token)

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import os
 
-import pytest
+import torch
+
+# Without CUDA, Triton's kernels (lce.kernels) are tested through its interpreter, which triton reads when its jit
+# functions are made: set it before anything (torch.compile included) imports triton, so every triton function of
+# the session is interpreted alike. CPU tensors still run the PyTorch ops unless a test asks for the kernels
+# (lce.testing.interpreted_kernels).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings
 
 # Hypothesis profiles. "ci" (the default, and what CI runs) is deterministic: the same examples

@@ -93,6 +93,8 @@ class ImplSpec:
     chunking: str = ""
     acc_dtype: str = "default"
     retain_graph: bool = False
+    classes: int | None = None
+    """``class_chunk_size`` (lce's class tiling), None for none."""
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -116,13 +118,14 @@ class ImplSpec:
             chunking = dict(chunking_method=self.chunking or "auto")
         return lce.LinearCrossEntropyOptions(
             acc_policy=self.policy or "auto", acc_dtype=None if self.acc_dtype == "default" else DTYPES[self.acc_dtype],
-            allow_retain_graph=self.retain_graph, **chunking)
+            allow_retain_graph=self.retain_graph, class_chunk_size=self.classes, **chunking)
 
     def __str__(self) -> str:
         if not self.chunked:
             return self.op
         retain = ",retain_graph" if self.retain_graph else ""
-        return f"{self.op}[{self.policy},{self.chunking},acc={self.acc_dtype}{retain}]"
+        classes = f"x{self.classes}" if self.classes else ""
+        return f"{self.op}[{self.policy},{self.chunking}{classes},acc={self.acc_dtype}{retain}]"
 
 
 def meta_plan(spec: ImplSpec, shape: Shape, dtype: str, device_kind: str) -> lce.Plan:

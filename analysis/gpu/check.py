@@ -5,9 +5,10 @@ A GPU is lent now and then for about 15 minutes in all, on a machine that reache
 ignored ``.gpu/wheels``, see :func:`download_wheels`). One call runs, in order, each step in a process
 of its own with its share of ``--budget-s`` (:data:`STEPS`):
 
-1. ``bench``: at :data:`CCE_SHAPE` in bf16 (the Cut Cross-Entropy paper's table), lce per policy, the
-   unfused op eager and under ``torch.compile``, Liger-Kernel and Cut Cross-Entropy when importable:
-   CUDA-event time (median after warm-up), allocator peaks, errors against fp64 (``gpu_bench.csv``);
+1. ``bench``: at the three LLM heads of :data:`BENCH_SHAPES` in bf16, without a bias and with one, lce's default
+   options and its low-memory option (:func:`low_memory_spec`), the unfused op eager and under ``torch.compile``,
+   Liger-Kernel and Cut Cross-Entropy when importable: CUDA-event time (median after warm-up), allocator peaks,
+   errors against fp64, and whether lce's default repeats itself to the bit (``gpu_bench.csv``);
 2. ``memory``: the CUDA allocator's peaks (allocated and reserved) against lce's model,
    ``lce.plan(...).peak_extra_bytes``, per policy (``gpu_memory.csv``);
 3. ``tests``: ``pytest -m cuda`` on :data:`CUDA_TEST_FILES` (fp64 parity of every policy on CUDA
@@ -56,7 +57,7 @@ import torch
 
 import lce
 from analysis.core.implementations import ImplSpec, make_implementation, meta_plan, unavailable_reason
-from analysis.core.inputs import make_inputs
+from analysis.core.inputs import OUTPUT_NAMES, make_inputs
 from analysis.core.memory import measure_peak
 from analysis.core.metrics import compare
 from analysis.core.problem import CCE_SHAPE, DTYPES, Shape
@@ -69,13 +70,12 @@ from analysis.paths import RESULTS_DIR, ROOT, display_path
 from analysis.sweep.grids import CUDA_HEADLINE_SHAPES, Grid, Measurement, get_grid
 from analysis.sweep.run import reference_block_elements, results_path, run_grid
 from lce import decide
-from lce.options import EXPLICIT_POLICIES
 
 __all__ = ["Step", "STEPS", "DEFAULT_STEPS", "DEFAULT_BUDGET_S", "GRACE_S", "TOKENS_FILE", "step_seconds", "Deadline",
            "dry_run_configs", "estimate_seconds", "run_grid_step", "run_memory_step", "run_bench_step",
            "run_tests_step", "run_noise_step", "run_train_step", "run_hf_step", "run_step", "run_check",
            "gpu_provenance", "CUDA_TEST_FILES", "MEMORY_SHAPES", "BENCH_SPECS", "MEMORY_SPECS",
-           "decision_specs", "bench_specs"]
+           "low_memory_spec", "bench_specs", "BENCH_SHAPES"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,10 +88,11 @@ class Step:
 
 
 STEPS: tuple[Step, ...] = (
-    Step("bench", 0.25, "lce, unfused eager and compiled, Liger, CCE at 8192x2304x256000 bf16 (gpu_bench.csv)"),
+    Step("bench", 0.75, "lce's default and low-memory options, unfused eager and compiled, Liger, CCE at three LLM "
+                        "heads in bf16, without a bias and with one (gpu_bench.csv)"),
     Step("head", 0.30, "the head-only study at D=2048, C=131072 on real cuBLAS (head_training_cuda.csv.gz)"),
     Step("memory", 0.10, "measured CUDA peaks against lce's memory model, per policy (gpu_memory.csv)"),
-    Step("tests", 0.10, "pytest -m cuda: lce on CUDA tensors"),
+    Step("tests", 0.20, "pytest -m cuda: lce on CUDA tensors, its Triton kernels compiled"),
     Step("grid", 0.20, "the cuda grid: families, LLM heads, TF32 off and on (cuda.csv)"),
     Step("noise", 0.30, "error against the sampling noise on real cuBLAS kernels (noise_cuda.csv)"),
     Step("train", 0.65, "the training study's arms on the GPU (training_cuda.csv.gz; carry .gpu/tokens.pt)"),
@@ -100,10 +101,12 @@ STEPS: tuple[Step, ...] = (
 """Every step, in the order they run. ``--steps`` picks some (:data:`DEFAULT_STEPS` otherwise) and their
 shares are scaled to add up to :data:`BUDGET_SHARE` of the budget."""
 
-DEFAULT_STEPS: tuple[str, ...] = ("bench", "memory", "tests", "grid")
+DEFAULT_STEPS: tuple[str, ...] = ("bench", "tests")
 """What a plain ``gpu-check`` runs, ordered by what only the hardware can tell: the time and memory bench beside
-Liger-Kernel and Cut Cross-Entropy, the allocator's peaks, the CUDA tests, and the error grid last (the CPU
-emulation of the layouts predicts the H200's errors: notebook 04). ``head`` (the head-only training study on real
+Liger-Kernel and Cut Cross-Entropy at the three LLM heads (its peaks are the allocator's, beside lce's model), then
+the CUDA tests with the Triton kernels compiled. ``memory`` (the allocator against the model per policy) and
+``grid`` (the error grid: the CPU emulation of the layouts predicts the H200's errors, notebook 04, and the grid
+is committed) run when ``--steps`` names them. ``head`` (the head-only training study on real
 kernels) is opt-in: its gpu setting evaluates every 250 steps of all its arms, so a 7-minute call ends before its
 first evaluation after step 0 (the H200 call of 2026-12-04 stopped it at its 135 s share with step 0 only);
 ``noise`` and ``train`` (the does-it-matter study on real kernels) and ``hf`` (the transformers integration's
@@ -123,7 +126,7 @@ DEFAULT_BUDGET_S = 420.0
 GRACE_S = 20.0
 """A step's process is killed this long after its share ends; it stops itself at the share."""
 
-CUDA_TEST_FILES: tuple[str, ...] = ("tests/lce/test_cuda.py",)
+CUDA_TEST_FILES: tuple[str, ...] = ("tests/lce/test_cuda.py", "tests/lce/test_kernels.py")
 """The test files step 1 runs with ``-m cuda``."""
 API_TEST_FILES: tuple[str, ...] = tuple(f"tests/lce/{name}" for name in (
     "test_options.py", "test_module.py", "test_fallback.py", "test_parity_fp64.py", "test_features.py",
@@ -134,6 +137,13 @@ here)."""
 
 BENCH_DTYPE = "bfloat16"
 BENCH_WARMUP, BENCH_REPEATS = 2, 5
+BENCH_SHAPES: tuple[Shape, ...] = (CCE_SHAPE, Shape(16384, 4096, 128256), Shape(8192, 4096, 128256))
+"""The heads the bench measures, each without a bias (Cut Cross-Entropy takes none) and with one: Gemma 2's
+(Cut Cross-Entropy's table), Llama 3's at 16k tokens, and Llama 3's at 8k (Liger-Kernel's)."""
+LOW_MEMORY_BUDGET = 1.25
+"""lce's low-memory option at a head: what :func:`lce.recommend` picks within this multiple of the bf16 gradients'
+bytes under the accurate default's error limit (:data:`lce.decide.DEFAULT_MAX_ERROR_FOR_AUTO`): one chunk of rows
+and blocks of classes, no (C, D) accumulator (:func:`low_memory_spec`)."""
 MEMORY_SHAPES: tuple[Shape, ...] = (Shape(8192, 1024, 32768), *CUDA_HEADLINE_SHAPES)
 """test_cuda.py's allocator check, then the LLM heads."""
 
@@ -142,38 +152,31 @@ _LCE_SPECS = (ImplSpec("lce", "auto", "auto"),
 MEMORY_SPECS: tuple[ImplSpec, ...] = _LCE_SPECS
 """lce's defaults, then each policy with fp32 accumulation (in bf16, an explicit policy's default
 ``acc_dtype`` is bf16, where every policy computes the same thing)."""
-BENCH_SPECS: tuple[ImplSpec, ...] = (*_LCE_SPECS, ImplSpec("reference"), ImplSpec("liger"), ImplSpec("cce"),
-                                     ImplSpec("compiled"))
-"""The bench's fixed contenders; ``compiled`` last: compiling takes tens of seconds, the others fractions of one.
-:func:`bench_specs` adds the decision procedure's own candidates."""
+BENCH_SPECS: tuple[ImplSpec, ...] = (ImplSpec("lce", "auto", "auto"), ImplSpec("reference"), ImplSpec("liger"),
+                                     ImplSpec("cce"), ImplSpec("compiled"))
+"""The bench's fixed contenders at every head: lce's default options, the unfused op, Liger-Kernel, Cut
+Cross-Entropy and the unfused op under ``torch.compile`` (last: compiling takes tens of seconds, the others
+fractions of one). :func:`bench_specs` adds lce's low-memory option."""
 
 
-def decision_specs(shape: Shape, dtype: torch.dtype = torch.bfloat16) -> tuple[ImplSpec, ...]:
-    """What :func:`lce.recommend` picks at ``shape`` on CUDA without a budget, and the best row-chunked candidate
-    of each other policy it weighed, as bench contenders with explicit rows (class-tiled picks are left out: the
-    bench's ops take rows only). These are the choices whose CUDA times are predictions until this bench times
-    them (``lce.time_model.TIME_SOURCE``)."""
-    tuned = lce.recommend(shape.N, shape.D, shape.C, dtype, "cuda")
-    picks = [tuned.chosen]
-    for policy in EXPLICIT_POLICIES:
-        rivals = [c for c in tuned.considered if c.plan.acc_policy == policy and not c.plan.tiles_classes
-                  and c is not tuned.chosen and not decide.faults(c, tuned.max_error)]
-        if rivals:
-            picks.append(decide.objective(rivals))
-    specs = []
-    for candidate in picks:
-        if candidate.plan.tiles_classes:
-            continue
-        spec = ImplSpec("lce", candidate.plan.acc_policy, f"rows:{candidate.plan.batch_chunk_size}", "float32")
-        if spec not in specs:
-            specs.append(spec)
-    return tuple(specs)
+def low_memory_spec(shape: Shape, dtype: torch.dtype = torch.bfloat16) -> ImplSpec:
+    """lce's low-memory option at ``shape`` (see :data:`LOW_MEMORY_BUDGET`) as a bench contender."""
+    budget = int(LOW_MEMORY_BUDGET * (shape.N + shape.C) * shape.D * dtype.itemsize)
+    try:
+        picked = lce.recommend(shape.N, shape.D, shape.C, dtype, "cuda", memory_budget=budget,
+                               max_error=decide.DEFAULT_MAX_ERROR_FOR_AUTO[dtype]).chosen.plan
+    except ValueError:  # a head so small that no blocked candidate fits (the dry run's): the same form, by hand
+        return ImplSpec("lce", "balanced", f"rows:{shape.N}", "float32", classes=max(1, shape.C // 4))
+    return ImplSpec("lce", picked.acc_policy, f"rows:{picked.batch_chunk_size}", "float32",
+                    classes=picked.class_chunk_size if picked.tiles_classes else None)
 
 
-def bench_specs(shape: Shape) -> tuple[ImplSpec, ...]:
-    """:data:`BENCH_SPECS` with :func:`decision_specs` before ``compiled``."""
-    extra = tuple(spec for spec in decision_specs(shape) if spec not in BENCH_SPECS)
-    return (*BENCH_SPECS[:-1], *extra, BENCH_SPECS[-1])
+def bench_specs(shape: Shape, bias: bool = False) -> tuple[ImplSpec, ...]:
+    """:data:`BENCH_SPECS` with lce's low-memory option after lce's default (Cut Cross-Entropy left out with a
+    bias: it takes none)."""
+    specs = (BENCH_SPECS[0], low_memory_spec(shape), *BENCH_SPECS[1:])
+    return tuple(spec for spec in specs if not (bias and spec.op == "cce"))
+
 
 DRY_SHAPES: dict[str, Shape] = {"random": Shape(64, 32, 512), "calibrated": Shape(64, 32, 512),
                                 "trained": Shape(8, 128, 16384)}
@@ -439,40 +442,51 @@ def _bench_estimate(spec: ImplSpec, shape: Shape) -> float:
 
 def run_bench_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
                    echo: Callable[[str], None] = print) -> Counter[str]:
-    """Step 4: each of :func:`bench_specs` at :data:`CCE_SHAPE` in bf16, ``random`` inputs, no bias (Liger's
-    and CCE's plain call), into ``out/gpu_bench.csv``: errors vs fp64 and allocator peaks from one call after
-    :data:`BENCH_WARMUP`, then the median of :data:`BENCH_REPEATS` CUDA-event timings. The dry run runs a
-    tiny shape on the CPU (``compiled`` left out: it compiles for tens of seconds there). Returns the rows'
-    statuses, counted."""
+    """Step ``bench``: at each of :data:`BENCH_SHAPES` in bf16, ``random`` inputs, without a bias and with one, each
+    of :func:`bench_specs`, into ``out/gpu_bench.csv``: errors vs fp64 and allocator peaks from one call after
+    :data:`BENCH_WARMUP`, then the median of :data:`BENCH_REPEATS` CUDA-event timings, and for lce's default two
+    calls compared bit for bit (``note``: "bitwise repeatable" or not). The dry run runs a tiny shape on the CPU
+    (``compiled`` left out: it compiles for tens of seconds there). Returns the rows' statuses, counted."""
     device = _device()
-    shape = DRY_BENCH_SHAPE if dry_run or device != "cuda" else CCE_SHAPE
-    started = time.monotonic()
-    inputs = make_inputs(shape, DTYPES[BENCH_DTYPE], seed=0, bias=False, device=device)
-    reference = _reference(inputs)
-    echo(f"bench {shape} {BENCH_DTYPE} on {device}: inputs and fp64 reference in {time.monotonic() - started:.1f} s")
+    shapes = (DRY_BENCH_SHAPE,) if dry_run or device != "cuda" else BENCH_SHAPES
     statuses: Counter[str] = Counter()
-    for spec in bench_specs(shape):
-        row: dict[str, object] = dict(impl=str(spec), op=spec.op, policy=spec.policy, acc_dtype=spec.acc_dtype,
-                                      dtype=BENCH_DTYPE, family="random", N=shape.N, D=shape.D, C=shape.C)
-        reason = unavailable_reason(spec.op, device)
-        estimate = _bench_estimate(spec, shape)
-        if reason is not None:
-            row.update(status="skipped", note=reason)
-        elif dry_run and spec.op == "compiled":
-            row.update(status="not run", note="dry run: torch.compile takes tens of seconds on a CPU")
-        elif not deadline.allows(estimate):
-            row.update(status="not run", note=f"budget: {deadline.left():.0f} s left, about {estimate:.0f} s needed")
-        else:
-            try:
-                row.update(_bench_one(spec, inputs, reference, device))
-                row["status"] = "ok"
-            except Exception as error:  # recorded, not fatal: the next contender still runs
-                row.update(status="error", note=f"{type(error).__name__}: {error}"[:500])
-        append_row(out / BENCH_FILE, GPU_BENCH.row(row, **provenance(device)))
-        statuses[str(row["status"])] += 1
-        echo(f"  bench {spec}: {row['status']} {row.get('time_median_s') or row.get('note', '')}")
+    for shape in shapes:
+        for bias in (False, True):
+            started = time.monotonic()
+            inputs = make_inputs(shape, DTYPES[BENCH_DTYPE], seed=0, bias=bias, device=device)
+            reference = _reference(inputs)
+            echo(f"bench {shape} {BENCH_DTYPE}{' with bias' if bias else ''} on {device}: inputs and fp64 reference "
+                 f"in {time.monotonic() - started:.1f} s")
+            for spec in bench_specs(shape, bias):
+                row = _bench_row(spec, shape, inputs, reference, device, deadline, dry_run, bias)
+                append_row(out / BENCH_FILE, GPU_BENCH.row(row, **provenance(device)))
+                statuses[str(row["status"])] += 1
+                echo(f"  bench {spec}: {row['status']} {row.get('time_median_s') or row.get('note', '')}")
+            del inputs, reference
     echo(f"{dict(statuses)}")
     return statuses
+
+
+def _bench_row(spec: ImplSpec, shape: Shape, inputs, reference, device: str, deadline: Deadline, dry_run: bool,
+               bias: bool) -> dict[str, object]:
+    row: dict[str, object] = dict(impl=str(spec), op=spec.op, policy=spec.policy, acc_dtype=spec.acc_dtype,
+                                  dtype=BENCH_DTYPE, family="random-bias" if bias else "random", N=shape.N, D=shape.D,
+                                  C=shape.C)
+    reason = unavailable_reason(spec.op, device)
+    estimate = _bench_estimate(spec, shape)
+    if reason is not None:
+        row.update(status="skipped", note=reason)
+    elif dry_run and spec.op == "compiled":
+        row.update(status="not run", note="dry run: torch.compile takes tens of seconds on a CPU")
+    elif not deadline.allows(estimate):
+        row.update(status="not run", note=f"budget: {deadline.left():.0f} s left, about {estimate:.0f} s needed")
+    else:
+        try:
+            row.update(_bench_one(spec, inputs, reference, device))
+            row["status"] = "ok"
+        except Exception as error:  # recorded, not fatal: the next contender still runs
+            row.update(status="error", note=f"{type(error).__name__}: {error}"[:500])
+    return row
 
 
 def _reference(inputs):
@@ -496,7 +510,14 @@ def _bench_one(spec: ImplSpec, inputs, reference, device: str) -> dict[str, obje
         errors.update(report.columns(name))
     del outputs
     timing = time_call(call, warmup=0, repeats=BENCH_REPEATS, device=device)
-    return dict(resolved_policy=plan.acc_policy if plan else None, num_chunks=plan.num_chunks if plan else 1,
+    note = None
+    if spec == BENCH_SPECS[0]:  # lce's default: deterministic, two calls to the bit
+        first, second = call(), call()
+        same = all((a is None and b is None) or torch.equal(a, b)
+                   for a, b in ((first.get(name), second.get(name)) for name in OUTPUT_NAMES))
+        note = "bitwise repeatable" if same else "NOT bitwise repeatable"
+        del first, second
+    return dict(resolved_policy=plan.acc_policy if plan else None, num_chunks=plan.num_chunks if plan else 1, note=note,
                 modeled_peak_bytes=plan.peak_extra_bytes if plan and spec.op == "lce" else None,
                 time_median_s=timing.median_s, time_spread_s=timing.spread_s, repeats=BENCH_REPEATS,
                 peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,

@@ -11,9 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-import lce
 from analysis.core.fp64 import REFERENCE_BLOCK_ELEMENTS
-from analysis.core.implementations import float32_matmul_precision, tensor_device
+from analysis.core.implementations import float32_matmul_precision, meta_plan, tensor_device
 from analysis.core.results_io import file_kind
 from analysis.gpu import check, wheels
 from analysis.judge.pareto import _devices_for
@@ -21,16 +20,18 @@ from analysis.paths import RESULTS_DIR, ROOT
 from analysis.report import nb04_pareto
 from analysis.sweep.grids import CUDA_FAMILY_SHAPE, CUDA_HEADLINE_SHAPES, FAMILIES_IN_GRIDS, get_grid
 from analysis.sweep.run import reference_block_elements
+from lce.error_model import predict_errors
 
 
 @pytest.mark.slow
 def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
+    steps = ("bench", "memory", "tests", "grid")  # the default steps and the two that are opt-in now
     result = subprocess.run([sys.executable, "-m", "analysis", "gpu-check", "--dry-run", "--out", str(tmp_path),
-                             "--wheels", str(tmp_path / "no-wheels")], cwd=ROOT, capture_output=True, text=True,
-                            timeout=180)
+                             "--wheels", str(tmp_path / "no-wheels"), "--steps", ",".join(steps)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     log = (tmp_path / "gpu_check.log").read_text()
-    for name in check.DEFAULT_STEPS:
+    for name in steps:
         assert f"== step {name}: exit 0" in log
     assert "== step noise" not in log  # opt-in steps run only when --steps names them
     assert "wheel liger-kernel: MISSING" in log and "wheel cut-cross-entropy: MISSING" in log
@@ -45,14 +46,17 @@ def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
     assert set(grid["status"]) == {"ok"} and set(grid["device"]) == {"cuda-emulated"}
     assert set(grid["family"]) == set(FAMILIES_IN_GRIDS)
     assert set(grid["policy"]) == {"auto", "accurate", "balanced", "compact"}
-    bench = pd.read_csv(tmp_path / "gpu_bench.csv").set_index("op")
-    assert bench.loc["liger", "status"] == "skipped" and bench.loc["compiled", "status"] == "not run"
-    assert (bench.loc["reference", "grad_weight_fro_in_floors"]) >= 1.0
+    bench = pd.read_csv(tmp_path / "gpu_bench.csv")
+    assert set(bench["family"]) == {"random", "random-bias"}  # each head without a bias and with one
+    by_op = bench.groupby("op")["status"].agg(set)
+    assert by_op["liger"] == {"skipped"} and by_op["compiled"] == {"not run"} and by_op["lce"] == {"ok"}
+    assert (bench.loc[bench["op"] == "reference", "grad_weight_fro_in_floors"] >= 1.0).all()
+    assert "bitwise repeatable" in set(bench["note"].dropna())  # lce's default, twice, to the bit
 
 
 def test_step_shares_leave_room_and_bad_budgets_are_named():
     shares = check.step_seconds(420)
-    assert list(shares) == list(check.DEFAULT_STEPS) == ["bench", "memory", "tests", "grid"]
+    assert list(shares) == list(check.DEFAULT_STEPS) == ["bench", "tests"]
     assert 0.9 * 420 <= sum(shares.values()) < 420
     chosen = check.step_seconds(420, ["train", "noise"])
     assert list(chosen) == ["noise", "train"]  # the fixed run order, whatever the order asked
@@ -217,14 +221,21 @@ def test_cuda_verdicts_use_the_gpus_runs_where_there_are_any():
     assert _devices_for("cpu", both, "bfloat16") == ("cpu",)
 
 
-def test_the_bench_times_the_decision_procedures_candidates_at_the_cce_head():
-    from analysis.core.problem import CCE_SHAPE
-
-    tuned = lce.recommend(CCE_SHAPE.N, CCE_SHAPE.D, CCE_SHAPE.C, torch.bfloat16, "cuda")
-    specs = [str(spec) for spec in check.bench_specs(CCE_SHAPE)]
-    assert f"lce[{tuned.chosen.plan.acc_policy},rows:{tuned.chosen.plan.batch_chunk_size},acc=float32]" in specs
-    assert {spec.policy for spec in check.decision_specs(CCE_SHAPE)} == {"accurate", "balanced", "compact"}
-    assert specs[-1] == "compiled" and len(specs) == len(set(specs))
+def test_the_bench_times_lces_default_and_low_memory_options_beside_the_peers_at_three_heads():
+    """Issue 44's bench: at each head lce's default options, its low-memory option (one chunk of rows, blocks of
+    classes, fp32 sums: no (C, D) accumulator), the unfused op, Liger, Cut Cross-Entropy (without a bias only: it
+    takes none) and the compiled unfused op last."""
+    assert [str(shape) for shape in check.BENCH_SHAPES] == ["8192x2304x256000", "16384x4096x128256",
+                                                             "8192x4096x128256"]
+    for shape in check.BENCH_SHAPES:
+        low = check.low_memory_spec(shape)
+        assert low.chunking == f"rows:{shape.N}" and low.classes  # one chunk of rows, blocks of classes
+        plan = meta_plan(low, shape, "bfloat16", "cuda")
+        assert plan.num_chunks == 1 and plan.weight_grad_sum_dtype == torch.bfloat16  # no (C, D) accumulator
+        assert max(predict_errors(plan).values()) <= 1.25  # the accurate default's limit
+        specs = [str(spec) for spec in check.bench_specs(shape)]
+        assert specs[0] == "lce[auto,auto,acc=default]" and specs[1] == str(low) and specs[-1] == "compiled"
+        assert "cce" in specs and "cce" not in [str(spec) for spec in check.bench_specs(shape, bias=True)]
 
 
 def test_the_grid_step_resumes_from_the_committed_grid_and_never_over_a_calls_own_rows(tmp_path):

@@ -216,7 +216,8 @@ def test_fp32_weights_under_autocast_run_the_gemms_in_autocasts_dtype(autocast):
         planned = lce.plan(problem["x"], problem["w"], options=lce.LinearCrossEntropyOptions())
     assert planned.input_dtype == autocast and planned.acc_policy == "balanced"
     assert planned.gemm_dtypes("logits") == (autocast, torch.float32)
-    assert planned.stats_dtype == torch.float32 and planned.weight_grad_sum_dtype == torch.float32
+    assert planned.stats_dtype == torch.float32
+    assert planned.num_chunks == 1 or planned.weight_grad_sum_dtype == torch.float32
 
 
 @pytest.mark.slow

@@ -336,8 +336,9 @@ def test_a_narrow_weight_gradient_sum_is_accumulated_on_fp32_blocks_on_any_cpu()
     x = torch.randn(64, 256).bfloat16().requires_grad_(True)
     w = torch.randn(8192, 256).bfloat16().requires_grad_(True)
     with cpu_gemms("native"):
-        plan = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(acc_policy="compact"))
-        balanced = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(acc_policy="balanced", acc_dtype=torch.float32))
+        plan = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(acc_policy="compact", batch_chunk_size=16))
+        balanced = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(acc_policy="balanced", acc_dtype=torch.float32,
+                                                                        batch_chunk_size=16))
     assert [plan.gemm_in_fp32(name) for name in ("logits", "grad_input", "grad_weight")] == [False, False, True]
     assert "lce runs the bfloat16 grad_weight GEMM on fp32 copies" in str(plan)
     assert not any(balanced.gemm_in_fp32(name) for name in ("logits", "grad_input", "grad_weight"))

@@ -171,3 +171,34 @@ def test_ops_under_cuda_autocast_equal_the_calls_on_cast_tensors(autocast, polic
     under = autocast_run(op, problem, autocast=autocast, cast=None, backward_inside=True)
     outside = autocast_run(op, problem, autocast=None, cast=autocast, backward_inside=False, **off)
     assert_bitwise(under, outside, f"cuda {op_name} {policy}")
+
+
+@pytest.mark.parametrize("policy", ["balanced", "compact"])
+def test_the_mixed_precision_addmm_path_on_cuda_gives_the_blocked_paths_numbers(policy):
+    """Where this CUDA build sums bf16 products into fp32 by one ``addmm`` (lce.gemm.mixed_addmm_supported), the
+    weight gradient's accumulator and a class-tiled chunk's input sum take it; the numbers are the blocked path's
+    to fp32 summation order."""
+    from lce import planning as lce_planning
+    from lce.gemm import mixed_addmm_supported
+
+    if not mixed_addmm_supported(torch.device("cuda")):
+        pytest.skip("this torch build has no mixed-precision addmm with out=")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(96, 64, device="cuda", generator=g).bfloat16()
+    w = torch.randn(700, 64, device="cuda", generator=g).bfloat16()
+    y = torch.randint(0, 700, (96,), device="cuda", generator=g)
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32, batch_chunk_size=32,
+                                            class_chunk_size=256)
+
+    def run():
+        leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+        lce.linear_cross_entropy(*leaves, y, options=options).backward()
+        return [t.grad.float() for t in leaves]
+
+    assert lce.plan(x.requires_grad_(), w.requires_grad_(), options=options).mixed_addmm
+    fused = run()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lce_planning, "mixed_addmm_supported", lambda device: False)
+        blocked = run()
+    for a, b in zip(fused, blocked, strict=True):
+        assert float((a - b).norm() / b.norm()) < 1e-2  # bf16 outputs: at most a rounding of either

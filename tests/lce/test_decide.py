@@ -29,10 +29,11 @@ from lce.testing import emulate_device_kind
 def test_the_auto_table_is_the_procedures_output_at_the_reference_heads(kind, dtype):
     derived = derive_auto(kind, dtype)
     entry = AUTO_TABLE[(kind, dtype)]
-    assert derived.pick == (entry.acc_policy, entry.chunking_method), (
-        f"lce.decide picks {derived.pick} for {kind} {dtype}; the auto table says "
-        f"{(entry.acc_policy, entry.chunking_method)}: change the table (and its reason) or the procedure")
-    assert not derived.rule_faults[derived.pick]
+    assert (*derived.pick, derived.min_rows) == (entry.acc_policy, entry.chunking_method, entry.min_rows), (
+        f"lce.decide picks {derived.pick} with at least {derived.min_rows} rows for {kind} {dtype}; the auto table "
+        f"says {(entry.acc_policy, entry.chunking_method, entry.min_rows)}: change the table (and its reason) or the "
+        "procedure")
+    assert not derived.rule_faults[derived.rule]
 
 
 def test_auto_resolves_at_every_reference_head_to_the_rule_the_procedure_judged():
@@ -44,17 +45,20 @@ def test_auto_resolves_at_every_reference_head_to_the_rule_the_procedure_judged(
             w = torch.empty(head.C, head.D, dtype=dtype, device="meta", requires_grad=True)
             with emulate_device_kind(kind):
                 plan = lce.plan(x, w, options=lce.LinearCrossEntropyOptions())
-            judged = next(c for name, c in derived.table[derived.pick].items() if name.startswith(str(head)))
+            judged = next(c for name, c in derived.table[derived.rule].items() if name.startswith(str(head)))
             assert (plan.acc_policy, plan.batch_chunk_size) == (judged.plan.acc_policy, judged.plan.batch_chunk_size)
             assert plan.acc_dtype == judged.plan.acc_dtype == torch.float32
 
 
 def test_compact_at_the_aspect_ratio_chunk_counts_fails_on_cuda_and_says_why():
     derived = derive_auto("cuda", torch.bfloat16)
-    reasons = " ".join(derived.rule_faults[("compact", "aspect_ratio:2")])
+    reasons = " ".join(derived.rule_faults[("compact", "aspect_ratio:2", 1)])  # torch's default, no row floor
     assert "over the limit of 2" in reasons
-    fp16 = " ".join(derive_auto("cuda", torch.float16).rule_faults[("compact", "aspect_ratio")])
+    fp16 = " ".join(derive_auto("cuda", torch.float16).rule_faults[("compact", "aspect_ratio", 1)])
     assert "training moved the loss beyond the seed spread at 64 chunks" in fp16
+    # at the floor auto keeps compact meets the error limit, and fails only the accurate-default condition
+    floored = " ".join(derived.rule_faults[("compact", "aspect_ratio", derived.min_rows)])
+    assert "over a default's limit of 1.25" in floored and "over the limit of 2" not in floored
 
 
 def _plan(policy, chunks, dtype=torch.bfloat16, rows=4096, kind="cuda"):

@@ -17,6 +17,7 @@ from lce.policies import (
     CPU_LAYOUTS,
     CPU_MIN_ROWS,
     CUDA_LAYOUTS,
+    CUDA_MIN_ROWS,
     LAYOUTS,
     format_layout_table,
 )
@@ -47,9 +48,10 @@ def test_auto_table_names_only_real_policies_and_cites_figures_that_exist():
         missing = [stem for stem in pick.evidence if f"## {stem}\n" not in figures]
         assert pick.evidence and not missing, f"{kind} {dtype}: evidence {missing} is not a drawn figure"
         # a row floor is part of the pick only if the reason says so
-        assert ("CPU_MIN_ROWS" in pick.reason) == (pick.min_rows > 1), (kind, dtype)
+        floor_name = "CUDA_MIN_ROWS" if kind == "cuda" else "CPU_MIN_ROWS"
+        assert (floor_name in pick.reason) == (pick.min_rows > 1), (kind, dtype)
         if pick.min_rows > 1:
-            assert pick.min_rows == CPU_MIN_ROWS[dtype]
+            assert pick.min_rows == (CUDA_MIN_ROWS if kind == "cuda" else CPU_MIN_ROWS[dtype])
 
 
 def test_cpu_bf16_auto_runs_every_gemm_in_fp32_with_an_accumulator():
