@@ -25,7 +25,9 @@ __all__ = ["Fp32LowPrecisionGemms", "STAND_IN_OPS", "emulated_peer_note", "emula
            "low_precision_linear"]
 
 _aten = torch.ops.aten
-_GEMMS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
+_DEFAULT_OF = {overload: packet.default for packet in (_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm)
+               for overload in (packet.default, packet.out)}
+"""Each GEMM overload the stand-in takes (the plain op and its ``out=`` form), and the plain op it computes."""
 
 STAND_IN_OPS = ("torch", "reference")
 """The compared ops run under the stand-in where the CPU emulates their dtype's GEMMs (lce routes its own GEMMs,
@@ -33,16 +35,49 @@ see lce.gemm; Liger-Kernel and CCE run on CUDA only)."""
 
 
 class Fp32LowPrecisionGemms(TorchDispatchMode):
-    """Inside it, a bf16/fp16 GEMM on CPU tensors is computed on fp32 copies and rounded once (see the module)."""
+    """Inside it, a bf16/fp16 GEMM on CPU tensors (``mm``, ``addmm``, ``bmm``, ``baddbmm``, plain or ``out=``) is
+    computed on fp32 copies and rounded once (see the module).
+
+    ``keep_scratch=True`` keeps the fp32 copies and products in buffers the mode owns, one per operand slot and
+    shape, reused by every later GEMM of that shape: after one warm-up call, a call measured inside the mode
+    allocates nothing for the stand-in, so :func:`analysis.core.memory.measure_peak` sees the peer's own
+    allocations (a native kernel's packing scratch is not a tensor allocation either).
+    """
+
+    def __init__(self, keep_scratch: bool = False):
+        super().__init__()
+        self._scratch: dict[tuple, torch.Tensor] | None = {} if keep_scratch else None
+
+    def _buffer(self, slot: str, shape: tuple, size: tuple[int, ...] = (0,)) -> torch.Tensor:
+        """The kept fp32 buffer of ``slot`` for ``shape`` (created with ``size``; an ``out=`` op resizes an empty
+        one to its product's shape on first use)."""
+        key = (slot, shape)
+        if key not in self._scratch:
+            self._scratch[key] = torch.empty(size, dtype=torch.float32)
+        return self._scratch[key]
+
+    def _wide(self, tensor: torch.Tensor, slot: str) -> torch.Tensor:
+        if self._scratch is None:
+            return tensor.float()
+        return self._buffer(slot, tuple(tensor.shape), tuple(tensor.shape)).copy_(tensor)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        kwargs = dict(kwargs or {})
         tensors = [arg for arg in args if isinstance(arg, torch.Tensor)]
-        if func not in _GEMMS or not tensors or tensors[-1].dtype not in LOW_PRECISION or tensors[-1].is_cuda:
+        if func not in _DEFAULT_OF or not tensors or tensors[-1].dtype not in LOW_PRECISION or tensors[-1].is_cuda:
             return func(*args, **kwargs)
+        out = kwargs.pop("out", None)
         dtype = tensors[-1].dtype
-        wide = [arg.float() if isinstance(arg, torch.Tensor) else arg for arg in args]
-        return func(*wide, **kwargs).to(dtype)
+        wide = [self._wide(arg, f"operand {index}") if isinstance(arg, torch.Tensor) else arg
+                for index, arg in enumerate(args)]
+        if self._scratch is None:
+            product = _DEFAULT_OF[func](*wide, **kwargs)
+        else:
+            shapes = tuple(tuple(arg.shape) for arg in tensors)
+            product = _DEFAULT_OF[func].overloadpacket.out(*wide, **kwargs, out=self._buffer("product", shapes))
+        if out is None:
+            return product.to(dtype)
+        return out.copy_(product)
 
 
 def _emulated(dtype: str, device: str):

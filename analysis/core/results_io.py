@@ -271,7 +271,8 @@ RL_CHUNKING = Kind("rl_chunking", RL_LOGPROBS.columns,
                    "the rl_logprobs rows of lce at fixed row chunk counts and class-tiled (python -m analysis "
                    "rl-logprobs --chunking)")
 RL_COST = Kind("rl_cost", tuple(["kind", "recipe", "op", "dtype", "N", "D", "C", "peak_bytes", "predicted_peak_bytes",
-                                 "logits_bytes", "time_median_s", "time_spread_s", "repeats", *PROVENANCE_COLUMNS]),
+                                 "logits_bytes", "time_median_s", "time_spread_s", "repeats", "gemms", "note",
+                                 *PROVENANCE_COLUMNS]),
                "peak extra memory and time of one recipe's forward and backward at a Qwen-size head "
                "(python -m analysis rl-logprobs --costs)")
 

@@ -7,27 +7,37 @@ trainer's log-probabilities drift from the exact ones. This study measures that 
 peers, written here from their formulas, and for lce, against the fp64 reference of
 :mod:`analysis.core.token_reference` on the same rounded inputs.
 
-Recipes (:data:`RECIPES`):
+Recipes (:data:`RECIPES`), the heads RL stacks run today first:
 
-* ``materialized bf16`` (TRL's path; ``materialized fp16`` in fp16): the logits from a GEMM in the input dtype
+* ``trl``: TRL 1.16's fused head, the one its GRPO, RLOO, DPO, KTO and SFT trainers install
+  (``add_fused_lm_head``), imported from the installed TRL and called as its ``_fused_forward`` calls it: on tensors in
+  the compute dtype (under the trainer's bf16/fp16 autocast it rounds hidden states and head to that dtype), tiles
+  of 4096 tokens x 32768 classes whose logits a GEMM rounds to that dtype, then fp32 statistics (online
+  log-sum-exp, entropy ``lse - sum p u``), fp32 results; its backward recomputes the tiles and sums the gradient
+  GEMMs in fp32;
+* ``trl cast_lm_head_to_fp32``: the same kernel with TRL's remedy, fp32 hidden states and head, autocast off;
+* ``materialized``: a plain PyTorch loop (and TRL before its fused head): the logits from a GEMM in the input dtype
   (fp32 sums rounded once), divided by T in that dtype, ``log_softmax`` and the entropy ``-sum p log p`` in that
   dtype (torch's kernels sum in fp32 and round their results to it);
 * ``fp32 statistics, cast back`` (verl's torch path): the same logits divided by T in the input dtype, then
   ``log_softmax``, ``softmax`` and the entropy ``lse - sum p u`` in fp32, both results rounded to the input dtype;
-* ``fp32 head``: hidden states and weight upcast to fp32 (the "fp32 LM head" remedy): every step in fp32;
+* ``fp32 head``: hidden states and weight upcast to fp32, logits materialized: every step in fp32;
 * ``lce ...``: :func:`lce.linear_log_probs` (fp32 results) with its default options on the CUDA layouts (emulated
   on the CPU: :func:`lce.testing.emulate_device_kind`) and on the CPU's, compact on the CUDA layouts with fp32
   accumulation, and compact on the CUDA layouts without ``acc_dtype`` (its logits GEMM then rounds to the input
-  dtype, as the materialized recipe's does).
+  dtype, as the materialized recipe's does). ``lce auto ...`` is also what ``lce.integrations.trl.route`` runs
+  inside TRL: the routed head calls :func:`lce.linear_log_probs` with the default options on the tensors TRL hands
+  over, under autocast on the autocast dtype's tensors (tests/integrations/test_trl.py pins it bit for bit).
 
-The peers' GEMMs in bf16/fp16 run on fp32 copies rounded once
-(:func:`analysis.core.emulated_gemms.low_precision_linear`): the arithmetic of a GPU's low-precision GEMM with fp32
-accumulation, at fp32's speed on every CPU.
+A peer's GEMMs in bf16/fp16 (``Recipe.input_dtype_gemms``) run, where this CPU emulates them, under the fp32 stand-in
+(:class:`analysis.core.emulated_gemms.Fp32LowPrecisionGemms`: fp32 copies, one rounding): the arithmetic of a GPU's
+low-precision GEMM with fp32 accumulation, at fp32's speed.
 
 Inputs (:data:`PROBLEMS`): the trained LM's head dump (``trained``, 2048 x 128 x 16384), the ``calibrated`` family
 (2048 x 256 x 32768: a Zipfian prior, outlier features, a share of confident rows), and ``confident:M`` rows whose
 target leads every other class by M = 0..40 nats (:func:`analysis.core.families.confident_rows`). Temperatures
-0.6, 0.8, 1.0, 1.2; bf16 and fp16; three seeds. Targets are sampled from the exact tempered softmax
+0.6, 0.8, 1.0, 1.2; bf16 and fp16; three seeds. And the Qwen-size head (:data:`QWEN_PROBLEM`: the calibrated family
+at 512 x 896 x 151,936) in bf16 at T = 0.6 and 1.0, three seeds. Targets are sampled from the exact tempered softmax
 (:func:`~analysis.core.token_reference.sample_targets`), as a rollout samples them; the confident rows keep their
 leading target. The advantages ``A`` are standard normal, seeded.
 
@@ -38,15 +48,17 @@ tokens), the entropy's absolute error (median, p99, max), the relative errors of
 the worst token (its exact p_target, entropy and rank), and the policy-gradient loss ``-mean(A log p)``'s
 gradients with respect to the input and the weight in floors of the input dtype
 (:func:`analysis.core.metrics.report`; fp16 backpropagates the loss times 2^12, :data:`LOSS_SCALES`). The study
-appends each problem's rows as it finishes and resumes.
+appends each problem's rows as it finishes and resumes recipe by recipe (a recipe added later is measured alone).
 
 :func:`measure_costs` (kind ``rl_cost``) measures each recipe's peak extra memory and time for one forward and
 backward at a Qwen-size head (D = 896, C = 151,936) on this CPU, at two batch sizes, so that the peak's growth
-with N is measured, not assumed.
+with N is measured, not assumed; where this CPU emulates bf16 GEMMs a peer's run on the stand-in, its scratch kept
+outside the measured call, and the row says that its time is at fp32 GEMM speed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -56,7 +68,7 @@ import pandas as pd
 import torch
 
 import lce
-from analysis.core.emulated_gemms import low_precision_linear
+from analysis.core.emulated_gemms import Fp32LowPrecisionGemms
 from analysis.core.families import confident_rows, draw
 from analysis.core.memory import measure_peak
 from analysis.core.metrics import report
@@ -65,11 +77,13 @@ from analysis.core.provenance import provenance
 from analysis.core.results_io import RL_CHUNKING, RL_COST, RL_LOGPROBS, Kind, append_rows, read_table, set_aside
 from analysis.core.timing import time_call
 from analysis.core.token_reference import sample_targets, token_reference
+from lce.cpu_gemms import LOW_PRECISION, gemm_support
 from lce.testing import emulate_device_kind
 
-__all__ = ["Recipe", "RECIPES", "CHUNKING_RECIPES", "RL_CHUNKING_FILE", "Problem", "PROBLEMS", "TEMPERATURES",
-           "STUDY_DTYPES", "SEEDS", "RL_LOGPROBS_FILE", "RL_COST_FILE", "COST_SHAPES", "problem_inputs",
-           "measure_problem", "record", "measure_costs", "record_costs", "ratio_summary"]
+__all__ = ["Recipe", "RECIPES", "CHUNKING_RECIPES", "RL_CHUNKING_FILE", "Problem", "PROBLEMS", "QWEN_HEAD",
+           "QWEN_PROBLEM", "QWEN_TEMPERATURES", "TEMPERATURES", "STUDY_DTYPES", "SEEDS", "RL_LOGPROBS_FILE",
+           "RL_COST_FILE", "COST_SHAPES", "STAND_IN_NOTE", "emulates", "input_dtype_gemms", "problem_inputs",
+           "all_problems", "measure_problem", "record", "measure_costs", "record_costs", "ratio_summary"]
 
 RL_LOGPROBS_FILE = "rl_logprobs.csv.gz"
 RL_COST_FILE = "rl_cost.csv"
@@ -91,7 +105,9 @@ Outputs = tuple[torch.Tensor, torch.Tensor]
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """One way to compute the per-token log-probabilities and entropy: ``label``, who uses it (``source``), and
-    ``run(x, w, b, target, T) -> (log_probs, entropy)`` on leaves that require grad."""
+    ``run(x, w, b, target, T) -> (log_probs, entropy)`` on leaves that require grad. ``input_dtype_gemms``: a peer
+    whose GEMMs run in the input dtype, computed by the fp32 stand-in where this CPU emulates them
+    (:func:`input_dtype_gemms`)."""
 
     label: str
     source: str
@@ -100,10 +116,26 @@ class Recipe:
     policy: str = ""
     layout: str = ""
     acc_dtype: str = ""
+    input_dtype_gemms: bool = False
+
+
+def emulates(dtype: torch.dtype) -> bool:
+    """Whether this CPU emulates ``dtype``'s GEMMs (:mod:`lce.cpu_gemms`)."""
+    return dtype in LOW_PRECISION and gemm_support(dtype).emulated
+
+
+def input_dtype_gemms(recipe: Recipe, dtype: torch.dtype,
+                      stand_in: Fp32LowPrecisionGemms | None = None) -> contextlib.AbstractContextManager:
+    """Where a peer's GEMMs run in ``dtype`` and this CPU emulates them, the fp32 stand-in around its forward and
+    backward (``stand_in``, else a fresh one): the arithmetic of a native kernel (fp32 sums, one rounding) at fp32's
+    speed (:mod:`analysis.core.emulated_gemms`). Elsewhere nothing."""
+    if recipe.input_dtype_gemms and emulates(dtype):
+        return Fp32LowPrecisionGemms() if stand_in is None else stand_in
+    return contextlib.nullcontext()
 
 
 def _logits_in_input_dtype(x, w, b, temperature) -> torch.Tensor:
-    logits = low_precision_linear(x, w)
+    logits = x @ w.T
     if b is not None:
         logits = logits + b
     return logits / temperature
@@ -147,10 +179,41 @@ def _lce(layout: str, policy: str, acc_dtype: str, **chunking) -> Callable[..., 
     return run
 
 
+def _trl_kernel() -> tuple[type, int]:
+    """TRL's fused log-probability head (the autograd function its ``add_fused_lm_head`` calls) and the number of
+    classes per tile it passes, from the installed TRL (the hf extra)."""
+    from trl.kernels import ChunkedLogProbFunction
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+    return ChunkedLogProbFunction, _CHUNKED_LOGPROB_CHUNK_SIZE
+
+
+TRL_OUTPUTS = ("log_probs", "entropy")
+
+
+def _trl_head(cast_lm_head_to_fp32: bool) -> Callable[..., Outputs]:
+    """TRL's own fused head, as its trainers call it: by default on tensors in the compute dtype (what its
+    ``_fused_forward`` hands over under the trainer's bf16/fp16 autocast: each tile's logits in that dtype, fp32
+    statistics); with ``cast_lm_head_to_fp32`` on fp32 hidden states and head, autocast off (fp32 GEMMs)."""
+    def run(x, w, b, target, temperature) -> Outputs:
+        function, classes_per_tile = _trl_kernel()
+        if cast_lm_head_to_fp32:
+            x, w, b = x.float(), w.float(), None if b is None else b.float()
+        log_probs, entropy, *_ = function.apply(x, w, b, target, temperature, classes_per_tile, None, 1.0,
+                                                TRL_OUTPUTS)
+        return log_probs, entropy
+    return run
+
+
 RECIPES: tuple[Recipe, ...] = (
-    Recipe("materialized", "TRL: logits, log_softmax and entropy in the input dtype", _materialized_input_dtype),
+    Recipe("trl", "TRL 1.16's fused head (GRPO, RLOO, DPO, KTO, SFT): input-dtype logits tiles, fp32 statistics",
+           _trl_head(cast_lm_head_to_fp32=False), input_dtype_gemms=True),
+    Recipe("trl cast_lm_head_to_fp32", "TRL 1.16's fused head with cast_lm_head_to_fp32=True: fp32 GEMMs",
+           _trl_head(cast_lm_head_to_fp32=True)),
+    Recipe("materialized", "a plain PyTorch loop: logits, log_softmax and entropy in the input dtype",
+           _materialized_input_dtype, input_dtype_gemms=True),
     Recipe("fp32 statistics, cast back", "verl's torch path: input-dtype logits, fp32 statistics, results rounded",
-           _fp32_statistics_cast_back),
+           _fp32_statistics_cast_back, input_dtype_gemms=True),
     Recipe("fp32 head", "hidden states and head weight upcast: every step in fp32", _fp32_head),
     Recipe("lce auto cuda", "lce.linear_log_probs, default options, CUDA layouts", _lce("cuda", "auto", "default"),
            "lce", "auto", "cuda", "default"),
@@ -195,6 +258,13 @@ PROBLEMS: tuple[Problem, ...] = (
 )
 
 
+QWEN_HEAD = Shape(512, 896, 151936)
+"""Qwen2.5-0.5B's head (D = 896, C = 151,936; the Qwen2/2.5/3 vocabulary) at 512 tokens."""
+QWEN_PROBLEM = Problem("calibrated", QWEN_HEAD)
+QWEN_TEMPERATURES: tuple[float, ...] = (0.6, 1.0)
+"""The Qwen-size head runs in bf16 at two temperatures (three seeds): each item takes minutes on a CPU."""
+
+
 def problem_inputs(problem: Problem, dtype: torch.dtype, temperature: float, seed: int):
     """``(x, w, b, target, advantages)``: the problem's tensors rounded once to ``dtype``, targets sampled from the
     exact tempered softmax (the confident rows keep their leading target), standard normal advantages."""
@@ -234,9 +304,10 @@ judged against the exact gradient times the scale."""
 
 def _run_recipe(recipe: Recipe, x, w, b, target, temperature, advantages, loss_scale: float):
     leaves = [None if t is None else t.detach().clone().requires_grad_() for t in (x, w, b)]
-    log_probs, entropy = recipe.run(leaves[0], leaves[1], leaves[2], target, temperature)
-    loss = -(advantages.to(log_probs.dtype) * log_probs).sum() / target.shape[0]
-    (loss.float() * loss_scale).backward()
+    with input_dtype_gemms(recipe, x.dtype):
+        log_probs, entropy = recipe.run(leaves[0], leaves[1], leaves[2], target, temperature)
+        loss = -(advantages.to(log_probs.dtype) * log_probs).sum() / target.shape[0]
+        (loss.float() * loss_scale).backward()
     return log_probs.detach().double(), entropy.detach().double(), leaves[0].grad, leaves[1].grad
 
 
@@ -277,42 +348,57 @@ def _key(problem: Problem, dtype_text: str, temperature: float, seed: int) -> tu
     return problem.family, problem.shape.N, problem.shape.D, problem.shape.C, dtype_text, float(temperature), seed
 
 
-def _done(path: Path) -> set[tuple]:
+def _done(path: Path) -> dict[tuple, set[str]]:
+    """The recipes already measured at each (problem, dtype, temperature, seed) key in ``path``."""
+    done: dict[tuple, set[str]] = {}
     if not path.exists():
-        return set()
-    table = read_table(path)
-    return {(r.family, int(r.N), int(r.D), int(r.C), r.dtype, float(r.temperature), int(r.seed))
-            for r in table.itertuples()}
+        return done
+    for r in read_table(path).itertuples():
+        key = (r.family, int(r.N), int(r.D), int(r.C), r.dtype, float(r.temperature), int(r.seed))
+        done.setdefault(key, set()).add(r.recipe)
+    return done
 
 
 def all_problems(problems: Sequence[Problem] = PROBLEMS, dtypes: Sequence[str] = STUDY_DTYPES,
-                 temperatures: Sequence[float] = TEMPERATURES, seeds: Sequence[int] = SEEDS) -> list[tuple]:
-    return [(p, d, t, s) for p in problems for d in dtypes for t in temperatures for s in seeds]
+                 temperatures: Sequence[float] = TEMPERATURES, seeds: Sequence[int] = SEEDS,
+                 qwen_head: bool = False) -> list[tuple]:
+    """Every (problem, dtype, temperature, seed) of the grid; with ``qwen_head`` also :data:`QWEN_PROBLEM` in bf16 at
+    :data:`QWEN_TEMPERATURES` and ``seeds``."""
+    items = [(p, d, t, s) for p in problems for d in dtypes for t in temperatures for s in seeds]
+    if qwen_head:
+        items += [(QWEN_PROBLEM, "bfloat16", t, s) for t in QWEN_TEMPERATURES for s in seeds]
+    return items
 
 
 def record(folder: Path, file_name: str = RL_LOGPROBS_FILE, *, problems: Sequence[Problem] = PROBLEMS,
            dtypes: Sequence[str] = STUDY_DTYPES, temperatures: Sequence[float] = TEMPERATURES,
-           seeds: Sequence[int] = SEEDS, recipes: Sequence[Recipe] = RECIPES, restart: bool = False,
-           progress: bool = True, kind: Kind = RL_LOGPROBS) -> tuple[Path, float]:
-    """Measure every (problem, dtype, temperature, seed) not yet in ``folder/<file_name>`` and append its rows with
-    provenance as it finishes, as rows of ``kind``; the bar's ETA weighs problems by their logits. Returns the path
-    and the seconds."""
+           seeds: Sequence[int] = SEEDS, recipes: Sequence[Recipe] = RECIPES, qwen_head: bool = False,
+           restart: bool = False, progress: bool = True, kind: Kind = RL_LOGPROBS) -> tuple[Path, float]:
+    """Measure every recipe not yet in ``folder/<file_name>`` at each (problem, dtype, temperature, seed) of the grid
+    (:func:`all_problems`), and append each item's rows with provenance as it finishes, as rows of ``kind``: a
+    recipe added later is measured alone, beside the rows already there. The bar's ETA weighs items by their logits
+    times the recipes left. Returns the path and the seconds."""
     from tqdm import tqdm
 
     path = folder / file_name
     if restart:
         set_aside(path)
     done = _done(path)
-    pending = [item for item in all_problems(problems, dtypes, temperatures, seeds) if _key(*item) not in done]
-    total = sum(p.shape.N * p.shape.C for p, *_ in pending)
+    pending = []
+    for item in all_problems(problems, dtypes, temperatures, seeds, qwen_head):
+        missing = [recipe for recipe in recipes if recipe.label not in done.get(_key(*item), set())]
+        if missing:
+            pending.append((item, missing))
+    total = sum(problem.shape.N * problem.shape.C * (1 + len(missing)) for (problem, *_), missing in pending)
     started = time.perf_counter()
     with tqdm(total=total, desc="rl-logprobs", unit="logit", unit_scale=True, disable=not progress,
               dynamic_ncols=True) as bar:
-        for problem, dtype_text, temperature, seed in pending:
-            bar.set_postfix_str(f"{problem.family} {dtype_text} T={temperature:g} seed {seed}")
-            table = measure_problem(problem, dtype_text, temperature, seed, recipes)
+        for (problem, dtype_text, temperature, seed), missing in pending:
+            bar.set_postfix_str(f"{problem.family} {problem.shape.C} {dtype_text} T={temperature:g} seed {seed}: "
+                                f"{len(missing)} recipe(s)")
+            table = measure_problem(problem, dtype_text, temperature, seed, missing)
             append_rows(path, kind.rows(table.assign(**provenance("cpu"))))
-            bar.update(problem.shape.N * problem.shape.C)
+            bar.update(problem.shape.N * problem.shape.C * (1 + len(missing)))
     return path, time.perf_counter() - started
 
 
@@ -323,19 +409,30 @@ COST_SHAPES: tuple[Shape, ...] = (Shape(512, 896, 151936), Shape(1024, 896, 1519
 COST_DTYPE = "bfloat16"
 
 
-def _cost_step(recipe: Recipe, x, w, target, advantages) -> Callable[[], None]:
+def _cost_step(recipe: Recipe, x, w, target, advantages,
+               stand_in: Fp32LowPrecisionGemms | None = None) -> Callable[[], None]:
     def step() -> None:
         leaves = [t.detach().requires_grad_() for t in (x, w)]
-        log_probs, entropy = recipe.run(leaves[0], leaves[1], None, target, 1.0)
-        (-(advantages.to(log_probs.dtype) * log_probs).sum() / target.shape[0] - 0.01 * entropy.mean()).backward()
+        with input_dtype_gemms(recipe, x.dtype, stand_in):
+            log_probs, entropy = recipe.run(leaves[0], leaves[1], None, target, 1.0)
+            loss = -(advantages.to(log_probs.dtype) * log_probs).sum() / target.shape[0] - 0.01 * entropy.mean()
+            loss.backward()
     return step
+
+
+STAND_IN_NOTE = ("this CPU emulates bf16 GEMMs: the recipe's bf16 GEMMs ran on the fp32 stand-in (same arithmetic; "
+                 "its scratch kept outside the measured call, so the peak is the recipe's own); the time is at fp32 "
+                 "GEMM speed, not the emulated kernels' (about 80x slower on AVX2-only CPUs)")
+"""The note of a cost row whose GEMMs ran on the stand-in (:func:`input_dtype_gemms`)."""
 
 
 def measure_costs(shapes: Sequence[Shape] = COST_SHAPES, recipes: Sequence[Recipe] | None = None,
                   repeats: int = 3) -> pd.DataFrame:
     """Peak extra bytes (allocator events, one call) and median time of a forward and backward of a
     policy-gradient loss with an entropy bonus, per recipe, at ``shapes`` in bf16 on this CPU. lce's rows also give
-    its plan's predicted peak. CUDA-layout arms are left out: on the CPU they would measure the emulation."""
+    its plan's predicted peak. CUDA-layout arms are left out: on the CPU they would measure the emulation. Where
+    this CPU emulates bf16 GEMMs, a peer's bf16 GEMMs run on the stand-in with kept scratch (one warm-up call before
+    the measured one) and the row says so (``gemms``, ``note``: :data:`STAND_IN_NOTE`)."""
     recipes = [r for r in (RECIPES if recipes is None else recipes) if r.layout != "cuda"]
     dtype = DTYPES[COST_DTYPE]
     rows = []
@@ -345,7 +442,10 @@ def measure_costs(shapes: Sequence[Shape] = COST_SHAPES, recipes: Sequence[Recip
         target = drawn.target
         advantages = torch.randn(shape.N, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
         for recipe in recipes:
-            step = _cost_step(recipe, x, w, target, advantages)
+            stood_in = recipe.input_dtype_gemms and emulates(dtype)
+            step = _cost_step(recipe, x, w, target, advantages, Fp32LowPrecisionGemms(keep_scratch=True))
+            if stood_in:
+                step()  # the stand-in's scratch, allocated before the measured call
             _, memory = measure_peak(step)
             timing = time_call(step, warmup=1, repeats=repeats)
             predicted = None
@@ -355,7 +455,9 @@ def measure_costs(shapes: Sequence[Shape] = COST_SHAPES, recipes: Sequence[Recip
             rows.append({"recipe": recipe.label, "op": recipe.op, "dtype": COST_DTYPE, "N": shape.N, "D": shape.D,
                          "C": shape.C, "peak_bytes": memory.peak_bytes, "predicted_peak_bytes": predicted,
                          "logits_bytes": shape.N * shape.C * dtype.itemsize, "time_median_s": timing.median_s,
-                         "time_spread_s": timing.spread_s, "repeats": repeats})
+                         "time_spread_s": timing.spread_s, "repeats": repeats,
+                         "gemms": "fp32 stand-in" if stood_in else "native",
+                         "note": STAND_IN_NOTE if stood_in else ""})
     return pd.DataFrame(rows)
 
 
@@ -371,11 +473,12 @@ def record_costs(folder: Path, **settings) -> tuple[Path, float]:
 
 # ---- python -m analysis rl-logprobs ------------------------------------------------------------------------------
 
-DESCRIPTION = ("Per-token log-probabilities and entropy for RL: each recipe (materialized in the input dtype, fp32 "
-               "statistics cast back, an fp32 head, lce) against fp64 on the trained LM's head, the calibrated family "
-               "and confident rows, T 0.6-1.2, bf16 and fp16, 3 seeds: importance-ratio error, implied KL, entropy "
-               "error, policy-gradient floors (rl_logprobs.csv.gz, resumable; about 40 CPU-minutes); --costs: peak "
-               "memory and time per recipe at a Qwen-size head (rl_cost.csv, a few minutes).")
+DESCRIPTION = ("Per-token log-probabilities and entropy for RL: each recipe (TRL 1.16's fused head, with and without "
+               "cast_lm_head_to_fp32, materialized in the input dtype, fp32 statistics cast back, an fp32 head, lce) "
+               "against fp64 on the trained LM's head, the calibrated family and confident rows, T 0.6-1.2, bf16 and "
+               "fp16, 3 seeds, and the Qwen-size head in bf16: importance-ratio error, implied KL, entropy error, "
+               "policy-gradient floors (rl_logprobs.csv.gz, resumable recipe by recipe; about 80 CPU-minutes); "
+               "--costs: peak memory and time per recipe at the Qwen-size head (rl_cost.csv, about 30 minutes).")
 
 
 def add_arguments(parser) -> None:
@@ -384,6 +487,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--costs", action="store_true", help="measure the costs at the Qwen-size head instead")
     parser.add_argument("--chunking", action="store_true",
                         help=f"lce at fixed chunk counts and class-tiled instead (bf16, T=1; {RL_CHUNKING_FILE})")
+    parser.add_argument("--no-qwen-head", action="store_true",
+                        help=f"leave out the Qwen-size head ({QWEN_HEAD.N}x{QWEN_HEAD.D}x{QWEN_HEAD.C}, bf16, T "
+                             f"{', '.join(f'{t:g}' for t in QWEN_TEMPERATURES)}; about 3 CPU-minutes an item)")
     parser.add_argument("--quick", action="store_true",
                         help="one seed, T=1, the trained head and two margins (a smoke run; not the committed one)")
     parser.add_argument("--file", default=RL_LOGPROBS_FILE, metavar="NAME",
@@ -399,13 +505,13 @@ def run(args) -> None:
     if args.costs:
         print_study(*record_costs(args.results))
         return
-    settings = {}
+    settings = {"qwen_head": not args.no_qwen_head}
     file_name = args.file
     if args.chunking:
         settings = dict(problems=PROBLEMS[:2], dtypes=("bfloat16",), temperatures=(1.0,), recipes=CHUNKING_RECIPES,
-                        kind=RL_CHUNKING)
+                        kind=RL_CHUNKING, qwen_head=False)
         file_name = RL_CHUNKING_FILE
     if args.quick:
-        settings = dict(problems=(PROBLEMS[0], *PROBLEMS[-2:]), temperatures=(1.0,), seeds=(0,))
+        settings = dict(problems=(PROBLEMS[0], *PROBLEMS[-2:]), temperatures=(1.0,), seeds=(0,), qwen_head=False)
     print_study(*record(args.results, file_name, restart=args.restart, progress=not args.no_progress, **settings))
 

@@ -99,7 +99,7 @@ def test_each_recipe_computes_its_formula():
     recipes return bf16, the fp32 head and lce fp32."""
     x, w, b, target, _ = _fp64_problem(n=12, c=50)
     want, want_h = unfused_linear_log_probs(x, w, target, linear_bias=b, temperature=0.7, return_entropy=True)
-    in_fp32 = {"fp32 statistics, cast back", "fp32 head"}
+    in_fp32 = {"fp32 statistics, cast back", "fp32 head", "trl", "trl cast_lm_head_to_fp32"}
     for recipe in study.RECIPES:
         got, got_h = recipe.run(x, w, b, target, 0.7)
         tolerance = 1e-5 if recipe.label in in_fp32 or recipe.acc_dtype == "float32" else 1e-10
@@ -108,8 +108,30 @@ def test_each_recipe_computes_its_formula():
     expected = {"materialized": torch.bfloat16, "fp32 statistics, cast back": torch.bfloat16,
                 "fp32 head": torch.float32}
     for recipe in study.RECIPES:
-        got, _ = recipe.run(x.bfloat16(), w.bfloat16(), b.bfloat16(), target, 0.7)
+        with study.input_dtype_gemms(recipe, torch.bfloat16):
+            got, _ = recipe.run(x.bfloat16(), w.bfloat16(), b.bfloat16(), target, 0.7)
         assert got.dtype == expected.get(recipe.label, torch.float32), recipe.label
+
+
+def test_the_trl_recipes_call_the_head_trls_trainers_install():
+    """The recipe's kernel is the very object TRL's fused forward calls, with the tile width it passes; by default
+    it rounds each tile's logits to the input dtype (bf16-size errors), with cast_lm_head_to_fp32 it does not."""
+    from trl.trainer import utils as trl_utils
+
+    kernel, classes_per_tile = study._trl_kernel()
+    assert kernel is trl_utils._ChunkedLogProbFunction and classes_per_tile == trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE
+    x, w, b, target, _ = _fp64_problem(n=64, d=32, c=2000, seed=1)
+    exact = unfused_linear_log_probs(x, w * 8, target, linear_bias=b)  # logits of a few nats' spread
+    errors = {}
+    for recipe in study.RECIPES[:2]:
+        with study.input_dtype_gemms(recipe, torch.bfloat16):
+            got, _ = recipe.run(x.bfloat16(), (w * 8).bfloat16(), b.bfloat16(), target, 1.0)
+        assert got.dtype == torch.float32
+        exact_rounded = unfused_linear_log_probs(x.bfloat16().double(), (w * 8).bfloat16().double(), target,
+                                                 linear_bias=b.bfloat16().double())
+        errors[recipe.label] = float((got.double() - exact_rounded).abs().max())
+    assert errors["trl"] > 1e-2 > 1e-4 > errors["trl cast_lm_head_to_fp32"]
+    assert float((exact - exact_rounded).abs().max()) > 0  # the inputs were rounded; both recipes see the same
 
 
 def test_a_small_study_writes_one_row_per_recipe_and_resumes(tmp_path):
@@ -127,6 +149,26 @@ def test_a_small_study_writes_one_row_per_recipe_and_resumes(tmp_path):
     assert confident.loc["materialized", "logp_rel_err_max"] > 0.5
     study.record(tmp_path, **settings)  # nothing left to do: no new rows
     assert len(read_table(path)) == len(table)
+    assert calibrated.loc["trl cast_lm_head_to_fp32", "ratio_err_max"] < 1e-4 < calibrated.loc["trl", "ratio_err_max"]
+
+
+def test_a_recipe_added_later_is_measured_alone(tmp_path):
+    problem = study.Problem("calibrated", Shape(32, 16, 512))
+    settings = dict(problems=(problem,), dtypes=("bfloat16",), temperatures=(1.0,), seeds=(0, 1), progress=False)
+    path, _ = study.record(tmp_path, recipes=study.RECIPES[2:4], **settings)
+    first = read_table(path)
+    study.record(tmp_path, recipes=study.RECIPES[:4], **settings)
+    table = read_table(path)
+    assert len(table) == 2 * 4 and table.groupby("seed")["recipe"].nunique().eq(4).all()
+    pd.testing.assert_frame_equal(table.iloc[:len(first)], first)  # the earlier rows stay as they were
+
+
+def test_the_qwen_head_items_join_the_grid_in_bf16_only():
+    items = study.all_problems(study.PROBLEMS[:1], ("bfloat16", "float16"), (1.0,), (0,), qwen_head=True)
+    qwen = [item for item in items if item[0] == study.QWEN_PROBLEM]
+    assert study.QWEN_PROBLEM.shape.C == 151936 and study.QWEN_PROBLEM.shape.D == 896
+    assert {(d, t) for _, d, t, _ in qwen} == {("bfloat16", t) for t in study.QWEN_TEMPERATURES}
+    assert len(items) == 2 + len(qwen)
 
 @pytest.mark.slow  # times every recipe
 
@@ -135,6 +177,10 @@ def test_costs_measure_every_cpu_recipe_at_two_batches(tmp_path, monkeypatch):
     table = study.measure_costs(study.COST_SHAPES, repeats=1)
     assert set(table["recipe"]) == {r.label for r in study.RECIPES if r.layout != "cuda"}
     assert (table["peak_bytes"] > 0).all() and (table["time_median_s"] > 0).all()
+    stood_in = table["gemms"] == "fp32 stand-in"
+    assert set(table.loc[stood_in, "recipe"]) == ({"trl", "materialized", "fp32 statistics, cast back"}
+                                                  if study.emulates(torch.bfloat16) else set())
+    assert (table.loc[stood_in, "note"] == study.STAND_IN_NOTE).all()
     lce_rows = table[table["op"] == "lce"]
     assert lce_rows["predicted_peak_bytes"].notna().all()
     big = table[table["N"] == 1024].set_index("recipe")

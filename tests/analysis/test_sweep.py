@@ -14,7 +14,8 @@ import torch
 
 import lce.cpu_gemms
 from analysis.cli import main
-from analysis.core.emulated_gemms import low_precision_linear
+from analysis.core.emulated_gemms import Fp32LowPrecisionGemms, low_precision_linear
+from analysis.core.memory import measure_peak
 from analysis.core.results_io import COLUMNS, read_rows
 from analysis.core.run_config import RunConfig
 from analysis.sweep.grids import GRIDS, get_grid
@@ -243,3 +244,29 @@ def test_the_unfused_training_arm_computes_the_same_on_fp32_copies_where_gemms_a
     for got, want in ((emulated, native), *zip(emulated_grads, native_grads, strict=True)):
         assert got.dtype == dtype
         assert torch.all((got.double() - want.double()).abs() <= 2 * eps * want.double().abs() + 1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_stand_in_rounds_each_gemm_once_in_every_form_and_its_kept_scratch_is_not_measured(dtype):
+    """Fp32LowPrecisionGemms: mm, addmm and bmm, plain and out= (into a strided view, as TRL's tiles are), give the
+    fp32 product of the operands rounded once, bit for bit; with keep_scratch, after one warm-up call a measured
+    call allocates exactly what the native op would (its result), not the fp32 copies."""
+    g = torch.Generator().manual_seed(5)
+    a, b = torch.randn(24, 40, generator=g).to(dtype), torch.randn(30, 40, generator=g).to(dtype)
+    bias = torch.randn(30, generator=g).to(dtype)
+    once = (a.float() @ b.float().T).to(dtype)
+    for keep_scratch in (False, True):
+        stand_in = Fp32LowPrecisionGemms(keep_scratch=keep_scratch)
+        tile = torch.zeros(24, 32, dtype=dtype)
+        with stand_in:
+            plain = a @ b.T
+            torch.mm(a, b.T, out=tile[:, :30])
+            shifted = torch.addmm(bias, a, b.T, beta=0.5)
+            batched = torch.bmm(a[None], b.T[None])
+        assert torch.equal(plain, once) and torch.equal(tile[:, :30], once) and not tile[:, 30:].any()
+        assert torch.equal(shifted, (0.5 * bias.float() + a.float() @ b.float().T).to(dtype))
+        assert torch.equal(batched[0], once)
+        with stand_in:
+            _, memory = measure_peak(lambda: a @ b.T)  # noqa: B023
+        expected = once.numel() * once.element_size()
+        assert memory.peak_bytes == expected if keep_scratch else memory.peak_bytes > 2 * expected
