@@ -15,7 +15,8 @@ Recipes (:data:`RECIPES`), the heads RL stacks run today first:
   of 4096 tokens x 32768 classes whose logits a GEMM rounds to that dtype, then fp32 statistics (online
   log-sum-exp, entropy ``lse - sum p u``), fp32 results; its backward recomputes the tiles and sums the gradient
   GEMMs in fp32;
-* ``trl cast_lm_head_to_fp32``: the same kernel with TRL's remedy, fp32 hidden states and head, autocast off;
+* ``trl cast_lm_head_to_fp32``: the same kernel with TRL's remedy, fp32 hidden states, autocast off (the kernel then
+  casts each tile of the head to fp32: fp32 GEMMs);
 * ``materialized``: a plain PyTorch loop (and TRL before its fused head): the logits from a GEMM in the input dtype
   (fp32 sums rounded once), divided by T in that dtype, ``log_softmax`` and the entropy ``-sum p log p`` in that
   dtype (torch's kernels sum in fp32 and round their results to it);
@@ -194,11 +195,12 @@ TRL_OUTPUTS = ("log_probs", "entropy")
 def _trl_head(cast_lm_head_to_fp32: bool) -> Callable[..., Outputs]:
     """TRL's own fused head, as its trainers call it: by default on tensors in the compute dtype (what its
     ``_fused_forward`` hands over under the trainer's bf16/fp16 autocast: each tile's logits in that dtype, fp32
-    statistics); with ``cast_lm_head_to_fp32`` on fp32 hidden states and head, autocast off (fp32 GEMMs)."""
+    statistics); with ``cast_lm_head_to_fp32`` on fp32 hidden states, autocast off, so that the kernel casts each
+    tile of the head to fp32 (fp32 GEMMs; the head itself stays in its dtype, as TRL leaves it)."""
     def run(x, w, b, target, temperature) -> Outputs:
         function, classes_per_tile = _trl_kernel()
         if cast_lm_head_to_fp32:
-            x, w, b = x.float(), w.float(), None if b is None else b.float()
+            x = x.float()  # what TRL's _fused_forward does to the hidden states
         log_probs, entropy, *_ = function.apply(x, w, b, target, temperature, classes_per_tile, None, 1.0,
                                                 TRL_OUTPUTS)
         return log_probs, entropy
