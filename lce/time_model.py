@@ -19,6 +19,10 @@ committed measurements of each device kind, which also reports how well the fit 
 (:data:`FIT`). GEMM rates come from the CPU a plan is made on (:func:`lce.cpu_gemms.rate_vs_fp32` for low-precision
 GEMMs) or, on CUDA, from the fitted device's; :data:`TIME_SOURCE` says, per device kind, what the predictions rest
 on.
+
+Not counted yet: the fused Triton passes (:mod:`lce.kernels`, ``plan.fused_passes``). ``elementwise_passes`` is fitted
+to runs of the PyTorch ops, so on a GPU that runs the kernels the model predicts the slower path until the GPU
+check's runs of them are fitted.
 """
 
 from __future__ import annotations

@@ -30,15 +30,17 @@ def measured_head_headline(results: Path, head: str) -> dict[str, float] | None:
     """The "auto" call measured on a GPU at ``head`` (``"N×D×C"``, :func:`analysis.report.nb04_pareto.head_costs`):
     its worst gradient error in floors, peak GiB and time over the unfused op's; None where no GPU ran it."""
     from analysis.judge import pareto
-    from analysis.report.nb04_pareto import head_costs
+    from analysis.report.nb04_pareto import head_costs, todays_pick
 
     costs = head_costs(pareto.load_table(results)[1])
     pick = costs[costs["pick"] & (costs["shape"] == head)] if len(costs) else costs
     if pick.empty:
         return None
     row = pick.iloc[0]
+    today = todays_pick(costs).set_index("shape").loc[head]
     return {"floors": float(row["error"]), "gib": float(row["peak_mib"]) / 1024,
-            "vs_unfused_time": float(row["vs_unfused_time"])}
+            "vs_unfused_time": float(row["vs_unfused_time"]),
+            "predicted_vs_unfused": float(today["predicted_vs_unfused"])}
 
 
 def training_headline(results: Path) -> dict[str, float]:
@@ -87,8 +89,9 @@ def readme_headlines(results: Path) -> str:
     measured = measured_head_headline(results, decision["head"].replace("x", "×"))
     on_gpu = "" if measured is None else (
         f" Measured on an H200: {measured['floors']:.2f} floors (worst gradient) in {measured['gib']:.2f} GiB, at "
-        f"{measured['vs_unfused_time']:.0f}x the unfused op's time, spent adding into its fp32 accumulator in small "
-        "blocks (notebook 04).")
+        f"{measured['vs_unfused_time']:.0f}x the unfused op's time, spent adding into its fp32 accumulator in "
+        "million-element blocks; lce now sums it in one GEMM or a few large blocks per chunk of at least 2048 rows, "
+        f"predicted at {measured['predicted_vs_unfused']:.1f}x (not yet run on a GPU; notebook 04).")
     return "\n".join([
         f"- **Accuracy for memory, chosen per head.** At a {decision['head']} bf16 head on CUDA, lce's default "
         f"({decision['auto']}) keeps the weight gradient at {decision['weight_floors']:.2f} rounding floors where "

@@ -13,8 +13,6 @@ import pandas as pd
 import seaborn as sns
 from matplotlib import ticker
 
-from analysis.core.implementations import ImplSpec, meta_plan
-from analysis.core.problem import Shape
 from analysis.core.provenance import cpu_kinds
 from analysis.core.results_io import latest
 from analysis.judge.pareto import (
@@ -44,7 +42,6 @@ from analysis.report.style import (
     panel_grid,
     seed_caption,
 )
-from lce.time_model import estimated_seconds
 
 FAMILY_MARKERS = {"random": "o", "calibrated": "s", "trained": "^"}
 """Marker shape per input family in the error-vs-memory figures (other families take :data:`_SPARE_MARKERS`)."""
@@ -494,15 +491,16 @@ HEAD_MIN_CLASSES = 100_000
 def head_costs(table: pd.DataFrame, device: str = "cuda") -> pd.DataFrame:
     """At every LLM-head shape ``device`` ran (at least :data:`HEAD_MIN_CLASSES` classes), each lce configuration and
     the unfused ``reference`` (seed medians): its error in floors, peak MiB, time in ms, time over the unfused op's,
-    and lce's predicted time (``predicted_ms``, :func:`lce.time_model.estimated_seconds` of the plan the call makes
-    there; NaN for the reference), with ``pick`` marking the "auto" call (``lce auto auto``); empty without runs."""
+    and lce's predicted time (``predicted_ms``, lce's time model for the plan the call ran; NaN for the reference),
+    with ``pick`` marking the "auto" call (``lce auto auto``); empty without runs."""
     runs = table[(table["device"] == device) & (table["C"] >= HEAD_MIN_CLASSES)
                  & table["op"].isin(["lce", "reference"])]
     if runs.empty:
         return pd.DataFrame()
     keys = ["N", "D", "C", "dtype", "label"]
     medians = runs.groupby(keys, sort=True)[[ERROR, MEMORY, TIME]].median()
-    calls = runs.groupby(keys, sort=True)[["op", "policy", "chunking", "acc_dtype"]].first()
+    calls = runs.groupby(keys, sort=True)[["op", "policy", "chunking", "acc_dtype", "resolved_policy",
+                                           "resolved_acc_dtype", "chunk_size", "bias", "date"]].first()
     medians = medians.join(calls).reset_index()
     unfused = medians[medians["label"] == "reference"].set_index(["N", "D", "C"])[TIME]
     shapes = pd.MultiIndex.from_frame(medians[["N", "D", "C"]])
@@ -513,12 +511,43 @@ def head_costs(table: pd.DataFrame, device: str = "cuda") -> pd.DataFrame:
         "predicted_ms": [_predicted_ms(call, device) for call in medians.itertuples()]})
 
 
+def todays_pick(costs: pd.DataFrame) -> pd.DataFrame:
+    """At each head of :func:`head_costs`, the plan lce's default makes there today on CUDA (policy, rows per chunk,
+    chunks) and its time as lce's time model predicts it -- on the path every CUDA build has (the weight-gradient
+    product added into the fp32 accumulator in blocks of 2^26 elements, the elementwise passes as PyTorch ops: no
+    mixed-precision addmm, no Triton kernels) -- beside the unfused op's measured time. A prediction: no GPU has run
+    this plan."""
+    import torch
+
+    import lce
+    from lce.planning import make_plan
+    from lce.testing import emulate_device_kind
+    from lce.time_model import estimated_seconds
+
+    rows = []
+    for shape, group in costs.groupby("shape", sort=False):
+        n, d, c = (int(v) for v in shape.split("×"))
+        with emulate_device_kind("cuda"):
+            plan = make_plan(lce.LinearCrossEntropyOptions(), num_rows=n, in_features=d, num_classes=c,
+                             dtype=torch.bfloat16, device=torch.device("meta"), needs_grad=(True, True, False))
+        unfused = float(group.loc[group["run"] == "reference", "time_ms"].iloc[0])
+        measured = group[group["pick"]].iloc[0]
+        predicted = 1e3 * estimated_seconds(plan)
+        rows.append({"shape": shape, "policy": plan.acc_policy, "rows": plan.batch_chunk_size,
+                     "chunks": plan.num_chunks, "predicted_ms": predicted, "unfused_ms": unfused,
+                     "predicted_vs_unfused": predicted / unfused, "measured_pick_ms": measured["time_ms"],
+                     "measured_pick_vs_unfused": measured["vs_unfused_time"]})
+    return pd.DataFrame(rows)
+
+
 def _predicted_ms(call, device: str) -> float:
-    """lce's time model for one sweep call (a row with N, D, C, dtype, op, policy, chunking, acc_dtype)."""
+    """lce's time model for the plan one sweep call ran (its recorded rows per chunk, counted as the code of its date
+    ran it: :func:`analysis.studies.time_model.predicted_seconds_as_run`)."""
+    from analysis.studies.time_model import predicted_seconds_as_run
+
     if call.op != "lce":
         return float("nan")
-    spec = ImplSpec(call.op, call.policy, call.chunking, call.acc_dtype or "default")
-    return 1e3 * estimated_seconds(meta_plan(spec, Shape(int(call.N), int(call.D), int(call.C)), call.dtype, device))
+    return 1e3 * predicted_seconds_as_run(call._asdict(), device)
 
 
 def fp32_rankings(table: pd.DataFrame) -> pd.DataFrame:

@@ -18,7 +18,8 @@ weight-gradient products in blocks of a million elements, as they ran.
 (``half_rows``, ``half_features``, ``bandwidth``, ``elementwise_passes``, ``launch_overhead``, ``step_overhead``)
 minimise the squared
 error of the log of the predicted time, by L-BFGS on their logarithms. The constants lce ships take the median
-machine's rates as the reference; a CPU's own low-precision rate comes from :mod:`lce.cpu_gemms` at run time.
+machine's rates as the reference (on CUDA the H200 with TF32 off, :data:`REFERENCE_MACHINE`); a CPU's own
+low-precision rate comes from :mod:`lce.cpu_gemms` at run time.
 
 **Held out** (:func:`held_out`): each shape's samples predicted by a fit to the other shapes: the share within
 +-30% and the median and worst ratio of predicted over measured time.
@@ -47,9 +48,17 @@ from analysis.sweep.remeasure import _config
 from lce import gemm
 from lce.planning import make_plan
 from lce.testing import cpu_gemms, emulate_device_kind
-from lce.time_model import CONSTANTS_FILE, TimeConstants, gemm_compute_dtype, gemm_names, time_terms
+from lce.time_model import (
+    CONSTANTS_FILE,
+    TimeConstants,
+    estimated_seconds,
+    gemm_compute_dtype,
+    gemm_names,
+    time_terms,
+)
 
-__all__ = ["Sample", "BLOCKED_SUM_UNTIL", "TOLERANCE", "samples", "fit", "held_out", "record"]
+__all__ = ["Sample", "BLOCKED_SUM_UNTIL", "TOLERANCE", "REFERENCE_MACHINE", "as_run_options",
+           "predicted_seconds_as_run", "samples", "fit", "held_out", "record"]
 
 BLOCKED_SUM_UNTIL = "2026-12-06"
 """CUDA rows dated before this day ran the weight-gradient sum in blocks of 2^20 elements (lce.gemm before its CUDA
@@ -137,6 +146,25 @@ def _options(policy, acc_dtype, rows, classes=None) -> lce.LinearCrossEntropyOpt
                                          class_chunk_size=None if classes is None or pd.isna(classes) else int(classes))
 
 
+def as_run_options(row) -> lce.LinearCrossEntropyOptions:
+    """The options that give the plan a sweep row ran: its resolved policy and acc_dtype and its recorded rows per
+    chunk. Its configured chunking (``auto``, an aspect ratio) resolves to other rows once lce's rules change (the
+    CUDA auto floor of 2048 rows came after the H200's grid ran)."""
+    return _options(row["resolved_policy"], row["resolved_acc_dtype"], int(float(row["chunk_size"])))
+
+
+def predicted_seconds_as_run(row, device: str) -> float:
+    """lce's time model for the plan a sweep row of ``device`` (``cuda``, ``cuda-tf32``, ``cpu``) ran, counted as the
+    code of its date ran it (:data:`BLOCKED_SUM_UNTIL`), under today's constants."""
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    context = emulate_device_kind("cuda") if kind == "cuda" else contextlib.nullcontext()
+    with context, _era(kind, row["date"]):
+        plan = make_plan(as_run_options(row), num_rows=int(row["N"]), in_features=int(row["D"]),
+                         num_classes=int(row["C"]), dtype=DTYPES[row["dtype"]], device=torch.device("meta"),
+                         needs_grad=(True, True, str(row["bias"]) == "True"))
+        return estimated_seconds(plan)
+
+
 def cpu_samples(folder: Path = RESULTS_DIR) -> list[Sample]:
     """The CPU's timed lce runs (see the module docstring)."""
     out: list[Sample] = []
@@ -166,7 +194,7 @@ def cuda_samples(folder: Path = RESULTS_DIR) -> list[Sample]:
     for _, row in rows.iterrows():
         config = _config(row)
         machine = f"{row['device_name']}" + (" TF32" if row["device"] == "cuda-tf32" else "")
-        out.append(_sample("cuda", machine, config.spec.options(), config.N, config.D, config.C, config.dtype,
+        out.append(_sample("cuda", machine, as_run_options(row), config.N, config.D, config.C, config.dtype,
                            row["time_median_s"], row["date"], "cuda grid", bias=config.bias))
     _, bench = load_kind(folder, "gpu_bench")
     for _, row in bench[(bench["op"] == "lce") & (bench["status"] == "ok")].iterrows():
@@ -182,6 +210,10 @@ def cuda_samples(folder: Path = RESULTS_DIR) -> list[Sample]:
 def samples(kind: str, folder: Path = RESULTS_DIR) -> list[Sample]:
     return cpu_samples(folder) if kind == "cpu" else cuda_samples(folder)
 
+
+REFERENCE_MACHINE: dict[str, str] = {"cuda": "NVIDIA H200"}
+"""The machine whose GEMM rates lce ships for a device kind, where not the median machine's: on CUDA the H200 with
+TF32 off, torch's default for fp32 matmuls (the TF32 runs are a setting a user turns on, not another GPU)."""
 
 H200_FLOPS: dict[str, float] = {"bfloat16": 989e12, "float16": 989e12, "float32": 67e12, "float64": 67e12}
 """An H200's dense GEMM rates from its datasheet (FLOP/s); with TF32 on, fp32 GEMMs run at 494e12."""
@@ -307,7 +339,8 @@ def record(folder: Path = RESULTS_DIR, out: Path = CONSTANTS_FILE, kinds: Sequen
         fitted = fit(data, rates)
         report = {"fit": _report(fitted, data), "held_out": held_out(data, rates),
                   "machines": sorted({s.machine for s in data})}
-        reference = _reference_rates({m: r for m, r in rates.items() if m in report["machines"]})
+        reference = rates[REFERENCE_MACHINE[kind]] if kind in REFERENCE_MACHINE else _reference_rates(
+            {m: r for m, r in rates.items() if m in report["machines"]})
         flops = {"float64": reference["float32"] / 2, "float32": reference["float32"],
                  "bfloat16": reference.get("bfloat16", reference["float32"]),
                  "float16": reference.get("float16", reference.get("bfloat16", reference["float32"]))}
