@@ -270,3 +270,28 @@ def test_the_stand_in_rounds_each_gemm_once_in_every_form_and_its_kept_scratch_i
             _, memory = measure_peak(lambda: a @ b.T)  # noqa: B023
         expected = once.numel() * once.element_size()
         assert memory.peak_bytes == expected if keep_scratch else memory.peak_bytes > 2 * expected
+
+
+def test_a_bf16_runs_peak_remeasured_through_the_stand_in_is_its_peak_on_the_cpus_own_kernel():
+    """analysis.sweep.remeasure.measured_peak: the stand-in's kept scratch leaves lce's own bytes (the sweep's
+    profiler), equal to the run on this CPU's own bf16 kernel, for each policy."""
+    import functools
+
+    import pandas as pd
+
+    from analysis.core.implementations import make_implementation
+    from analysis.core.inputs import make_inputs
+    from analysis.core.problem import DTYPES
+    from analysis.paths import RESULTS_DIR
+    from analysis.sweep.remeasure import _config, measured_peak
+
+    table = pd.read_csv(RESULTS_DIR / "quick.csv", dtype=str, keep_default_na=False)
+    rows = table[(table["op"] == "lce") & (table["device"] == "cpu") & (table["dtype"] == "bfloat16")
+                 & (table["N"] == "32")].drop_duplicates("policy")
+    assert len(rows) >= 3
+    for _, row in rows.iterrows():
+        config = _config(row)
+        inputs = make_inputs(config.shape, DTYPES[config.dtype], family=config.family, seed=config.seed,
+                             bias=config.bias)
+        own = measure_peak(functools.partial(make_implementation(config.spec, config.device).run, inputs))[1]
+        assert measured_peak(config, inputs) == own.peak_bytes > 0, config.spec
