@@ -483,7 +483,7 @@ def write_csv_atomically(path: Path, rows: Iterable[Mapping[str, object]], colum
     step, so a reader or a crash never sees half a file (a run's log, rewritten at every checkpoint). A
     ``<name>.csv.gz`` is written compressed, as one gzip member."""
     buffer = io.StringIO(newline="")
-    writer = csv.DictWriter(buffer, fieldnames=list(columns))
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")  # as every appender writes
     writer.writeheader()
     writer.writerows(rows)
     block = buffer.getvalue().encode("utf-8")

@@ -206,6 +206,8 @@ def test_whole_file_writers_keep_the_form_their_name_says(tmp_path):
         assert path.read_bytes().startswith(b"\x1f\x8b") == name.endswith(".gz")  # the gzip magic number
         write_csv_atomically(path, [_bench_row(3.0)], BENCH.columns)
         assert read_table(path)["value"].tolist() == [3.0] and file_kind(path) == "bench"
+        raw = gzip.decompress(path.read_bytes()) if name.endswith(".gz") else path.read_bytes()
+        assert b"\r" not in raw and raw.count(b"\n") == 2  # the line ends every appender writes
         assert path.read_bytes().startswith(b"\x1f\x8b") == name.endswith(".gz")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.csv", "bench.csv.gz"]  # no partial left behind
 
