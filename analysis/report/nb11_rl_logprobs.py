@@ -11,19 +11,23 @@ import pandas as pd
 from analysis.report.style import CaptionedFigure, apply_style, new_figure
 from analysis.report.tables import markdown_table
 
-__all__ = ["RECIPE_ORDER", "RL_FAMILIES", "recipe_summary", "verdicts", "confident_summary", "chunking_summary",
-           "cost_summary",
-           "grown_peak", "inputs_line", "plot_ratio_error", "plot_entropy_error", "plot_confident_rows", "plot_costs",
-           "draw_rl_figures", "readme_rl_logprobs", "example_line"]
+__all__ = ["RECIPE_ORDER", "RL_FAMILIES", "QWEN_CLASSES", "recipe_summary", "qwen_summary", "verdicts",
+           "confident_summary", "chunking_summary", "cost_summary", "grown_peak", "inputs_line", "qwen_line",
+           "plot_ratio_error", "plot_entropy_error", "plot_confident_rows", "plot_qwen_head", "plot_costs",
+           "draw_rl_figures", "readme_rl_logprobs", "readme_rl_qwen_head", "qwen_table", "example_line"]
 
-RECIPE_ORDER = ("materialized", "fp32 statistics, cast back", "fp32 head", "lce auto cuda", "lce auto cpu",
-                "lce compact cuda acc=fp32", "lce compact cuda acc=input")
+RECIPE_ORDER = ("trl", "trl cast_lm_head_to_fp32", "materialized", "fp32 statistics, cast back", "fp32 head",
+                "lce auto cuda", "lce auto cpu", "lce compact cuda acc=fp32", "lce compact cuda acc=input")
 RL_FAMILIES = ("trained", "calibrated")
 """The families whose targets are sampled from the policy: the rows an RL batch holds (the confident rows are
 judged apart, :func:`confident_summary`)."""
+QWEN_CLASSES = 151936
+"""The Qwen-size head's classes: its rows (bf16, two temperatures) are judged apart (:func:`qwen_summary`), beside
+the costs measured at the same head."""
 CLIP, TIGHT = 0.2, 1e-3
-COLORS = {"materialized": "tab:red", "fp32 statistics, cast back": "tab:orange", "fp32 head": "tab:purple",
-          "lce auto cuda": "tab:blue", "lce auto cpu": "tab:cyan", "lce compact cuda acc=fp32": "tab:green",
+COLORS = {"trl": "tab:brown", "trl cast_lm_head_to_fp32": "tab:pink", "materialized": "tab:red",
+          "fp32 statistics, cast back": "tab:orange", "fp32 head": "tab:purple", "lce auto cuda": "tab:blue",
+          "lce auto cpu": "tab:cyan", "lce compact cuda acc=fp32": "tab:green",
           "lce compact cuda acc=input": "tab:olive"}
 
 
@@ -33,7 +37,12 @@ def _ordered(labels) -> list[str]:
 
 
 def _sampled(table: pd.DataFrame) -> pd.DataFrame:
-    return table[table["family"].isin(RL_FAMILIES)]
+    """The sampled-target rows of the main grid (the Qwen-size head's apart)."""
+    return table[table["family"].isin(RL_FAMILIES) & (table["C"] != QWEN_CLASSES)]
+
+
+def _qwen(table: pd.DataFrame) -> pd.DataFrame:
+    return table[table["C"] == QWEN_CLASSES]
 
 
 def recipe_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -41,7 +50,10 @@ def recipe_summary(table: pd.DataFrame) -> pd.DataFrame:
     per-problem median and p99 ratio errors, the worst token's ratio error (max over problems), the mean share of
     tokens over 1e-3, the k3 KL's mean and range, the entropy's worst absolute error, the median policy-gradient
     floors, and the worst tokens' median exact p_target and rank."""
-    rows = _sampled(table)
+    return _summarized(_sampled(table))
+
+
+def _summarized(rows: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (recipe, dtype), group in rows.groupby(["recipe", "dtype"], sort=False):
         out.append({"recipe": recipe, "dtype": dtype, "problems": len(group),
@@ -63,9 +75,27 @@ def recipe_summary(table: pd.DataFrame) -> pd.DataFrame:
                     "worst_p_target": float(group["worst_p_target"].median()),
                     "worst_rank": float(group["worst_rank"].median())})
     summary = pd.DataFrame(out)
+    if summary.empty:
+        return summary
     order = {label: i for i, label in enumerate(_ordered(summary["recipe"]))}
     return summary.sort_values(["dtype", "recipe"], key=lambda s: s.map(order) if s.name == "recipe" else s,
                                ignore_index=True)
+
+
+def qwen_summary(table: pd.DataFrame, costs: pd.DataFrame) -> pd.DataFrame:
+    """At the Qwen-size head, per recipe (bf16): :func:`recipe_summary`'s columns over its temperatures and seeds,
+    beside the cost measured at the same head and batch (peak GiB, its multiple of one bf16 logits copy, seconds,
+    how the GEMMs ran); the CUDA-layout arms have no CPU cost."""
+    summary = _summarized(_qwen(table))
+    if summary.empty:
+        return summary
+    n = int(_qwen(table)["N"].iloc[0])
+    cost = cost_summary(costs)
+    here = cost[cost["N"] == n].set_index("recipe") if not cost.empty else pd.DataFrame()
+    columns = {"peak_gib": "peak_gib", "logits_copies": "logits_copies", "time_median_s": "time_s", "gemms": "gemms"}
+    for column, name in columns.items():
+        summary[name] = summary["recipe"].map(here[column]) if column in here else None
+    return summary.assign(N=n)
 
 
 def verdicts(table: pd.DataFrame) -> pd.DataFrame:
@@ -127,6 +157,17 @@ def grown_peak(costs: pd.DataFrame, tokens: int) -> pd.DataFrame:
         rows.append({"recipe": recipe, "bytes_per_token": per_token, "logits_copies_per_token":
                      per_token / logits_per_token, "peak_gib": (p1 + per_token * (tokens - n1)) / 2**30})
     return pd.DataFrame(rows)
+
+
+def qwen_line(table: pd.DataFrame) -> str:
+    """What the Qwen-size head's rows ran on."""
+    rows = _qwen(table)
+    first = rows.iloc[0]
+    temperatures = ", ".join(f"{t:g}" for t in sorted(rows["temperature"].unique()))
+    return (f"{first['family']} family at {int(first['N'])}x{int(first['D'])}x{int(first['C']):,} (Qwen2.5-0.5B's "
+            f"head), targets sampled from the exact tempered softmax, {', '.join(sorted(rows['dtype'].unique()))}, "
+            f"T = {temperatures}, {rows['seed'].nunique()} seeds; {first['cpu_model']}, torch "
+            f"{first['torch_version']}")
 
 
 def inputs_line(table: pd.DataFrame) -> str:
@@ -281,16 +322,55 @@ def plot_costs(costs: pd.DataFrame) -> CaptionedFigure | None:
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
     first = summary.iloc[0]
+    stood_in = sorted(set(summary.loc[summary.get("gemms", pd.Series(dtype=str)) == "fp32 stand-in", "recipe"]))
+    gemms = (f"; this CPU emulates bf16 GEMMs, so those of {', '.join(stood_in)} ran on the fp32 stand-in: their "
+             f"bytes are their own, their time is at fp32 GEMM speed" if stood_in else "")
     caption = (f"Cost of one forward and backward (a policy-gradient loss with an entropy bonus) at a Qwen-size head, "
                f"D={int(first['D'])}, C={int(first['C'])}, bf16, on {first['cpu_model']} (torch "
-               f"{first['torch_version']}; the peers' bf16 GEMMs on fp32 copies there, as lce's: "
-               f"`python -m analysis rl-logprobs --costs`). Lighter bars: the smaller batch.")
+               f"{first['torch_version']}{gemms}; `python -m analysis rl-logprobs --costs`). Lighter bars: the "
+               f"smaller batch.")
     return CaptionedFigure(fig, "rl_costs", caption)
 
 
+def plot_qwen_head(table: pd.DataFrame, costs: pd.DataFrame) -> CaptionedFigure | None:
+    """At the Qwen-size head, per recipe with a CPU cost: the importance-ratio error (per-item p99, bar to the range
+    over temperatures and seeds; cross: the worst token) against the peak extra memory of its forward and backward."""
+    summary = qwen_summary(table, costs)
+    if summary.empty or summary["peak_gib"].isna().all():
+        return None
+    summary = summary[summary["peak_gib"].notna()]
+    apply_style()
+    fig = new_figure(6.4, 4.2)
+    ax = fig.subplots()
+    for r in summary.itertuples():
+        color = COLORS.get(r.recipe, "k")
+        ax.scatter(r.peak_gib, r.ratio_p99, color=color, s=30, zorder=3)
+        ax.vlines(r.peak_gib, r.ratio_p99_low, r.ratio_p99_high, colors=color, lw=1.2)
+        ax.scatter(r.peak_gib, r.ratio_max, color=color, marker="x", s=30, zorder=3)
+        ax.annotate(r.recipe, (r.peak_gib, r.ratio_max), textcoords="offset points", xytext=(5, 4), fontsize=7,
+                    color=color)
+    ax.set_yscale("log")
+    ax.set_ylim(1e-8, 1.0)
+    ax.set_xlim(0, summary["peak_gib"].max() * 1.35)
+    ax.axhline(CLIP, color="k", lw=1.0, ls="--")
+    ax.axhline(TIGHT, color="k", lw=0.8, ls=":")
+    ax.set_xlabel(f"peak extra memory of one forward and backward, {int(summary['N'].iloc[0])} tokens (GiB)")
+    ax.set_ylabel("importance-ratio error |exp(Δ log p) − 1|")
+    stood_in = ", ".join(summary.loc[summary["gemms"] == "fp32 stand-in", "recipe"])
+    caption = (f"What each recipe buys and costs at a Qwen-size head ({qwen_line(table)}): the importance-ratio "
+               f"error's 99th percentile over the sampled tokens (dot: median over temperatures and seeds, bar: their "
+               f"range; cross: the worst token) against the measured peak extra memory of a forward and backward "
+               f"(`python -m analysis rl-logprobs --costs`). TRL's default fused head rounds each tile's logits to "
+               f"bf16; with cast_lm_head_to_fp32 its GEMMs run in fp32; lce (what lce.integrations.trl.route runs "
+               f"inside TRL) keeps fp32 logits of the bf16 operands. Dashed: the 0.2 clip; dotted: 1e-3."
+               + (f" On this CPU the bf16 GEMMs of {stood_in} ran on the fp32 stand-in (bytes their own)." if stood_in
+                  else ""))
+    return CaptionedFigure(fig, "rl_qwen_head", caption)
+
+
 def draw_rl_figures(table: pd.DataFrame, costs: pd.DataFrame) -> list[CaptionedFigure]:
-    drawn = ([plot_ratio_error(table), plot_entropy_error(table), plot_confident_rows(table)] if not table.empty
-             else [])
+    drawn = ([plot_ratio_error(table), plot_entropy_error(table), plot_confident_rows(table),
+              plot_qwen_head(table, costs)] if not table.empty else [])
     drawn.append(plot_costs(costs))
     return [figure for figure in drawn if figure is not None]
 
@@ -311,6 +391,52 @@ def example_line(example: pd.DataFrame) -> str:
             f"and {int(row['tokens'])} tokens peaks at {lce_mib:,.0f} MiB with lce against {materialized_mib:,.0f} MiB "
             f"with materialized logits ({materialized_mib / lce_mib:.1f}x; one fp32 copy of the logits is "
             f"{row['logits_bytes'] / 2**20:,.0f} MiB).")
+
+
+def qwen_table(table: pd.DataFrame, costs: pd.DataFrame) -> pd.DataFrame:
+    """The Qwen-size head's table as printed: per recipe, the ratio error (p99 median and range, worst token), the
+    KL, the entropy's worst error, the policy-gradient floors, and the measured peak and time."""
+    summary = qwen_summary(table, costs)
+
+    def cost(r) -> str:
+        if pd.isna(r.peak_gib):
+            return "— (CUDA layouts)"
+        stand_in = " †" if r.gemms == "fp32 stand-in" else ""
+        return f"{r.peak_gib:.2f} GiB ({r.logits_copies:.1f}x), {r.time_s:.1f} s{stand_in}"
+
+    return pd.DataFrame({
+        "recipe": summary["recipe"],
+        "ratio error p99 (range)": [f"{r.ratio_p99:.1e} ({r.ratio_p99_low:.0e}–{r.ratio_p99_high:.0e})"
+                                    for r in summary.itertuples()],
+        "worst token": [f"{v:.1e}" for v in summary["ratio_max"]],
+        "KL (k3, mean)": [f"{v:.1e}" for v in summary["kl"]],
+        "entropy error, worst (nats)": [f"{v:.1e}" for v in summary["entropy_err_max"]],
+        "PG floors input / weight": [f"{r.grad_input_floors:.2f} / {r.grad_weight_floors:.2f}"
+                                     for r in summary.itertuples()],
+        "peak (bf16 logits copies), time": [cost(r) for r in summary.itertuples()]})
+
+
+def _qwen_block(table: pd.DataFrame, costs: pd.DataFrame) -> str:
+    if _qwen(table).empty:
+        return ""
+    summary = qwen_summary(table, costs)
+    first = costs.iloc[0] if not costs.empty else None
+    where = "" if first is None else f" Costs on {first['cpu_model']}, torch {first['torch_version']}."
+    dagger = ("" if not (summary["gemms"] == "fp32 stand-in").any() else
+              " †: this CPU emulates bf16 GEMMs, so the recipe's bf16 GEMMs ran on the fp32 stand-in (same "
+              "arithmetic; the bytes are the recipe's own, the time is at fp32 GEMM speed).")
+    return (f"At the Qwen-size head ({qwen_line(table)}): per recipe, the importance-ratio error, the implied KL, the "
+            f"entropy's worst error, the policy-gradient floors, and one forward and backward's measured peak extra "
+            f"memory and time at the same batch.{where}{dagger}\n\n{markdown_table(qwen_table(table, costs))}\n\n")
+
+
+def readme_rl_qwen_head(results) -> str:
+    """The "rl-qwen-head" block (docs/using-lce.md's TRL section): the Qwen-size head's table."""
+    from analysis.core.results_io import RL_COST, RL_LOGPROBS, load_kind
+
+    _, table = load_kind(results, RL_LOGPROBS.name)
+    block = _qwen_block(table, load_kind(results, RL_COST.name)[1]) if not table.empty else ""
+    return block or "The Qwen-size head has not been measured yet (`python -m analysis rl-logprobs`).\n"
 
 
 def readme_rl_logprobs(results) -> str:
@@ -351,7 +477,8 @@ def readme_rl_logprobs(results) -> str:
         first = cost.iloc[-1]
         cost_text = (f" Cost: one forward and backward at D={int(first['D'])}, C={int(first['C']):,}, "
                      f"{int(first['N'])} tokens, bf16, on {first['cpu_model']} (`--costs`).")
-    return (f"RL log-probabilities study ({inputs_line(table)}): per recipe and input dtype, over the sampled-target "
+    return (_qwen_block(table, costs) +
+            f"RL log-probabilities study ({inputs_line(table)}): per recipe and input dtype, over the sampled-target "
             f"problems, the importance-ratio error |exp(Δ log p) − 1| (the per-problem 99th percentile: median and "
             f"range over problems; the worst token of any problem), whether every token stays below 1e-3 and below "
             f"the 0.2 clip, the trainer-vs-sampler KL the errors imply, the entropy's worst error, and the "

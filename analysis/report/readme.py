@@ -34,7 +34,7 @@ from analysis.report.nb08_beyond_torch import readme_features, readme_vocab_para
 from analysis.report.nb09_cpu_kinds import readme_cpu_kinds, readme_cpu_probe
 from analysis.report.nb10_long_horizon import readme_long_horizon
 from analysis.report.nb10_loss_scale import readme_loss_scale
-from analysis.report.nb11_rl_logprobs import readme_rl_logprobs
+from analysis.report.nb11_rl_logprobs import readme_rl_logprobs, readme_rl_qwen_head
 from analysis.sweep.grids import GRIDS
 from lce.policies import CPU_MIN_ROWS
 
@@ -208,6 +208,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "long-horizon": readme_long_horizon,
     "loss-scale": readme_loss_scale,
     "rl-logprobs": readme_rl_logprobs,
+    "rl-qwen-head": readme_rl_qwen_head,
     "hf-fp16": readme_hf_fp16,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""

@@ -12,7 +12,8 @@ from analysis.core.results_io import RL_CHUNKING, RL_COST, RL_EXAMPLE, RL_LOGPRO
 from analysis.paths import RESULTS_DIR
 from analysis.report import nb11_rl_logprobs as nb11
 
-PEERS = ("materialized", "fp32 statistics, cast back", "fp32 head")
+MATERIALIZED = ("materialized", "fp32 statistics, cast back", "fp32 head")
+PEERS = ("trl", "trl cast_lm_head_to_fp32", *MATERIALIZED)
 LCE_DEFAULTS = ("lce auto cuda", "lce auto cpu")
 
 
@@ -41,7 +42,7 @@ def test_the_study_has_its_inputs_seeds_and_provenance():
     assert set(nb11.RECIPE_ORDER) == set(table["recipe"])
     for column in ("git_revision", "cpu_model", "torch_version", "date"):
         assert table[column].notna().all(), column
-    per_problem = table.groupby(["family", "dtype", "temperature", "seed"])["recipe"].nunique()
+    per_problem = table.groupby(["family", "N", "D", "C", "dtype", "temperature", "seed"])["recipe"].nunique()
     assert (per_problem == len(nb11.RECIPE_ORDER)).all()
 
 
@@ -184,7 +185,7 @@ def test_lce_peaks_far_below_every_materialized_recipe_at_the_qwen_head():
     costs = _costs()
     assert costs["C"].eq(151936).all() and costs["N"].nunique() == 2
     big = costs[costs["N"] == costs["N"].max()].set_index("recipe")
-    for recipe in PEERS:
+    for recipe in MATERIALIZED:
         assert big.loc["lce auto cpu", "peak_bytes"] < big.loc[recipe, "peak_bytes"] / 2, recipe
     predicted, measured = big.loc["lce auto cpu", "predicted_peak_bytes"], big.loc["lce auto cpu", "peak_bytes"]
     assert abs(predicted / measured - 1) < 0.25
@@ -194,7 +195,7 @@ def test_the_peers_grow_by_logits_copies_per_token_and_lce_does_not():
     """"Each peer's peak grows by the measured ... bf16 logits copies per token; ... lce ... (its chunks do not grow
     with N)"."""
     grown = nb11.grown_peak(load_kind(RESULTS_DIR, RL_COST.name)[1], 16384).set_index("recipe")
-    for recipe in PEERS:
+    for recipe in MATERIALIZED:
         assert grown.loc[recipe, "logits_copies_per_token"] >= 1, recipe
     assert grown.loc["lce auto cpu", "logits_copies_per_token"] < 0.2
 
@@ -213,4 +214,50 @@ def test_only_fp32_logits_keep_every_token_below_1e_3():
     """"Below 1e-3 for every token, in both dtypes: ..."."""
     verdicts = nb11.verdicts(_table())
     tight = verdicts.groupby("recipe")["below_tight"].all()
-    assert set(tight[tight].index) == {"fp32 head", "lce auto cuda", "lce auto cpu", "lce compact cuda acc=fp32"}
+    assert set(tight[tight].index) == {"trl cast_lm_head_to_fp32", "fp32 head", "lce auto cuda", "lce auto cpu",
+                                       "lce compact cuda acc=fp32"}
+
+
+# ---- the Qwen-size head ---------------------------------------------------------------------------------------
+
+@functools.cache
+def _qwen() -> pd.DataFrame:
+    return nb11.qwen_summary(_table(), load_kind(RESULTS_DIR, RL_COST.name)[1]).set_index("recipe")
+
+
+def test_the_qwen_head_has_every_recipe_its_seeds_and_temperatures():
+    """"and a Qwen-size head (the calibrated family at 512 x 896 x 151,936, bf16, T = 0.6 and 1.0, three seeds)"."""
+    rows = _table()[_table()["C"] == nb11.QWEN_CLASSES]
+    assert set(rows["recipe"]) == set(nb11.RECIPE_ORDER) and set(rows["dtype"]) == {"bfloat16"}
+    assert set(rows["temperature"]) == {0.6, 1.0} and rows["seed"].nunique() == 3
+    assert (rows[["N", "D"]].drop_duplicates().to_numpy() == [[512, 896]]).all()
+    assert (rows.groupby("recipe").size() == 6).all()
+
+
+def test_at_the_qwen_head_trls_default_head_moves_the_ratio_by_percents_and_its_cast_and_lce_do_not():
+    """"TRL 1.16's default fused head moves the importance ratio by ...% at the 99th percentile ... and its entropy by
+    up to ... nats ...; `cast_lm_head_to_fp32=True` removes it (worst token ...) ...; lce's default ... gives the same
+    accuracy (worst token ..., CUDA layouts ...)": TRL's default above 1e-2 at the 99th percentile; the fp32 cast and
+    lce's default at a few 1e-5 for the worst token, lce within 25% of the cast's."""
+    qwen = _qwen()
+    assert qwen.loc["trl", "ratio_p99_low"] > 1e-2 and qwen.loc["trl", "ratio_max"] > 1e-2
+    assert qwen.loc["trl", "entropy_err_max"] > 1e-2
+    assert abs(qwen.loc["trl", "ratio_p99"] / qwen.loc["materialized", "ratio_p99"] - 1) < 0.5
+    for recipe in ("trl cast_lm_head_to_fp32", "lce auto cpu", "lce auto cuda"):
+        assert qwen.loc[recipe, "ratio_max"] < 5e-5, recipe
+        assert qwen.loc[recipe, "ratio_max"] < 1.25 * qwen.loc["trl cast_lm_head_to_fp32", "ratio_max"], recipe
+        assert qwen.loc[recipe, "entropy_err_max"] < 1e-4, recipe
+
+
+def test_at_the_qwen_head_the_costs_were_measured_at_the_same_head_and_batch():
+    """"In memory, one forward and backward at {512} tokens peaks at ... GiB for TRL's head, ... with its fp32 cast,
+    ... for lce and ... for materialized logits"; † marks the recipes whose bf16 GEMMs ran on the stand-in."""
+    qwen = _qwen()
+    on_cpu = ~qwen.index.str.contains("cuda")  # the CUDA-layout arms are not costed on a CPU
+    assert qwen.loc[on_cpu, "peak_gib"].notna().all() and (qwen.loc[on_cpu, "time_s"] > 0).all()
+    assert qwen.loc[~on_cpu, "peak_gib"].isna().all()
+    assert qwen.loc["lce auto cpu", "peak_gib"] < qwen.loc["materialized", "peak_gib"] / 2
+    costs = load_kind(RESULTS_DIR, RL_COST.name)[1]
+    stood_in = set(costs.loc[costs["gemms"] == "fp32 stand-in", "recipe"])
+    assert stood_in <= {"trl", "materialized", "fp32 statistics, cast back"}
+    assert (costs.loc[costs["gemms"] == "fp32 stand-in", "cpu_gemms"].str.contains("bfloat16 emulated")).all()
