@@ -222,5 +222,9 @@ def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtyp
     for start in range(0, target.shape[0], step):
         block = slice(start, start + step)
         # unnamed: each block's product is freed before the next one is made
-        target[block].add_(mm(a[block], b, product_dtype, alpha=alpha, in_fp32=in_fp32).to(common),
-                           alpha=1.0 / product_scale)
+        if fresh and product_scale == 1.0:  # written with one rounding, as 0 + product would be, without the add's
+            # wide copy of a narrower target block (a CPU's bf16 += fp32 makes one)
+            target[block].copy_(mm(a[block], b, product_dtype, alpha=alpha, in_fp32=in_fp32))
+        else:
+            target[block].add_(mm(a[block], b, product_dtype, alpha=alpha, in_fp32=in_fp32).to(common),
+                               alpha=1.0 / product_scale)
