@@ -40,7 +40,7 @@ from lce import error_model
 from lce.error_model import OUTPUTS, TERMS, InputStats, measure_input_stats
 from lce.options import EXPLICIT_POLICIES, LinearCrossEntropyOptions
 from lce.planning import make_plan
-from lce.testing import emulate_device_kind
+from lce.testing import cpu_gemms, emulate_device_kind
 
 __all__ = ["stats_pairs", "DETAIL_VALIDATION_FILE", "DETAIL_COLUMNS", "DETAIL_MIN", "GRID_FILES", "NOISE_FILES",
            "STATS_FILE", "VALIDATION_FILE", "CONSTANTS_FILE", "SHARE_BAND",
@@ -172,10 +172,12 @@ def _family_key(family: str) -> str:
 
 # ---- the model on the rows -----------------------------------------------------------------------------
 def plan_for(kind: str, dtype: str, acc_dtype: str, policy: str, shape: Shape, chunk_size: int) -> lce.Plan:
-    """The plan a row ran, rebuilt from its resolved values (no tensors needed)."""
+    """The plan a row ran, rebuilt from its resolved values (no tensors needed), as on a CPU whose bf16/fp16 GEMMs are
+    native: the grids' rows ran that way (on an emulating CPU with ``LCE_CPU_GEMMS=native``), and the fit must not
+    depend on the CPU it is made on."""
     options = LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=getattr(torch, acc_dtype), chunking_method=None,
                                         batch_chunk_size=chunk_size)
-    with emulate_device_kind(kind):
+    with emulate_device_kind(kind), cpu_gemms("native"):
         return make_plan(options, num_rows=shape.N, in_features=shape.D, num_classes=shape.C,
                          dtype=getattr(torch, dtype), device=torch.device("cpu"))
 

@@ -15,7 +15,7 @@ from lce import error_model
 from lce.error_model import InputStats, measure_input_stats, predict_errors
 from lce.options import LinearCrossEntropyOptions
 from lce.planning import make_plan
-from lce.testing import emulate_device_kind
+from lce.testing import cpu_gemms, emulate_device_kind
 
 
 def _plan(policy: str, chunks: int, *, kind: str = "cuda", dtype=torch.bfloat16, acc=torch.float32, rows: int = 1024):
@@ -44,6 +44,13 @@ def test_held_out_predictions_reproduce_the_stated_accuracy():
 
 def test_check_passes_on_the_committed_constants():
     assert main(["error-model", "--check"]) == 0
+
+
+def test_the_fit_is_the_same_on_a_cpu_that_emulates_bf16():
+    """The rows are rebuilt as the grids ran them (native GEMMs): refitted where the CPU's verdict is "emulated" (an
+    AVX2-only EPYC's), the constants are the committed ones, not that CPU's."""
+    with cpu_gemms("emulated"):
+        assert main(["error-model", "--check"]) == 0
 
 
 def test_per_chunk_rounding_never_predicts_less_with_more_chunks():
