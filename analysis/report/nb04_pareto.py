@@ -387,24 +387,27 @@ def plot_chunk_sweep(chunks: pd.DataFrame, bench: pd.DataFrame | None = None) ->
 
 PAIR_KEYS: tuple[str, ...] = ("op", "dtype", "N", "D", "C", "policy", "chunking", "acc_dtype", "bias", "family",
                               "seed")
-"""What must match for an emulated run and a real one to be the same computation on the same inputs."""
+"""What must match for an emulated run and a real one to be the same call on the same inputs..."""
+PLAN_KEYS: tuple[str, ...] = ("resolved_policy", "resolved_acc_dtype", "chunk_size")
+"""...and what their plans must share: a key whose "auto" resolves differently today (CUDA's "auto" chunking takes
+at least 2048 rows since 2026-12-06; the H200 ran 16-row chunks at N=2048) names another computation."""
 GRADIENTS: tuple[str, ...] = ("grad_input", "grad_weight")
 _MARKERS = {"bfloat16": "o", "float16": "s", "float32": "^"}
 
 
 def emulated_vs_real(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per lce configuration run both emulated (``cuda-emulated``) and on a GPU (``cuda``, TF32 off), with
-    each gradient's Frobenius error in floors from both (``<grad>_emulated``, ``<grad>_real``) and their ratio
-    (``<grad>_ratio``, real over emulated); empty without pairs."""
+    """One row per lce configuration run both emulated (``cuda-emulated``) and on a GPU (``cuda``, TF32 off) with the
+    same plan (:data:`PLAN_KEYS`), with each gradient's Frobenius error in floors from both (``<grad>_emulated``,
+    ``<grad>_real``) and their ratio (``<grad>_ratio``, real over emulated); empty without pairs."""
     columns = [f"{grad}_fro_in_floors" for grad in GRADIENTS]
-    needed = {"device", "status", "resolved_policy", *PAIR_KEYS, *columns}
+    needed = {"device", "status", *PAIR_KEYS, *PLAN_KEYS, *columns}
     if table.empty or not needed <= set(table.columns):
         return pd.DataFrame()
     ok = table[(table["status"] == "ok") & (table["op"] == "lce")]
-    keep = [*PAIR_KEYS, "resolved_policy", *columns]
+    keep = [*PAIR_KEYS, *PLAN_KEYS, *columns]
     emulated = ok[ok["device"] == "cuda-emulated"][keep]
-    real = ok[ok["device"] == "cuda"][[*PAIR_KEYS, *columns]]
-    pairs = emulated.merge(real, on=list(PAIR_KEYS), suffixes=("_emulated", "_real"))
+    real = ok[ok["device"] == "cuda"][keep]
+    pairs = emulated.merge(real, on=[*PAIR_KEYS, *PLAN_KEYS], suffixes=("_emulated", "_real"))
     for grad in GRADIENTS:
         pairs = pairs.rename(columns={f"{grad}_fro_in_floors_emulated": f"{grad}_emulated",
                                       f"{grad}_fro_in_floors_real": f"{grad}_real"})

@@ -186,19 +186,24 @@ def test_a_pinned_package_is_unpacked_over_another_release_the_machine_has(tmp_p
         wheels.pinned_version("nonsense")
 
 
-def _sweep_rows(device: str, floors: float, policy: str = "balanced") -> list[dict]:
+def _sweep_rows(device: str, floors: float, policy: str = "balanced", rows_per_chunk: int = 16,
+                chunking: str = "auto") -> list[dict]:
     rows = []
     for seed in (0, 1):
-        rows.append(dict(op="lce", dtype="bfloat16", N=2048, D=128, C=16384, policy=policy, chunking="auto",
+        rows.append(dict(op="lce", dtype="bfloat16", N=2048, D=128, C=16384, policy=policy, chunking=chunking,
                          acc_dtype="float32", bias=True, family="calibrated", seed=seed, device=device, status="ok",
-                         resolved_policy=policy, grad_input_fro_in_floors=floors, grad_weight_fro_in_floors=2 * floors,
+                         resolved_policy=policy, resolved_acc_dtype="float32", chunk_size=rows_per_chunk,
+                         grad_input_fro_in_floors=floors, grad_weight_fro_in_floors=2 * floors,
                          device_name="NVIDIA H200" if device == "cuda" else "CPU"))
     return rows
 
 
 def test_emulated_and_real_runs_pair_on_the_same_computation():
     table = pd.DataFrame(_sweep_rows("cuda-emulated", 1.0) + _sweep_rows("cuda", 1.5) + _sweep_rows("cuda-tf32", 9.0)
-                         + _sweep_rows("cuda", 3.0, policy="compact"))  # no emulated twin: left out
+                         + _sweep_rows("cuda", 3.0, policy="compact")  # no emulated twin: left out
+                         # the same call, but "auto" resolved to other chunks when it was emulated: left out
+                         + _sweep_rows("cuda-emulated", 1.0, chunking="aspect_ratio", rows_per_chunk=2048)
+                         + _sweep_rows("cuda", 4.0, chunking="aspect_ratio", rows_per_chunk=16))
     pairs = nb04_pareto.emulated_vs_real(table)
     assert len(pairs) == 2 and set(pairs["resolved_policy"]) == {"balanced"}
     assert pairs["grad_weight_ratio"].tolist() == [1.5, 1.5] and pairs["grad_input_real"].tolist() == [1.5, 1.5]
