@@ -429,21 +429,27 @@ STAND_IN_NOTE = ("this CPU emulates bf16 GEMMs: the recipe's bf16 GEMMs ran on t
 
 
 def measure_costs(shapes: Sequence[Shape] = COST_SHAPES, recipes: Sequence[Recipe] | None = None,
-                  repeats: int = 3) -> pd.DataFrame:
+                  repeats: int = 3, progress: bool = False) -> pd.DataFrame:
     """Peak extra bytes (allocator events, one call) and median time of a forward and backward of a
     policy-gradient loss with an entropy bonus, per recipe, at ``shapes`` in bf16 on this CPU. lce's rows also give
     its plan's predicted peak. CUDA-layout arms are left out: on the CPU they would measure the emulation. Where
     this CPU emulates bf16 GEMMs, a peer's bf16 GEMMs run on the stand-in with kept scratch (one warm-up call before
-    the measured one) and the row says so (``gemms``, ``note``: :data:`STAND_IN_NOTE`)."""
+    the measured one) and the row says so (``gemms``, ``note``: :data:`STAND_IN_NOTE`). ``progress``: a bar with
+    an ETA, each (shape, recipe) weighed by the shape's logits."""
+    from tqdm import tqdm
+
     recipes = [r for r in (RECIPES if recipes is None else recipes) if r.layout != "cuda"]
     dtype = DTYPES[COST_DTYPE]
     rows = []
+    bar = tqdm(total=sum(s.N * s.C for s in shapes) * len(recipes), desc="rl-logprobs --costs", unit="logit",
+               unit_scale=True, disable=not progress, dynamic_ncols=True)
     for shape in shapes:
         drawn = draw("random", shape, seed=0, bias=False)
         x, w = drawn.x.to(dtype), drawn.weight.to(dtype)
         target = drawn.target
         advantages = torch.randn(shape.N, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
         for recipe in recipes:
+            bar.set_postfix_str(f"N={shape.N} {recipe.label}")
             stood_in = recipe.input_dtype_gemms and emulates(dtype)
             step = _cost_step(recipe, x, w, target, advantages, Fp32LowPrecisionGemms(keep_scratch=True))
             if stood_in:
@@ -460,6 +466,8 @@ def measure_costs(shapes: Sequence[Shape] = COST_SHAPES, recipes: Sequence[Recip
                          "time_spread_s": timing.spread_s, "repeats": repeats,
                          "gemms": "fp32 stand-in" if stood_in else "native",
                          "note": STAND_IN_NOTE if stood_in else ""})
+            bar.update(shape.N * shape.C)
+    bar.close()
     return pd.DataFrame(rows)
 
 
@@ -505,7 +513,7 @@ def run(args) -> None:
     from analysis.core.arguments import print_study
 
     if args.costs:
-        print_study(*record_costs(args.results))
+        print_study(*record_costs(args.results, progress=not args.no_progress))
         return
     settings = {"qwen_head": not args.no_qwen_head}
     file_name = args.file
