@@ -1,28 +1,38 @@
 # %% [markdown]
 # # 11 · Log-probabilities and entropy for RL: how exact is each recipe?
 #
-# PPO and GRPO fine-tuning (verl, TRL, OpenRLHF) weigh every sampled token by the importance ratio
+# PPO and GRPO fine-tuning (TRL, verl, OpenRLHF) weigh every sampled token by the importance ratio
 # exp(log p_trainer − log p_sampler) and clip it at 1 ± 0.2; an entropy bonus or an entropy metric rides on
 # the same head. The training/inference mismatch debate (FP16 instead of BF16 for RL, fp32 LM heads) is
 # about how far the trainer's log-probabilities are from the exact ones, yet nobody publishes that error for
 # a fused head. `lce.linear_log_probs` computes log p(target) under softmax(logits / T) and the entropy per
 # token through the chunked head (the (N, V) logits never exist), with fp32 statistics formed as sums of
 # terms of one sign. This notebook measures every recipe against fp64 on the *same rounded inputs*
-# (`python -m analysis rl-logprobs`), so an error is the recipe's own arithmetic:
+# (`python -m analysis rl-logprobs`), so an error is the recipe's own arithmetic. The recipes, the heads RL
+# stacks run today first:
 #
-# * **materialized** (TRL's path): logits from a GEMM in the input dtype, divided by T there, `log_softmax`
-#   and `-Σ p log p` in the input dtype;
+# * **trl**: TRL 1.16's own fused head, which its GRPO, RLOO, DPO, KTO and SFT trainers install, imported from
+#   the installed TRL and called as they call it: under the trainer's bf16 autocast each tile of 4,096 tokens x
+#   32,768 classes gets its logits from a bf16 GEMM, then fp32 statistics and fp32 results;
+# * **trl cast_lm_head_to_fp32**: the same head with TRL's remedy switched on: fp32 hidden states, autocast off,
+#   fp32 GEMMs;
+# * **materialized**: a plain PyTorch loop: logits from a GEMM in the input dtype, divided by T there,
+#   `log_softmax` and `-Σ p log p` in the input dtype;
 # * **fp32 statistics, cast back** (verl's torch path): the same logits, statistics in fp32, both results
 #   rounded to the input dtype;
-# * **fp32 head**: hidden states and head weight upcast, everything in fp32;
+# * **fp32 head**: hidden states and head weight upcast, logits materialized, everything in fp32;
 # * **lce**: default options on the CUDA and CPU layouts, compact with fp32 accumulation, and compact
-#   without `acc_dtype` (its logits GEMM rounds to the input dtype, as the materialized recipe's does).
+#   without `acc_dtype` (its logits GEMM rounds to the input dtype, as the materialized recipe's does). lce's
+#   default is also what `lce.integrations.trl.route(trainer)` runs inside TRL, bit for bit
+#   (`tests/integrations/test_trl.py`).
 #
 # The rows: the trained LM's head dump and the calibrated family with targets **sampled from the exact
-# tempered softmax** (as a rollout samples them), T from 0.6 to 1.2, bf16 and fp16, three seeds; and confident
-# rows whose target leads by up to 40 nats. On RL's scale: the importance-ratio error |exp(Δ) − 1| per token,
-# the trainer-vs-sampler KL it implies (k3 over the sampled tokens), the entropy error in nats, and the
-# policy-gradient loss −mean(A log p)'s gradient in floors of the input dtype.
+# tempered softmax** (as a rollout samples them), T from 0.6 to 1.2, bf16 and fp16, three seeds; confident
+# rows whose target leads by up to 40 nats; and a Qwen-size head (the calibrated family at 512 x 896 x 151,936,
+# bf16, T = 0.6 and 1.0, three seeds) beside the memory and time of each recipe there. On RL's scale: the
+# importance-ratio error |exp(Δ) − 1| per token, the trainer-vs-sampler KL it implies (k3 over the sampled
+# tokens), the entropy error in nats, and the policy-gradient loss −mean(A log p)'s gradient in floors of the
+# input dtype.
 
 # %%
 from IPython.display import Markdown
@@ -41,6 +51,45 @@ figures = {figure.stem: figure for figure in nb11.draw_rl_figures(table, costs)}
 summary = nb11.recipe_summary(table)
 by = summary.set_index(["recipe", "dtype"])
 print("data:", ", ".join(path.name for path in [*paths, *chunking_paths, *cost_paths, *example_paths]))
+
+# %% [markdown]
+# ## At a Qwen-size head: TRL's fused head, TRL's remedy, and lce routed into TRL
+# Each recipe's importance-ratio error against the peak extra memory of its forward and backward, at the same
+# head and batch (bf16).
+
+# %%
+figures["rl_qwen_head"].figure
+
+# %%
+qwen = nb11.qwen_summary(table, costs).set_index("recipe")
+show(nb11.qwen_table(table, costs), name="rl-qwen-head",
+     caption=f"The Qwen-size head ({nb11.qwen_line(table)}); † the bf16 GEMMs ran on the fp32 stand-in on this CPU")
+
+# %%
+def at_qwen(recipe, column="ratio_p99"):
+    return qwen.loc[recipe, column]
+
+
+Markdown(f"""**Conclusion.** At Qwen2.5-0.5B's head, TRL 1.16's default fused head moves the importance ratio by
+{at_qwen("trl"):.1%} at the 99th percentile of the sampled tokens (range over temperatures and seeds
+{at_qwen("trl", "ratio_p99_low"):.1%}–{at_qwen("trl", "ratio_p99_high"):.1%}), {at_qwen("trl", "ratio_max"):.1%} for
+the worst token, and its entropy by up to {at_qwen("trl", "entropy_err_max"):.2f} nats: its fp32 statistics come
+after each tile's logits were rounded to bf16, so it measures like the materialized recipe
+({at_qwen("materialized"):.1%}) without the materialized logits. `cast_lm_head_to_fp32=True` removes it
+(worst token {at_qwen("trl cast_lm_head_to_fp32", "ratio_max"):.0e}) with fp32 GEMMs; lce's default, which is what
+`lce.integrations.trl.route` runs inside TRL, gives the same accuracy (worst token
+{at_qwen("lce auto cpu", "ratio_max"):.0e}, CUDA layouts {at_qwen("lce auto cuda", "ratio_max"):.0e}) from bf16
+operands. In memory, one forward and backward at {int(qwen["N"].iloc[0])} tokens peaks at
+{at_qwen("trl", "peak_gib"):.2f} GiB for TRL's head, {at_qwen("trl cast_lm_head_to_fp32", "peak_gib"):.2f} GiB with
+its fp32 cast, {at_qwen("materialized", "peak_gib"):.2f} GiB for materialized logits and
+{at_qwen("lce auto cpu", "peak_gib"):.2f} GiB for lce, the least of them.
+
+*Inputs:* {nb11.qwen_line(table)}; costs `python -m analysis rl-logprobs --costs`.
+
+*Limits:* a synthetic family at the Qwen head's shape, not Qwen's trained weights; the CPU's times are not a GPU's
+(on a GPU lce's default runs bf16 GEMMs into fp32, TRL's cast fp32 GEMMs: the GPU check measures both). On a CPU
+that emulates bf16 GEMMs TRL's default head and the materialized recipes ran their bf16 GEMMs on the fp32 stand-in,
+so their bytes are their own and their times are those of fp32 GEMMs.""")
 
 # %% [markdown]
 # ## The importance ratio
@@ -66,7 +115,13 @@ def ratio(recipe, dtype="bfloat16", column="ratio_p99"):
 
 
 lce_worst = summary[summary["recipe"].isin(["lce auto cuda", "lce auto cpu"])]["ratio_max"].max()
-Markdown(f"""**Conclusion.** With bf16 inputs the materialized recipe moves the importance ratio of a typical
+Markdown(f"""**Conclusion.** TRL 1.16's default fused head, the one its trainers run, moves the importance ratio by
+{ratio("trl"):.1%} at the 99th percentile of the sampled tokens with bf16 inputs ({ratio("trl", "float16"):.2%} in fp16)
+and {ratio("trl", column="ratio_max"):.1%} for the worst token: its statistics are fp32, but each tile's logits come
+from a bf16 GEMM, so the error is bf16's rounding of the logits, the same numbers as lce without `acc_dtype` (whose
+logits GEMM rounds likewise). With `cast_lm_head_to_fp32=True` the worst token is at
+{ratio("trl cast_lm_head_to_fp32", column="ratio_max"):.0e}; lce's default gets there from the bf16 operands.
+The older recipes are worse: with bf16 inputs the materialized recipe moves the importance ratio of a typical
 sampled token by {ratio("materialized", column="ratio_median"):.1%} (median), {ratio("materialized"):.1%} at the 99th
 percentile and {ratio("materialized", column="ratio_max"):.1%} for the worst token; {ratio("materialized",
 column="share_over_1e-3"):.0%} of the tokens are off by more than 1e-3. Computing the statistics in fp32 and casting
@@ -74,8 +129,9 @@ back (verl's torch path) does not help: {ratio("fp32 statistics, cast back"):.1%
 the logits were already rounded to bf16 and the results are rounded again. In fp16 both are about
 {ratio("materialized", "float16") / ratio("materialized"):.2f} times that ({ratio("materialized", "float16"):.2%} at
 the 99th percentile): fp16's three extra mantissa bits, the FP16-for-RL argument in numbers. Keeping the logits of the
-rounded inputs in fp32 removes it: the fp32 head's worst token is at {ratio("fp32 head", column="ratio_max"):.0e} and
-lce's default options at {lce_worst:.0e} in both dtypes, with an implied KL of
+rounded inputs in fp32 removes it: the fp32 head's worst token is at {ratio("fp32 head", column="ratio_max"):.0e},
+TRL's fp32 cast's at {ratio("trl cast_lm_head_to_fp32", column="ratio_max"):.0e} and lce's default options' at
+{lce_worst:.0e} in both dtypes, with an implied KL of
 {by.loc[("lce auto cuda", "bfloat16"), "kl"]:.0e} nats against {by.loc[("materialized", "bfloat16"), "kl"]:.0e} for
 the materialized bf16 recipe. lce without `acc_dtype` rounds its logits GEMM to the input dtype and lands between
 ({ratio("lce compact cuda acc=input"):.1%}): the option to avoid for RL. The bf16 recipes that round the logits push
@@ -88,7 +144,9 @@ the logits' magnitude, not with the token's rarity.
 *Inputs:* {nb11.inputs_line(table)}.
 
 *Limits:* the sampler is exact here; a real sampler (vLLM, SGLang) adds its own error, so these are the trainer's
-half of the mismatch. One trained head of 16,384 classes and one synthetic family.""")
+half of the mismatch. One trained head of 16,384 classes and one synthetic family; TRL's kernel ran on the CPU (its
+PyTorch fold of each tile, the path TRL takes without Triton), its bf16 GEMMs on fp32 copies rounded once where
+this CPU emulates them.""")
 
 # %% [markdown]
 # ## The entropy
@@ -98,12 +156,15 @@ half of the mismatch. One trained head of 16,384 classes and one synthetic famil
 figures["rl_entropy_error"].figure
 
 # %%
-Markdown(f"""**Conclusion.** The materialized recipe's bf16 entropy is off by up to
-{ratio("materialized", column="entropy_err_max"):.2f} nats on a token (99th percentile
+Markdown(f"""**Conclusion.** TRL's default head's bf16 entropy is off by up to
+{ratio("trl", column="entropy_err_max"):.2f} nats on a token (99th percentile
+{ratio("trl", column="entropy_err_p99"):.2f}),
+the materialized recipe's by up to {ratio("materialized", column="entropy_err_max"):.2f} (99th percentile
 {ratio("materialized", column="entropy_err_p99"):.2f}); verl's fp32 statistics with the result rounded to bf16 by up
 to {ratio("fp32 statistics, cast back", column="entropy_err_max"):.2f}. As a logged metric, averaged over many tokens,
 that is noise; as an entropy bonus it is a per-token gradient weight off by that much. The fp32 head's worst entropy
-error is {ratio("fp32 head", column="entropy_err_max"):.0e} nats and lce's
+error is {ratio("fp32 head", column="entropy_err_max"):.0e} nats, TRL's fp32 cast's
+{ratio("trl cast_lm_head_to_fp32", column="entropy_err_max"):.0e} and lce's
 {ratio("lce auto cuda", column="entropy_err_max"):.0e}.
 
 *Limits:* the entropy bonus's own gradient is checked in fp64 (`tests/lce/test_log_probs.py`: parity with the
@@ -127,7 +188,7 @@ show(confident[confident["dtype"] == "bfloat16"].drop(columns=["dtype"]),
 
 # %%
 high = max(m for m in confident["margin"].unique())
-peers = ["materialized", "fp32 statistics, cast back", "fp32 head"]
+peers = ["trl", "trl cast_lm_head_to_fp32", "materialized", "fp32 statistics, cast back", "fp32 head"]
 peer_floors = min(bf16_confident.loc[(r, high), "grad_input_floors"] for r in peers)
 lce_floors = bf16_confident.loc[("lce auto cpu", high), "grad_input_floors"]
 fp16_confident = confident[(confident["dtype"] == "float16")].set_index(["recipe", "margin"])
@@ -138,7 +199,8 @@ peer recipe returns it with relative error {bf16_confident.loc[("fp32 head", hig
 `lse − u_y` cancels), and the entropy loses the target's own term. lce keeps both to
 {lce_rel:.0e} relatively at every margin. The absolute errors are far below anything a ratio could show; what a
 confident row loses in the peers is its *gradient*: the policy-gradient's entry for the target is
-A (1 − p_y), and 1 − p_y rounds to 0 in fp32, so every peer recipe, the fp32 head included, returns the input gradient
+A (1 − p_y), and 1 − p_y rounds to 0 in fp32, so every peer recipe, the fp32 head and TRL with its fp32 cast
+included, returns the input gradient
 of these rows at {peer_floors:.0f}+ floors (all of it wrong) where lce's is at {lce_floors:.2f}: lce sums the other
 classes' share instead of forming 1 − p_y. In fp16 the peers lose them too at 20 nats
 ({min(fp16_confident.loc[(r, 20.0), "grad_input_floors"] for r in peers):.0f}+ floors, lce
@@ -160,8 +222,12 @@ show(summary[["recipe", "dtype", "grad_input_floors", "grad_weight_floors", "gra
                                "gradient's worst problem)")
 
 # %%
-Markdown(f"""**Conclusion.** The materialized bf16 recipe's gradients sit at
-{by.loc[("materialized", "bfloat16"), "grad_input_floors"]:.1f} (input) and
+Markdown(f"""**Conclusion.** TRL's default head's bf16 gradients sit at
+{by.loc[("trl", "bfloat16"), "grad_input_floors"]:.1f} (input) and
+{by.loc[("trl", "bfloat16"), "grad_weight_floors"]:.1f}
+(weight) floors: its backward recomputes each tile's logits in bf16 before forming dz (its fp32 cast:
+{by.loc[("trl cast_lm_head_to_fp32", "bfloat16"), "grad_weight_floors"]:.2f}). The materialized bf16 recipe's gradients
+sit at {by.loc[("materialized", "bfloat16"), "grad_input_floors"]:.1f} (input) and
 {by.loc[("materialized", "bfloat16"), "grad_weight_floors"]:.1f} (weight) floors, the fp32-statistics recipe at
 {by.loc[("fp32 statistics, cast back", "bfloat16"), "grad_input_floors"]:.1f} and
 {by.loc[("fp32 statistics, cast back", "bfloat16"), "grad_weight_floors"]:.1f}. lce's default options give
@@ -215,7 +281,7 @@ figures["rl_costs"].figure
 
 # %%
 cost = nb11.cost_summary(costs)
-show(cost[["recipe", "N", "peak_gib", "logits_copies", "predicted_gib", "time_median_s"]],
+show(cost[["recipe", "N", "peak_gib", "logits_copies", "predicted_gib", "time_median_s", "gemms"]],
      {"peak_gib": "{:.2f}", "logits_copies": "{:.1f}", "predicted_gib": "{:.2f}", "time_median_s": "{:.2f}"},
      name="rl-cost", caption="Peak extra memory (GiB, and in copies of the bf16 logits), lce's predicted peak, and "
                              "the median time of a forward and backward")
@@ -225,7 +291,9 @@ tokens = 16384
 grown = nb11.grown_peak(costs, tokens).set_index("recipe")
 big = cost[cost["N"] == cost["N"].max()].set_index("recipe")
 first = cost.iloc[0]
-Markdown(f"""**Conclusion.** At {int(cost["N"].max())} tokens the materialized recipe peaks at
+Markdown(f"""**Conclusion.** At {int(cost["N"].max())} tokens TRL's default head peaks at
+{big.loc["trl", "peak_gib"]:.2f} GiB and its fp32 cast at {big.loc["trl cast_lm_head_to_fp32", "peak_gib"]:.2f} GiB:
+no logits beyond one tile, but an fp32 (C, D) weight-gradient sum in its backward. The materialized recipe peaks at
 {big.loc["materialized", "peak_gib"]:.2f} GiB ({big.loc["materialized", "logits_copies"]:.1f} bf16 copies of the
 logits), the fp32-statistics recipe at {big.loc["fp32 statistics, cast back", "peak_gib"]:.2f} GiB and the fp32 head at
 {big.loc["fp32 head", "peak_gib"]:.2f} GiB, against {big.loc["lce auto cpu", "peak_gib"]:.2f} GiB for lce (its plan
@@ -235,14 +303,20 @@ predicted {big.loc["lce auto cpu", "predicted_gib"]:.2f} GiB). Each peer's peak 
 {grown.loc["fp32 head", "logits_copies_per_token"]:.1f} (fp32 head) bf16 logits copies per token; along those lines a
 GRPO batch of {tokens:,} tokens would need {grown.loc["materialized", "peak_gib"]:.0f},
 {grown.loc["fp32 statistics, cast back", "peak_gib"]:.0f} and {grown.loc["fp32 head", "peak_gib"]:.0f} GiB for the
-head alone, lce {grown.loc["lce auto cpu", "peak_gib"]:.1f} GiB (its chunks do not grow with N). On this CPU lce takes
-{big.loc["lce auto cpu", "time_median_s"]:.1f} s against {big.loc["materialized", "time_median_s"]:.1f} s for the
-materialized recipe and {big.loc["fp32 head", "time_median_s"]:.1f} s for the fp32 head.
+head alone, TRL's head {grown.loc["trl", "peak_gib"]:.1f} GiB and lce {grown.loc["lce auto cpu", "peak_gib"]:.1f} GiB
+(their chunks do not grow with N). On this CPU lce takes {big.loc["lce auto cpu", "time_median_s"]:.1f} s against
+{big.loc["trl", "time_median_s"]:.1f} s for TRL's default
+head{" †" if big.loc["trl", "gemms"] == "fp32 stand-in" else ""},
+{big.loc["trl cast_lm_head_to_fp32", "time_median_s"]:.1f} s for its fp32 cast,
+{big.loc["materialized", "time_median_s"]:.1f} s for the materialized recipe and
+{big.loc["fp32 head", "time_median_s"]:.1f} s for the fp32 head.
 
 {nb11.example_line(example)}
 
-*Limits:* times on {first["cpu_model"]} with every bf16 GEMM on fp32 copies (the peers' and lce's alike); a GPU's bf16
-GEMMs change the times, not the bytes. The {tokens:,}-token peaks are extrapolated along the two measured batches.""")
+*Limits:* times on {first["cpu_model"]}, one process; † where this CPU emulates bf16 GEMMs, the peers' bf16 GEMMs ran
+on the fp32 stand-in (their bytes are their own; their time is at fp32 GEMM speed, not the emulated kernels'), and
+lce plans fp32 GEMMs itself; a GPU's bf16 GEMMs change the times, not the bytes. The {tokens:,}-token peaks are
+extrapolated along the two measured batches (TRL's tiles stop growing at 4,096 tokens, so its line overstates it).""")
 
 # %% [markdown]
 # ## Which recipe
@@ -264,9 +338,10 @@ Markdown(f"""**Conclusion.** Below 1e-3 for every token, in both dtypes: {every_
 clip for every token in both dtypes: {every_dtype("below_clip")}; past it somewhere:
 {", ".join(f"{r.recipe} ({r.dtype})" for r in past_clip.itertuples())}. For RL, the question is less whether the clip
 fires than whether the trainer's ratio carries noise the size of the signal: a per-token ratio off by
-{ratio("materialized"):.1%} (99th percentile) with bf16 logits, against {ratio("lce auto cuda"):.0e} with fp32 logits
-from the same bf16 weights. lce gives the fp32 head's accuracy (better: it also keeps the confident rows) at a
-fraction of the memory of any materialized recipe.
+{ratio("materialized"):.1%} (99th percentile) with bf16 logits ({ratio("trl"):.1%} for TRL's default head), against
+{ratio("lce auto cuda"):.0e} with fp32 logits from the same bf16 weights. lce gives the accuracy of an fp32 head and of
+TRL's `cast_lm_head_to_fp32` from the input dtype's operands (and, unlike both, keeps the confident rows), at a
+fraction of the memory of any materialized recipe; inside TRL it is one call, `lce.integrations.trl.route(trainer)`.
 
 *Limits:* one trainer-side measurement per recipe; the sampler's own error and the RL dynamics it drives are not
 measured here.""")

@@ -59,21 +59,25 @@ def training_headline(results: Path) -> dict[str, float]:
 
 
 def rl_headline(results: Path) -> dict[str, float]:
-    """bf16: the materialized recipe's per-problem p99 ratio error (median over problems) and lce's default's worst
-    token."""
-    from analysis.report.nb11_rl_logprobs import recipe_summary
+    """At the Qwen-size head (bf16): TRL's default head's per-item p99 ratio error (median over temperatures and
+    seeds), the worst token of its fp32 cast and of lce's defaults (either layout table), and the classes."""
+    from analysis.report.nb11_rl_logprobs import QWEN_CLASSES, qwen_summary
 
     _, table = load_kind(results, RL_LOGPROBS.name)
-    summary = recipe_summary(table).set_index(["recipe", "dtype"])
-    return {"materialized_p99": float(summary.loc[("materialized", "bfloat16"), "ratio_p99"]),
-            "lce_worst": float(summary.loc[("lce auto cuda", "bfloat16"), "ratio_max"])}
+    qwen = qwen_summary(table, load_kind(results, RL_COST.name)[1]).set_index("recipe")
+    return {"trl_p99": float(qwen.loc["trl", "ratio_p99"]),
+            "cast_worst": float(qwen.loc["trl cast_lm_head_to_fp32", "ratio_max"]),
+            "lce_worst": float(qwen.loc[["lce auto cuda", "lce auto cpu"], "ratio_max"].max()),
+            "classes": QWEN_CLASSES}
 
 
 def memory_headline(results: Path) -> dict[str, float]:
-    """At the Qwen-size head's larger batch: the materialized recipe's and lce's peak (GiB), tokens and classes."""
+    """At the Qwen-size head's larger batch: the materialized recipe's, TRL's default head's and lce's peak (GiB),
+    tokens and classes."""
     _, costs = load_kind(results, RL_COST.name)
     big = costs[costs["N"] == costs["N"].max()].set_index("recipe")
     return {"materialized_gib": float(big.loc["materialized", "peak_bytes"]) / 2**30,
+            "trl_gib": float(big.loc["trl", "peak_bytes"]) / 2**30,
             "lce_gib": float(big.loc["lce auto cpu", "peak_bytes"]) / 2**30, "tokens": int(costs["N"].max()),
             "classes": int(costs["C"].iloc[0])}
 
@@ -102,14 +106,15 @@ def readme_headlines(results: Path) -> str:
         f"at 256 chunks moved the rare classes' held-out loss by {training['compact_gap']:+.1f} millinats, beyond "
         f"the fp32 head's own seed spread ({training['spread']:.1f}), while balanced stayed at "
         f"{training['balanced_gap']:+.1f} ([figures/head_gap_vs_step_adamw.png](figures/head_gap_vs_step_adamw.png)).",
-        f"- **RL's importance ratio.** Per-token log-probabilities from bf16 logits move the PPO/GRPO ratio by "
-        f"{rl['materialized_p99']:.1%} at the 99th percentile of sampled tokens; `lce.linear_log_probs`, with fp32 "
-        f"logits of the same bf16 weights, keeps every token within {rl['lce_worst']:.0e} "
-        "([figures/rl_ratio_error.png](figures/rl_ratio_error.png)).",
+        f"- **RL's importance ratio.** At a {rl['classes']:,}-class head in bf16, TRL 1.16's fused log-probability "
+        f"head moves the PPO/GRPO ratio by {rl['trl_p99']:.1%} at the 99th percentile of sampled tokens (its bf16 "
+        f"logits tiles); `lce.linear_log_probs`, routed into TRL by one call (`lce.integrations.trl.route`), keeps "
+        f"every token within {rl['lce_worst']:.0e} from the same bf16 operands, as TRL's fp32 cast of the head does "
+        f"({rl['cast_worst']:.0e}) ([figures/rl_qwen_head.png](figures/rl_qwen_head.png)).",
         f"- **Memory.** One forward and backward of per-token log-probabilities and entropy at a "
         f"{memory['classes']:,}-class head and {memory['tokens']:,} tokens (bf16) peaks at "
-        f"{memory['materialized_gib']:.2f} GiB with materialized logits and {memory['lce_gib']:.2f} GiB with lce "
-        "([figures/rl_costs.png](figures/rl_costs.png)).",
+        f"{memory['materialized_gib']:.2f} GiB with materialized logits, {memory['trl_gib']:.2f} GiB with TRL's "
+        f"fused head and {memory['lce_gib']:.2f} GiB with lce ([figures/rl_costs.png](figures/rl_costs.png)).",
     ]) + "\n"
 
 

@@ -477,8 +477,7 @@ def readme_rl_logprobs(results) -> str:
         first = cost.iloc[-1]
         cost_text = (f" Cost: one forward and backward at D={int(first['D'])}, C={int(first['C']):,}, "
                      f"{int(first['N'])} tokens, bf16, on {first['cpu_model']} (`--costs`).")
-    return (_qwen_block(table, costs) +
-            f"RL log-probabilities study ({inputs_line(table)}): per recipe and input dtype, over the sampled-target "
+    return (f"RL log-probabilities study ({inputs_line(table)}): per recipe and input dtype, over the sampled-target "
             f"problems, the importance-ratio error |exp(Δ log p) − 1| (the per-problem 99th percentile: median and "
             f"range over problems; the worst token of any problem), whether every token stays below 1e-3 and below "
             f"the 0.2 clip, the trainer-vs-sampler KL the errors imply, the entropy's worst error, and the "

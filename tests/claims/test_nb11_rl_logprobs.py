@@ -251,12 +251,13 @@ def test_at_the_qwen_head_trls_default_head_moves_the_ratio_by_percents_and_its_
 
 def test_at_the_qwen_head_the_costs_were_measured_at_the_same_head_and_batch():
     """"In memory, one forward and backward at {512} tokens peaks at ... GiB for TRL's head, ... with its fp32 cast,
-    ... for lce and ... for materialized logits"; † marks the recipes whose bf16 GEMMs ran on the stand-in."""
+    ... GiB for materialized logits and ... GiB for lce, the least of them"; † marks the recipes whose bf16 GEMMs
+    ran on the stand-in."""
     qwen = _qwen()
     on_cpu = ~qwen.index.str.contains("cuda")  # the CUDA-layout arms are not costed on a CPU
     assert qwen.loc[on_cpu, "peak_gib"].notna().all() and (qwen.loc[on_cpu, "time_s"] > 0).all()
     assert qwen.loc[~on_cpu, "peak_gib"].isna().all()
-    assert qwen.loc["lce auto cpu", "peak_gib"] < qwen.loc["materialized", "peak_gib"] / 2
+    assert qwen.loc["lce auto cpu", "peak_gib"] == qwen.loc[on_cpu, "peak_gib"].min()  # "the least of them"
     costs = load_kind(RESULTS_DIR, RL_COST.name)[1]
     stood_in = set(costs.loc[costs["gemms"] == "fp32 stand-in", "recipe"])
     assert stood_in <= {"trl", "materialized", "fp32 statistics, cast back"}
