@@ -6,8 +6,9 @@ notebooks print are this procedure's output, so they cannot disagree:
 1. **Candidates.** Option sets: a policy, rows per chunk (or a chunking rule), classes per block.
 2. **Memory.** Each candidate's plan and its predicted peak extra bytes (:mod:`lce.memory_model`).
 3. **Errors.** The predicted Frobenius error of each gradient in floors of the input dtype (:mod:`lce.error_model`).
-4. **Time.** A roofline estimate (:mod:`lce.time_model`): this CPU's GEMM rates on a CPU; an H200's datasheet
-   rates on CUDA, so a CUDA choice that turns on time rests on a prediction (:data:`lce.time_model.TIME_SOURCE`).
+4. **Time.** lce's time model (:mod:`lce.time_model`): GEMMs at this CPU's rates on a CPU, an H200's on CUDA, with
+   traffic, launches and steps at constants fitted to the committed timed runs, so a CUDA choice that turns on time
+   rests on a prediction (:data:`lce.time_model.TIME_SOURCE`).
 5. **The rule's conditions** (:data:`CONDITIONS`), each with the data that decides it:
 
    * *error*: the predicted error at most :data:`DEFAULT_MAX_ERROR` floors. The limits translate the error/noise

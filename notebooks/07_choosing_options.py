@@ -6,8 +6,9 @@
 # which policy, how many rows per chunk, and — when the budget is below one chunk of logits —
 # how many classes per block. `lce.recommend` answers from three models: lce's memory model
 # (checked against the allocator since notebook 03), a rounding-error model fitted here on the
-# committed measurements and validated on inputs and shapes it never saw, and a roofline time
-# estimate that only ranks candidates. Every number at an LLM head is a **prediction**; the
+# committed measurements and validated on inputs and shapes it never saw, and a time model
+# fitted to the committed timed runs (held out by shape, it predicts a majority of runs within
+# 30%: it ranks candidates). Every number at an LLM head is a **prediction**; the
 # measured checks run on this machine's CPU (bf16, calibrated inputs, the worst family of
 # notebook 05).
 
@@ -218,9 +219,11 @@ Markdown(f"""**Conclusion.** With no budget recommend meets the default error li
 ({DEFAULT_MAX_ERROR[torch.bfloat16]:g} floors in bf16) at all {len(picks["shape"].unique())} heads on both layout
 tables, never tiles, and never needs more than lce auto's own peak. With {middle:g}× the gradients' bytes the
 CUDA layouts still meet it at {cuda_mid["limit_met"]} of the {cuda_mid["heads"]} heads, by tiling the vocabulary
-with large row chunks (few per-chunk roundings); the CPU layouts meet it at no budget below auto's peak (the
-smaller budgets here): their accumulator-free layout (compact with `acc_dtype` equal to the input) also rounds
-the logits to bf16, which costs the input gradient up to {cpu_mid["grad_input"]:.2f} floors. At the
+with large row chunks (few per-chunk roundings). Below auto's peak the CPU layouts meet it only where one chunk
+of all the rows fits ({cpu_mid["limit_met"]} of the {cpu_mid["heads"]} heads at {middle:g}×, none at the tightest
+budget): `accurate` with one chunk needs no weight-gradient accumulator (its fp32 product is rounded straight into
+the gradient), the classes in blocks; elsewhere their accumulator-free layout (compact with `acc_dtype` equal to the
+input) also rounds the logits to bf16, which costs the input gradient up to {cpu_mid["grad_input"]:.2f} floors. At the
 tightest budget, {tightest:g}× the gradients, every pick tiles the vocabulary, and every predicted peak is within its
 budget. At Cut Cross-Entropy's benchmark shape
 ({nb07_choosing_options.CCE_SHAPE}) the smallest peak within the default limit is {anchor["within_limit_mib"]:,.1f}
@@ -230,8 +233,8 @@ gradients alone take (CCE reports {nb07_choosing_options.CCE_REPORTED_MB} MB).
 *Inputs:* lce's memory model and error model at the heads above, bf16, "mean" reduction, no bias (`lce.recommend`,
 nothing measured).
 
-*Limits:* predictions only; the time estimate that breaks ties between feasible candidates is a roofline, not a
-measurement.""")
+*Limits:* predictions only; the time that breaks ties between feasible candidates is lce's time model, fitted to
+other runs than these (`lce.time_model.FIT`), not a measurement.""")
 
 # %% [markdown]
 # ## Measured: the recommended options under budgets, on this machine
@@ -322,8 +325,9 @@ each layout's peak is its accumulator plus chunk-sized buffers, with no whole (C
 balanced still does not undercut accurate on CUDA, so whether it earns its "auto" entry there is a question of
 speed, which only a GPU can measure. On the CPU layouts the three policies plan the same {cpu.max():.1f} KiB.
 
-*Inputs:* lce's memory model (`lce.plan`) at N={shape.N}, D={shape.D}, C={shape.C}, bf16, fp32 acc_dtype, auto
-chunking; notebook 03 checks the model against the CPU allocator.
+*Inputs:* lce's memory model (`lce.plan`) at N={shape.N}, D={shape.D}, C={shape.C}, bf16, fp32 acc_dtype, chunks
+of {nb07_choosing_options.TEMPORARIES_ROWS} rows (one chunk of rows would need no accumulator); notebook 03 checks the
+model against the CPU allocator.
 
 *Limits:* the CUDA figures are the model's; no GPU allocator was measured in this notebook.""")
 

@@ -66,8 +66,9 @@ once per process.
 thread(s), CPUs
 {", ".join(numbers["cpu_kind"])} (`python -m analysis cpu-kinds [--avx2-stand-in]`).
 
-*Limits:* the emulating kind is this Xeon with its back ends limited to AVX2, not an AVX2-only CPU (its fp32
-GEMMs run on wider cores); the rates are of one shape on a shared 2-core machine.""")
+*Limits:* the emulating kinds are {" and ".join(emulated["cpu_kind"])}: the Xeon's AVX2 stand-in runs its fp32 GEMMs
+on wider cores than an AVX2-only CPU has; a CPU without bf16 instructions is judged by its flags and runs no probe
+(its probe column is empty); the rates are of one shape on a shared 2-core machine.""")
 
 # %% [markdown]
 # ## Is the verdict the same at every thread count and under load?

@@ -306,17 +306,23 @@ def tiling_numbers(tiling: pd.DataFrame) -> pd.DataFrame:
 
 
 TEMPORARIES_SHAPE = Shape(256, 32, 1000)
+TEMPORARIES_ROWS = 64
+"""Rows per chunk of :func:`planned_peaks`: four chunks, so each layout's weight-gradient sum is a sum (one chunk of
+rows needs no accumulator; "auto" on CUDA takes at least 2048 rows, one chunk at this N)."""
 
 
 def planned_peaks(shape: Shape = TEMPORARIES_SHAPE) -> pd.DataFrame:
-    """lce's planned peak extra memory (KiB) per layout table and policy: bf16, fp32 acc_dtype, auto chunking."""
+    """lce's planned peak extra memory (KiB) per layout table and policy: bf16, fp32 acc_dtype, chunks of
+    :data:`TEMPORARIES_ROWS` rows."""
     x = torch.empty(shape.N, shape.D, dtype=torch.bfloat16, device="meta", requires_grad=True)
     w = torch.empty(shape.C, shape.D, dtype=torch.bfloat16, device="meta", requires_grad=True)
     peaks = []
     for kind in ("cpu", "cuda"):
         with emulate_device_kind(kind):
             for policy in EXPLICIT_POLICIES:
-                plan = lce.plan(x, w, options=lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32))
+                options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32,
+                                                        batch_chunk_size=TEMPORARIES_ROWS, chunking_method=None)
+                plan = lce.plan(x, w, options=options)
                 peaks.append(dict(layouts=kind, policy=policy, peak_kib=plan.peak_extra_bytes / 1024))
     return pd.DataFrame(peaks)
 

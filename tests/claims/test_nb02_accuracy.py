@@ -26,10 +26,18 @@ def _setting(name: str, dtypes: tuple[str, ...] = ("bfloat16", "float16")) -> pd
     return errors[errors["setting"] == name].set_index(PROBLEM)
 
 
-def test_lce_default_is_at_the_floor_in_bf16_and_fp16():
-    """"In bf16 and fp16 lce's default options return the exact answer rounded once" (README: "lce's default
-    returns the exactly rounded loss and gradients on every input family and shape")."""
-    assert (_setting("lce default")[[ERROR, f"{ERROR}_high", "loss_fro_in_floors_high"]] < AT_FLOOR).all().all()
+def test_lce_default_is_at_the_floor_in_bf16_and_in_fp16_where_its_gradients_are_normal():
+    """"In bf16 lce's default options return the exact answer rounded once ...; in bf16 and fp16 their loss at most
+    ...; in fp16 their gradients are at the floor at 32 rows ... and at {1.02–1.12} floors at 1024–2048 rows, where
+    a "mean" gradient lies largely in fp16's subnormal range and lce's fp16 headroom rounds it twice" (docs/findings.md:
+    "lce's default returns the exactly rounded loss and gradients [in bf16] on every input family and shape")."""
+    default = _setting("lce default")
+    assert (default["loss_fro_in_floors_high"] < AT_FLOOR).all()
+    bf16 = default.xs("bfloat16", level="dtype")
+    assert (bf16[[ERROR, f"{ERROR}_high"]] < AT_FLOOR).all().all()
+    fp16 = default.xs("float16", level="dtype")[ERROR]
+    few_rows = fp16.index.get_level_values("N") == 32
+    assert (fp16[few_rows] < AT_FLOOR).all() and (fp16[~few_rows] > AT_FLOOR).all() and (fp16 < 1.15).all()
 
 
 def test_torch_default_is_worse_than_lce_default_on_every_low_precision_problem():
@@ -46,13 +54,18 @@ def test_explicit_policies_without_acc_dtype_are_worse_than_the_default():
 
 
 def test_with_acc_fp32_accurate_is_at_the_floor_and_balanced_equals_compact():
-    """"`accurate` is at the floor again, while `balanced` and `compact` ... return the same numbers, reach ...
-    floors in bf16 and [the floor] in fp16"."""
-    assert (_setting("lce accurate, acc fp32")[ERROR] < AT_FLOOR).all()
+    """"`accurate` returns the default's numbers again (... in bf16), while `balanced` and `compact` ... return the
+    same numbers, reach ... floors in bf16 and ... in fp16" (fp16: the default's, since the CPU layouts compute
+    fp16 GEMMs in fp32)."""
+    default, accurate = _setting("lce default"), _setting("lce accurate, acc fp32")
+    assert (accurate.xs("bfloat16", level="dtype")[ERROR] < AT_FLOOR).all()
+    pd.testing.assert_series_equal(accurate[ERROR], default.loc[accurate.index, ERROR])
     balanced, columns = _setting("lce balanced, acc fp32"), list(nb02_accuracy.OUTPUTS.values())
     pd.testing.assert_frame_equal(balanced[columns], _setting("lce compact, acc fp32").loc[balanced.index, columns])
-    by_dtype = balanced[ERROR].groupby(level="dtype")
-    assert by_dtype.min()["bfloat16"] > AT_FLOOR > by_dtype.max()["float16"]
+    assert (balanced.xs("bfloat16", level="dtype")[ERROR] > AT_FLOOR).all()
+    fp16 = balanced.xs("float16", level="dtype").index
+    pd.testing.assert_series_equal(balanced.xs("float16", level="dtype")[ERROR],
+                                   default.xs("float16", level="dtype").loc[fp16, ERROR])
 
 
 def test_fp32_lce_default_is_never_worse_than_the_unfused_computation_and_torch_is():

@@ -113,20 +113,31 @@ def test_todays_pick_is_predicted_near_the_unfused_ops_time():
 
 
 def test_cpu_low_precision_pick_is_at_the_floor_and_beats_torch_and_fp32_loses_only_to_torch():
-    """"the auto pick is at the rounding floor on every family and shape ...; torch's best run is above it on every
-    problem it ran"; "In fp32 the pick is the most accurate run on ...; on the other ... torch's op has ..."."""
+    """"the auto pick is the most accurate run on every family, shape and low-precision dtype ... In bf16 it is at the
+    rounding floor ...; in fp16 at ..., the floor at 32 rows and above it where ... 1024–2048 rows"; "torch's best run
+    is above it on every problem it ran"; "In fp32 the pick is the most accurate run on ...; on the other ... torch's
+    op has ..."."""
     low, fp32 = _fronts("cpu", True), _fronts("cpu", False)
     ran, beaten = low.dropna(subset=["torch"]), fp32[fp32["pick"] > fp32["lowest"]]
-    assert (low["pick_high"] < AT_FLOOR).all() and len(ran) and (ran["torch"] > ran["pick"]).all()
+    assert (low["pick"] <= low["lowest"] * 1.001).all() and len(ran) and (ran["torch"] > ran["pick"]).all()
+    bf16, fp16 = low[low["dtype"] == "bfloat16"], low[low["dtype"] == "float16"]
+    few_rows = fp16["shape"].str.startswith("32×")
+    assert (bf16["pick_high"] < AT_FLOOR).all() and (fp16.loc[few_rows, "pick_high"] < AT_FLOOR).all()
+    assert (fp16.loc[~few_rows, "pick"] > AT_FLOOR).all() and (fp16["pick"] < 1.15).all()
     assert (beaten["torch"] == beaten["lowest"]).all()
 
 
 def test_emulated_cuda_some_run_reaches_the_floor_the_pick_does_not_and_the_fp32_fallback_is_cheapest():
-    """"some run reaches the floor on every family and shape, while the `balanced` pick is at ... floors"; "In fp32
-    the fallback needs the least modeled memory of any run on every problem"."""
+    """"in bf16 some run reaches the floor on every family and shape, and in fp16 at 32 rows ...; in fp16 at 1024
+    and 2048 rows the lowest is ... floors, the headroom's second rounding ...", "The `balanced` pick is at ...
+    floors"; "In fp32 the fallback needs the least modeled memory of any run on every problem"."""
     fronts = _fronts_emulated()
     low, fp32 = fronts[fronts["dtype"] != "float32"], fronts[fronts["dtype"] == "float32"]
-    assert (low["lowest"] < AT_FLOOR).all() and (low["pick"] > AT_FLOOR).all()
+    few_rows = low["shape"].str.startswith("32×")
+    at_floor = (low["dtype"] == "bfloat16") | few_rows
+    assert (low.loc[at_floor, "lowest"] < AT_FLOOR).all() and (low["pick"] > AT_FLOOR).all()
+    above = low.loc[~at_floor, "lowest"]
+    assert len(above) and (above > AT_FLOOR).all() and (above < 1.2).all()
     assert len(fp32) and (fp32["pick_mib"] <= fp32["cheapest_mib"]).all()
 
 
@@ -183,26 +194,31 @@ def test_on_cuda_the_accumulator_sum_takes_a_few_large_blocks_per_chunk_where_th
     assert at_the_head[1 << 20] > 500 and at_the_head[1 << 26] == 9
 
 def test_the_emulation_predicts_the_h200s_errors_within_a_narrow_spread():
-    """"The emulation predicts the H200's errors: over {336} lce configurations ... the GPU's gradient error is
-    {1.00}x the emulated one at the median, ... {0.75–1.12}x at the extremes"."""
+    """"The emulation predicts the H200's errors: over {252} lce configurations that ran the same plan on both ... the
+    GPU's gradient error is {1.00}x the emulated one at the median, ... {0.75–1.19}x at the extremes"."""
     pairs = nb04_pareto.emulated_vs_real(_table())
     ratios = pd.concat([pairs[f"{grad}_ratio"] for grad in nb04_pareto.GRADIENTS]).dropna()
-    assert len(pairs) >= 300 and pairs["family"].nunique() == 3 and pairs["dtype"].nunique() == 3
+    assert len(pairs) >= 250 and pairs["family"].nunique() == 3 and pairs["dtype"].nunique() == 3
+    same_plan = [f"{key}_{side}" for key in nb04_pareto.PLAN_KEYS for side in ("emulated", "real")]
+    assert not set(same_plan) & set(pairs.columns)  # paired on the plan each ran, not only on the call
     assert abs(ratios.median() - 1) < 0.02 and ratios.min() > 0.7 and ratios.max() < 1.2
-    # docs/findings.md quotes the extremes: "between 0.75x and 1.12x"
-    assert (round(ratios.min(), 2), round(ratios.max(), 2)) == (0.75, 1.12)
+    # docs/findings.md quotes the extremes: "between 0.75x and 1.19x"
+    assert (round(ratios.min(), 2), round(ratios.max(), 2)) == (0.75, 1.19)
 
 
 def test_on_the_h200_bf16_reaches_the_floor_fp16_does_not_and_the_fp32_fallback_is_cheapest():
     """"On the H200 in bf16 some run reaches the floor on every problem ...; in fp16 no run does: the lowest is
-    {1.02–1.12} floors, where the emulation had `accurate` at the floor"; "the cheapest run ... is at ... floors";
+    {1.02–1.12} floors, as the emulation of today's code has it on the same problems"; "the cheapest run ... is at
+    ... floors";
     "In fp32 the fallback needs the least memory of any run on every problem"."""
     fronts = nb04_pareto.fronts(_table(), _verdicts(), "cuda")
     bf16, fp16, fp32 = (fronts[fronts["dtype"] == dtype] for dtype in ("bfloat16", "float16", "float32"))
     assert len(bf16) and (bf16["lowest"] < AT_FLOOR).all()
     assert len(fp16) and (fp16["lowest"] > AT_FLOOR).all() and (fp16["pick"] >= fp16["lowest"]).all()
-    emulated = _fronts_emulated()
-    assert (emulated[emulated["dtype"] == "float16"]["lowest"] < AT_FLOOR).all()
+    emulated = _fronts_emulated().set_index(["family", "dtype", "shape"])["lowest"]
+    same = emulated.loc[[(family, "float16", shape) for family, shape in zip(fp16["family"], fp16["shape"],
+                                                                             strict=True)]]
+    assert (abs(same.to_numpy() / fp16["lowest"].to_numpy() - 1) < 0.02).all()  # "as the emulation has it"
     low = fronts[(fronts["dtype"] != "float32") & (fronts["pick_mib"] < 100)]
     assert (low["cheapest_mib"] < low["pick_mib"] / 2).all() and (low["cheapest_error"] > 10).all()
     assert len(fp32) and (fp32["pick_mib"] <= fp32["cheapest_mib"]).all()

@@ -111,9 +111,13 @@ def test_the_frobenius_error_understates_the_worst_rows():
     assert len(rows) and (rows["grad_weight_row_max"] > 2 * rows["grad_weight_fro_in_floors"]).all()
 
 
-def test_lce_defaults_on_the_cpu_are_at_the_floor_on_every_row():
-    """"lce's defaults on the CPU are at the floor on every row (worst {1.01})"."""
-    assert (_numbers("rows").query("op == 'lce' and device == 'cpu'")["grad_weight_row_max"] < 1.05).all()
+def test_lce_defaults_on_the_cpu_are_at_the_floor_on_every_row_in_bf16():
+    """"lce's defaults on the CPU are at the floor on every row in bf16 (worst {1.00}); in fp16 their worst row is at
+    {1.09–1.27} floors, the fp16 headroom's second rounding ..."."""
+    rows = _numbers("rows").query("op == 'lce' and device == 'cpu'")
+    assert (rows.loc[rows["dtype"] == "bfloat16", "grad_weight_row_max"] < 1.01).all()
+    fp16 = rows.loc[rows["dtype"] == "float16", "grad_weight_row_max"]
+    assert len(fp16) and (fp16 > 1.01).all() and (fp16 < 1.5).all()
 
 
 def test_torch_defaults_carry_whole_floors_of_bias_on_realistic_families_and_lce_a_fraction():
