@@ -443,3 +443,15 @@ def assert_bitwise(under, outside, label: str) -> None:
         if a is not None:
             assert a.dtype == b.dtype, f"{label}: output {i} is {a.dtype} under autocast, {b.dtype} outside"
             assert torch.equal(a, b), f"{label}: output {i} differs by {(a.double() - b.double()).abs().max():.3e}"
+
+
+def padded_batch(vocab: int, seed: int = 0, rows: int = 3, length: int = 12):
+    """Token ids below ``vocab``, an attention mask with one right-padded row, and labels -100 at the padding and at
+    a prompt (the first row's first five tokens): the integration tests' language-model batch."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (rows, length), generator=g)
+    mask = torch.ones(rows, length, dtype=torch.int64)
+    mask[-1, -4:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[0, :5] = -100  # a prompt: no loss on its tokens
+    return ids, mask, labels

@@ -25,6 +25,8 @@ from lce.integrations import transformers as integration
 transformers = pytest.importorskip("transformers")
 from transformers.loss.loss_utils import ForCausalLMLoss  # noqa: E402
 
+from helpers import padded_batch  # noqa: E402
+
 VOCAB, HIDDEN = 256, 32
 SOFTCAP = 2.0
 """Gemma's final_logit_softcapping in the tiny configs: small, so that it bites on a scaled head."""
@@ -93,14 +95,7 @@ def tiny(family: str, dtype: torch.dtype = torch.float64, seed: int = 0):
 
 
 def batch(seed: int = 0, rows: int = 3, length: int = 12):
-    """Token ids, an attention mask with one right-padded row, labels -100 at the padding and at a prompt."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (rows, length), generator=g)
-    mask = torch.ones(rows, length, dtype=torch.int64)
-    mask[-1, -4:] = 0
-    labels = ids.masked_fill(mask == 0, -100)
-    labels[0, :5] = -100  # a prompt: no loss on its tokens
-    return ids, mask, labels
+    return padded_batch(VOCAB, seed, rows, length)
 
 
 def library_loss_in_fp64(*args, **kwargs):

@@ -38,6 +38,7 @@ from examples.trl_grpo import (  # noqa: E402
     tiny_qwen2,
     word_tokenizer,
 )
+from helpers import padded_batch  # noqa: E402
 from lce.integrations import transformers as hf_integration  # noqa: E402
 from lce.integrations import trl as integration  # noqa: E402
 
@@ -106,14 +107,7 @@ def tiny(family: str, dtype: torch.dtype = torch.float64, seed: int = 0):
 
 
 def batch(seed: int = 0, rows: int = 3, length: int = 12):
-    """Token ids, an attention mask with one right-padded row, labels -100 at the padding and at a prompt."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (rows, length), generator=g)
-    mask = torch.ones(rows, length, dtype=torch.int64)
-    mask[-1, -4:] = 0
-    labels = ids.masked_fill(mask == 0, -100)
-    labels[0, :5] = -100
-    return ids, mask, labels
+    return padded_batch(VOCAB, seed, rows, length)
 
 
 def formula(model, ids, mask, targets, temperature: float, *, shifted: bool = False) -> dict[str, torch.Tensor]:

@@ -326,9 +326,9 @@ FEATURES = {
 }
 
 
-@pytest.mark.parametrize("features", FEATURES)
-def test_forward_dz_matches_the_chunk_loop(kernels, features):
-    problem = make(seed=2, **FEATURES[features])
+def _assert_forward_agrees(kernels, problem) -> torch.Tensor:
+    """The fused forward pass against the PyTorch chunk loop: row statistics and losses within ROW_ULPS, dz no
+    further from fp64 than the loop's and within AGREE_ULPS of it; returns the kernels' dz."""
     dz, losses, lse, other_prob, _ = run_forward(kernels, problem)
     want_dz, want_losses, want_lse, want_other_prob, scale = reference_forward(problem)
     assert ulps(lse, want_lse) <= ROW_ULPS
@@ -337,6 +337,13 @@ def test_forward_dz_matches_the_chunk_loop(kernels, features):
     exact, magnitude = exact_dz(problem, scale)
     assert_no_further_from_fp64(dz, want_dz, exact, magnitude, DZ_ULPS, "dz")
     assert ulps(dz, want_dz, magnitude) <= AGREE_ULPS
+    return dz
+
+
+@pytest.mark.parametrize("features", FEATURES)
+def test_forward_dz_matches_the_chunk_loop(kernels, features):
+    problem = make(seed=2, **FEATURES[features])
+    dz = _assert_forward_agrees(kernels, problem)
     ignored = ~problem.targets.valid
     assert ignored.any() and (dz[ignored] == 0).all(), "ignored rows get no gradient"
 
@@ -548,14 +555,7 @@ def compare_a_larger_chunk(kernels, move) -> None:
     problem = dataclasses.replace(cpu, z=move(cpu.z), row_scales=_moved(cpu.row_scales, move),
                                   chunk=dataclasses.replace(cpu.chunk, targets=_moved(cpu.targets, move)))
     assert kernels.available(problem.z)
-    dz, losses, lse, other_prob, _ = run_forward(kernels, problem)
-    want_dz, want_losses, want_lse, want_other_prob, scale = reference_forward(problem)
-    assert ulps(lse, want_lse) <= ROW_ULPS
-    assert ulps(other_prob, want_other_prob) <= ROW_ULPS
-    assert ulps(losses, want_losses) <= ROW_ULPS
-    exact, magnitude = exact_dz(problem, scale)
-    assert_no_further_from_fp64(dz, want_dz, exact, magnitude, DZ_ULPS, "dz")
-    assert ulps(dz, want_dz, magnitude) <= AGREE_ULPS
+    _assert_forward_agrees(kernels, problem)
 
 
 def _moved(obj, move):
