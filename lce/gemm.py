@@ -197,9 +197,7 @@ def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtyp
                          f"{product_dtype} product for a {target.dtype} target")
     if target.dtype == a.dtype == product_dtype and not in_fp32:
         if fresh:
-            torch.mm(a, b, out=target)
-            if alpha != 1.0:
-                target.mul_(alpha)
+            mm(a, b, product_dtype, out=target, alpha=alpha)
         else:
             target.addmm_(a, b, alpha=alpha)
         return
