@@ -455,3 +455,16 @@ def padded_batch(vocab: int, seed: int = 0, rows: int = 3, length: int = 12):
     labels = ids.masked_fill(mask == 0, -100)
     labels[0, :5] = -100  # a prompt: no loss on its tokens
     return ids, mask, labels
+
+
+def assert_import_leaves_out(module: str, absent: Sequence[str]) -> None:
+    """Importing lce and ``module`` in a fresh interpreter loads none of ``absent`` (the packages an integration
+    imports only when it is used)."""
+    import subprocess
+    import sys
+
+    code = (f"import sys, lce, {module}\n"
+            f"loaded = [name for name in {list(absent)!r} if name in sys.modules]\n"
+            "assert not loaded, (loaded, sorted(sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

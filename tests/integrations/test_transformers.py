@@ -25,7 +25,7 @@ from lce.integrations import transformers as integration
 transformers = pytest.importorskip("transformers")
 from transformers.loss.loss_utils import ForCausalLMLoss  # noqa: E402
 
-from helpers import padded_batch  # noqa: E402
+from helpers import assert_import_leaves_out, padded_batch  # noqa: E402
 
 VOCAB, HIDDEN = 256, 32
 SOFTCAP = 2.0
@@ -770,13 +770,7 @@ def test_trainer_evaluate_gives_compute_metrics_the_unpatched_models_logits(tmp_
 
 @pytest.mark.slow
 def test_import_lce_and_the_integration_leave_transformers_unimported():
-    import subprocess
-    import sys
-
-    code = ("import sys, lce, lce.integrations.transformers\n"
-            "assert 'transformers' not in sys.modules and 'accelerate' not in sys.modules, sorted(sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert_import_leaves_out("lce.integrations.transformers", ["transformers", "accelerate"])
 
 
 @pytest.mark.slow

@@ -38,7 +38,7 @@ from examples.trl_grpo import (  # noqa: E402
     tiny_qwen2,
     word_tokenizer,
 )
-from helpers import padded_batch  # noqa: E402
+from helpers import assert_import_leaves_out, padded_batch  # noqa: E402
 from lce.integrations import transformers as hf_integration  # noqa: E402
 from lce.integrations import trl as integration  # noqa: E402
 
@@ -466,6 +466,13 @@ def _words(count: int, seed: int, vocab: int, length: int = 5) -> list[str]:
     return [" ".join(f"w{int(i)}" for i in torch.randint(3, vocab, (length,), generator=g)) for _ in range(count)]
 
 
+def _one_fp32_step(config_class, tmp_path):
+    """A trainer config for one logged fp32 step on the CPU, batches of 4, nothing saved or reported."""
+    return config_class(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, max_steps=1, use_cpu=True,
+                        bf16=False, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0,
+                        learning_rate=1e-3)
+
+
 def _train(make_trainer, *, routed: bool, monkeypatch) -> tuple[dict, Spy]:
     trainer = make_trainer()
     trainer.remove_callback(transformers.PrinterCallback)
@@ -491,9 +498,7 @@ def test_a_dpo_step_routed_logs_what_trls_head_logs(tmp_path, monkeypatch):
 
     def make():
         model = tiny_qwen2(tmp_path / "model", vocab=vocab, hidden=HIDDEN)
-        args = trl.DPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, max_steps=1,
-                             use_cpu=True, bf16=False, report_to=[], logging_steps=1, save_strategy="no",
-                             disable_tqdm=True, seed=0, learning_rate=1e-3)
+        args = _one_fp32_step(trl.DPOConfig, tmp_path)
         return trl.DPOTrainer(model=model, args=args, train_dataset=data, processing_class=word_tokenizer(vocab))
 
     ours, spy = _train(make, routed=True, monkeypatch=monkeypatch)
@@ -516,9 +521,7 @@ def test_an_sft_step_routed_trains_as_trls_head(tmp_path, monkeypatch):
 
     def make():
         model = tiny_qwen2(tmp_path / "model", vocab=vocab, hidden=HIDDEN)
-        args = trl.SFTConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, max_steps=1,
-                             use_cpu=True, bf16=False, report_to=[], logging_steps=1, save_strategy="no",
-                             disable_tqdm=True, seed=0, learning_rate=1e-3)
+        args = _one_fp32_step(trl.SFTConfig, tmp_path)
         return trl.SFTTrainer(model=model, args=args, train_dataset=data, processing_class=word_tokenizer(vocab))
 
     ours, spy = _train(make, routed=True, monkeypatch=monkeypatch)
@@ -600,10 +603,4 @@ def test_fsdp2_over_gloo_the_gathered_head_runs_through_lce(tmp_path):
 
 @pytest.mark.slow
 def test_import_lce_and_the_integration_leave_trl_unimported():
-    import subprocess
-    import sys
-
-    code = ("import sys, lce, lce.integrations.trl\n"
-            "assert 'trl' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert_import_leaves_out("lce.integrations.trl", ["trl", "transformers"])
