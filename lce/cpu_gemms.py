@@ -11,7 +11,8 @@ ATEN_CPU_CAPABILITY=avx2``, the *AVX2 stand-in*) emulates too, about 90x slower 
 that runs bf16 GEMMs to save time would, on such a CPU, run many times slower than the all-fp32 one; on the
 AVX512F Xeon it would still run about 4-5x slower. Three verdicts, then: *native* (a kernel at or above about
 fp32's rate), *slow* (a kernel, but more than :data:`SLOW_SLOWDOWN` times fp32's time: it converts to fp32
-inside; ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` on an AMX Xeon, the *AVX512F stand-in*, measures 4.5-4.8x) and
+inside; ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` on an AMX Xeon, the *AVX512F stand-in*, measures 4.5-4.8x; on an
+AVX512-BF16 EPYC the same cap gives 2.3-2.7x, either side of the threshold) and
 *emulated*. lce's plans run the GEMMs of a slow or emulated dtype on fp32 copies (:mod:`lce.gemm`): the same
 arithmetic at fp32's speed.
 

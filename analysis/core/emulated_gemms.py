@@ -22,7 +22,7 @@ from analysis.core.problem import DTYPES
 from lce.cpu_gemms import LOW_PRECISION, gemm_support
 
 __all__ = ["Fp32LowPrecisionGemms", "STAND_IN_OPS", "emulated_peer_note", "emulated_peer_skip",
-           "low_precision_linear"]
+           "low_precision_linear", "native_gemm_scratch"]
 
 _aten = torch.ops.aten
 _DEFAULT_OF = {overload: packet.default for packet in (_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm)
@@ -41,7 +41,9 @@ class Fp32LowPrecisionGemms(TorchDispatchMode):
     ``keep_scratch=True`` keeps the fp32 copies and products in buffers the mode owns, one per operand slot and
     shape, reused by every later GEMM of that shape: after one warm-up call, a call measured inside the mode
     allocates nothing for the stand-in, so :func:`analysis.core.memory.measure_peak` sees the peer's own
-    allocations (a native kernel's packing scratch is not a tensor allocation either).
+    allocations. A CPU's own kernel may take scratch from torch's allocator besides (oneDNN's packing buffers: none
+    on the AMX Xeon and the AVX2 EPYC this was first measured on, 0.17-0.28 MB per GEMM at 32x128x16384 on an
+    AVX512-BF16 EPYC); the stand-in leaves that out (:func:`native_gemm_scratch` measures it).
     """
 
     def __init__(self, keep_scratch: bool = False):
@@ -78,6 +80,46 @@ class Fp32LowPrecisionGemms(TorchDispatchMode):
         if out is None:
             return product.to(dtype)
         return out.copy_(product)
+
+
+class _GemmRecorder(TorchDispatchMode):
+    """Runs every op as it is and keeps a copy of each bf16/fp16 CPU GEMM call (operands with their strides)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        tensors = [arg for arg in (*args, *kwargs.values()) if isinstance(arg, torch.Tensor)]
+        if func in _DEFAULT_OF and tensors and tensors[0].dtype in LOW_PRECISION and not tensors[0].is_cuda:
+            copy = [_strided_copy(arg) if isinstance(arg, torch.Tensor) else arg for arg in args]
+            self.calls.append((func, copy, {key: _strided_copy(value) if isinstance(value, torch.Tensor) else value
+                                            for key, value in kwargs.items()}))
+        return func(*args, **kwargs)
+
+
+def _strided_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype).copy_(tensor)
+
+
+def native_gemm_scratch(fn) -> int:
+    """The most bytes one bf16/fp16 CPU GEMM of ``fn()`` takes from torch's allocator beyond its result, on this
+    CPU's own kernels: each GEMM ``fn`` calls is replayed alone on copies of its operands (same strides), after a
+    warm-up, under the sweep's profiler. 0 where the kernels allocate only their results (the stand-in's premise of
+    equal bytes); GEMMs run one at a time, so a run's peak exceeds its stand-in peak by at most this."""
+    from analysis.core.memory import measure_peak
+
+    recorder = _GemmRecorder()
+    with recorder:
+        fn()
+    scratch = 0
+    for func, args, kwargs in recorder.calls:
+        func(*args, **kwargs)
+        result, memory = measure_peak(lambda: func(*args, **kwargs))  # noqa: B023
+        owned = 0 if "out" in kwargs else result.numel() * result.element_size()
+        scratch = max(scratch, memory.peak_bytes - owned)
+    return scratch
 
 
 def _emulated(dtype: str, device: str):

@@ -96,8 +96,11 @@ def stale_rows(table: pd.DataFrame) -> pd.Series:
 def measured_peak(config: RunConfig, inputs) -> int:
     """The peak extra bytes of one CPU run of ``config`` on ``inputs`` (the sweep's profiler). A bf16/fp16 run's GEMMs
     go to the fp32 stand-in with its scratch kept from a warm-up call
-    (:class:`analysis.core.emulated_gemms.Fp32LowPrecisionGemms`): the bytes are lce's own, as on a CPU whose kernel
-    for the dtype is native, and the run takes fp32's time, not an emulated kernel's (80x slower on AVX2-only CPUs)."""
+    (:class:`analysis.core.emulated_gemms.Fp32LowPrecisionGemms`): the bytes are lce's own (what its memory model
+    counts), as on a CPU whose native kernel allocates only its result, and the run takes fp32's time, not an
+    emulated kernel's (80x slower on AVX2-only CPUs). Where a CPU's own kernel also takes packing scratch from
+    torch's allocator (an AVX512-BF16 EPYC), its native run peaks higher by at most one GEMM's scratch
+    (:func:`analysis.core.emulated_gemms.native_gemm_scratch`)."""
     implementation = make_implementation(config.spec, config.device)
     call = functools.partial(implementation.run, inputs)
     if DTYPES[config.dtype] not in (torch.bfloat16, torch.float16):

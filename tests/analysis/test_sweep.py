@@ -272,18 +272,21 @@ def test_the_stand_in_rounds_each_gemm_once_in_every_form_and_its_kept_scratch_i
         assert memory.peak_bytes == expected if keep_scratch else memory.peak_bytes > 2 * expected
 
 
-def test_a_bf16_runs_peak_remeasured_through_the_stand_in_is_its_peak_on_the_cpus_own_kernel():
+def test_a_bf16_runs_peak_remeasured_through_the_stand_in_is_lces_own_and_the_cpus_kernel_adds_only_its_scratch():
     """analysis.sweep.remeasure.measured_peak: the stand-in's kept scratch leaves lce's own bytes (the sweep's
-    profiler), equal to the run on this CPU's own bf16 kernel, for each policy."""
+    profiler), which the memory model counts; the run on this CPU's own bf16 kernels peaks at the same bytes where
+    those kernels allocate only their results, and higher by at most one GEMM's packing scratch where they take some
+    from torch's allocator (an AVX512-BF16 EPYC's oneDNN: issue 48), for each policy."""
     import functools
 
     import pandas as pd
 
+    from analysis.core.emulated_gemms import native_gemm_scratch
     from analysis.core.implementations import make_implementation
     from analysis.core.inputs import make_inputs
     from analysis.core.problem import DTYPES
     from analysis.paths import RESULTS_DIR
-    from analysis.sweep.remeasure import _config, measured_peak
+    from analysis.sweep.remeasure import _config, measured_peak, modeled_peak
 
     table = pd.read_csv(RESULTS_DIR / "quick.csv", dtype=str, keep_default_na=False)
     rows = table[(table["op"] == "lce") & (table["device"] == "cpu") & (table["dtype"] == "bfloat16")
@@ -293,5 +296,13 @@ def test_a_bf16_runs_peak_remeasured_through_the_stand_in_is_its_peak_on_the_cpu
         config = _config(row)
         inputs = make_inputs(config.shape, DTYPES[config.dtype], family=config.family, seed=config.seed,
                              bias=config.bias)
-        own = measure_peak(functools.partial(make_implementation(config.spec, config.device).run, inputs))[1]
-        assert measured_peak(config, inputs) == own.peak_bytes > 0, config.spec
+        call = functools.partial(make_implementation(config.spec, config.device).run, inputs)
+        call()  # the suite plans as on a CPU with native bf16 GEMMs (tests/conftest.py)
+        own = measure_peak(call)[1].peak_bytes
+        scratch = native_gemm_scratch(call)
+        lces = measured_peak(config, inputs)
+        assert lces == pytest.approx(modeled_peak(config), rel=0.01), config.spec  # the quick grid: within 0.6%
+        if scratch == 0:
+            assert lces == own > 0, config.spec
+        else:
+            assert lces <= own <= lces + scratch, (config.spec, lces, own, scratch)
