@@ -63,7 +63,7 @@ import torch
 from .error_model import predict_errors, predict_weight_details
 from .options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dtype_name
 from .planning import Plan, aspect_ratio_chunk_size, make_plan
-from .policies import CPU_MIN_ROWS
+from .policies import CPU_MIN_ROWS, auto_pick
 from .time_model import estimated_seconds
 
 __all__ = ["Candidate", "Head", "REFERENCE_HEADS", "DEFAULT_MAX_ERROR", "BIAS_LIMIT", "NOISE_ERROR_LIMIT",
@@ -71,7 +71,8 @@ __all__ = ["Candidate", "Head", "REFERENCE_HEADS", "DEFAULT_MAX_ERROR", "BIAS_LI
            "CUDA_ROW_FLOORS", "auto_floors",
            "REFERENCE_CPU_KINDS", "TORCH_DEFAULTS", "TORCH_FALLBACK", "DROP_IN_TOLERANCE", "Choice", "AutoDerivation",
            "evaluate", "error_fault", "training_fault", "drop_in_fault", "default_accuracy_fault", "faults",
-           "objective", "choose", "DEFAULT_MAX_ERROR_FOR_AUTO", "rule_candidate", "derive_auto"]
+           "objective", "choose", "DEFAULT_MAX_ERROR_FOR_AUTO", "rule_candidate", "default_candidate",
+           "derive_auto"]
 
 DEFAULT_MAX_ERROR: dict[torch.dtype, float] = {torch.bfloat16: 2.0, torch.float16: 10.0}
 """The error condition: the largest predicted gradient error, in floors of each dtype (none for fp32/fp64, whose
@@ -324,19 +325,32 @@ def drop_in_fault(candidate: Candidate, torch_default: Candidate) -> str | None:
 
 def rule_candidate(policy: str, chunking: str, head: Head, dtype: torch.dtype, device_kind: str,
                    cpu_rate: float | None = None, min_rows: bool | int = True) -> Candidate:
-    """The candidate that the "auto" entry ``(policy, chunking)`` resolves to at ``head``: fp32 ``acc_dtype`` for
-    bf16/fp16 input, and at least ``min_rows`` rows per chunk, as auto chunking keeps (``True``: the device's fixed
-    floor, :data:`~lce.policies.CPU_MIN_ROWS` on a CPU and none on CUDA; ``False``: torch's chunking, without a
-    floor)."""
-    from .testing import emulate_device_kind
-
+    """The candidate that the "auto" rule ``(policy, chunking)`` resolves to at ``head``: fp32 ``acc_dtype`` for
+    bf16/fp16 input, and at least ``min_rows`` rows per chunk (``True``: the floor the auto table keeps for
+    ``device_kind`` and ``dtype``, :attr:`lce.policies.AutoPick.min_rows`; ``False``: torch's chunking, without a
+    floor). For what the default options run, use :func:`default_candidate`."""
     rows = aspect_ratio_chunk_size(head.N, head.D, head.C, int(chunking.partition(":")[2] or 1))
-    floor = min_rows if not isinstance(min_rows, bool) else (
-        CPU_MIN_ROWS.get(dtype, 1) if device_kind == "cpu" and min_rows else 1)
+    floor = min_rows if not isinstance(min_rows, bool) else (auto_pick(device_kind, dtype).min_rows if min_rows
+                                                              else 1)
     rows = max(rows, min(floor, head.N))
     acc_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else None
     options = LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
                                         batch_chunk_size=rows)
+    return _evaluate_on(device_kind, options, head, dtype, cpu_rate)
+
+
+def default_candidate(head: Head, dtype: torch.dtype, device_kind: str, cpu_rate: float | None = None) -> Candidate:
+    """lce's default options (``LinearCrossEntropyOptions()``: the "auto" policy, chunking and ``acc_dtype``) at
+    ``head`` on ``device_kind``: the plan :func:`lce.plan` prints for that call (gradients of input and weight),
+    with its predicted peak, errors and time. Every table that says what "auto" does reads this."""
+    return _evaluate_on(device_kind, LinearCrossEntropyOptions(), head, dtype, cpu_rate)
+
+
+def _evaluate_on(device_kind: str, options: LinearCrossEntropyOptions, head: Head, dtype: torch.dtype,
+                 cpu_rate: float | None) -> Candidate:
+    """:func:`evaluate` as planned on ``device_kind`` (CPU tensors, or meta tensors planned as CUDA ones)."""
+    from .testing import emulate_device_kind
+
     device = torch.device("cpu" if device_kind == "cpu" else "meta")
     with emulate_device_kind(device_kind):
         return evaluate(options, head.N, head.D, head.C, dtype, device, cpu_rate)

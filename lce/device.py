@@ -33,11 +33,12 @@ def device_kind_of(device: torch.device) -> str:
 def has_mixed_precision_mm(device: torch.device, kind: str, dtype: torch.dtype) -> bool:
     """Whether fp16/bf16 GEMMs with a fp32 result are available (the "auto" acc_dtype rule).
 
-    Emulated CUDA (CPU tensors planned as CUDA) assumes a current GPU.
+    Emulated CUDA (CPU tensors planned as CUDA), and a CUDA device planned on a machine without one (what
+    :func:`lce.recommend` answers for "cuda" there), assume a current GPU (sm80 or newer).
     """
     if dtype not in (torch.float16, torch.bfloat16):
         return False
-    if kind == "cpu" or device.type != "cuda":
+    if kind == "cpu" or device.type != "cuda" or not torch.cuda.is_available():
         return True
     major, _ = torch.cuda.get_device_capability(device)
     return major >= (8 if dtype == torch.bfloat16 else 7)

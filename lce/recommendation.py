@@ -265,8 +265,7 @@ def recommend(num_rows: int, in_features: int, num_classes: int, dtype: torch.dt
         measured = {c.label(): _time_on_device(c.options, num_rows, in_features, num_classes, dtype, device)
                     for c in finalists}
         chosen = min(finalists, key=lambda c: measured[c.label()])
-    auto_options = LinearCrossEntropyOptions(acc_dtype=torch.float32 if dtype.itemsize == 2 else None)
-    auto = evaluate(auto_options, num_rows, in_features, num_classes, dtype, device)
+    auto = evaluate(LinearCrossEntropyOptions(), num_rows, in_features, num_classes, dtype, device)
     if not choice.limit_met:
         warnings.warn(f"lce.recommend: nothing within the memory budget of {_mib(int(memory_budget))} meets the "
                       f"default error limit of {limit:g} floors for N={num_rows} D={in_features} C={num_classes} "

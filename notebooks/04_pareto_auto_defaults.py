@@ -184,8 +184,10 @@ with one mixed-precision addmm where the CUDA build has it, else in blocks of 2^
 takes chunks of at least 2048 rows; for that plan ({today.policy.iloc[0]}, {span(today.rows, ".0f")} rows,
 {span(today.chunks, ".0f")} chunks) the model predicts {span(today.predicted_ms, ".0f")} ms on the path every build
 has (blocked sums, no Triton kernels), {span(today.predicted_vs_unfused, ".1f")}x the unfused op's measured time where
-the H200 measured {span(today.measured_pick_vs_unfused, ".0f")}x. That is a prediction until a GPU runs it
-(`python -m analysis gpu-check`). The error verdict of the "auto" table stands either way.
+the H200 measured {span(today.measured_pick_vs_unfused, ".0f")}x, and a peak of {span(today.predicted_gib, ".2f")} GiB
+where the H200's smaller chunks peaked at {span(today.measured_pick_gib, ".2f")} GiB (its fp32 logits chunk is
+larger). That is a prediction until a GPU runs it (`python -m analysis gpu-check`). The error verdict of the "auto"
+table stands either way.
 
 *Inputs:* the `cuda` grid's runs at 16384×4096×128256 and 8192×2304×256000 (bf16, random family, seed 0) on
 {", ".join(sorted(table[table.device == "cuda"].device_name.unique()))}, torch

@@ -61,19 +61,23 @@ show(table[["device", "dtype", "head", "auto", "rows", "peak_gib", "saves_gib", 
 # %%
 cuda = table[table["device"] == "cuda"]
 llm = cuda[cuda["head_name"] != "small"]
-Markdown(f"""**Conclusion.** On CUDA auto is `balanced` with the factor-1 aspect ratio: predicted
-{cuda["grad_weight_floors"].max():.2f} floors on the weight gradient at most, where torch's default sits at
-{cuda["torch_grad_weight_floors"].min():.1f}-{cuda["torch_grad_weight_floors"].max():.1f}, for
-{-cuda["saves_gib"].max():.2f}-{-cuda["saves_gib"].min():.2f} GiB more than torch's default (its fp32 copy of the
-weight gradient). `lce.recommend` without a budget finds {(llm["peak_gib"] - llm["recommend_peak_gib"]).min():.2f}-
-{(llm["peak_gib"] - llm["recommend_peak_gib"]).max():.2f} GiB of that back at the LLM heads with compact in few,
+floor, recovered = cuda["min_rows"].min(), llm["peak_gib"] - llm["recommend_peak_gib"]
+Markdown(f"""**Conclusion.** On CUDA auto is `balanced` with the factor-1 aspect ratio and at least {floor} rows per
+chunk: predicted {cuda["grad_weight_floors"].max():.2f} floors on the weight gradient at most, where torch's default
+sits at {cuda["torch_grad_weight_floors"].min():.1f}-{cuda["torch_grad_weight_floors"].max():.1f}, for
+{-cuda["saves_gib"].max():.2f}-{-cuda["saves_gib"].min():.2f} GiB more than torch's default: its fp32 copy of the
+weight gradient ({cuda["accumulator_gib"].min():.2f}-{cuda["accumulator_gib"].max():.2f} GiB) and its chunks of at
+least {floor} rows, whose fp32 logits take up to {cuda["logits_chunk_gib"].max():.2f} GiB (each step costs a GPU a
+fixed time, `lce.time_model`). `lce.recommend` without a budget finds {recovered.min():.2f}-{recovered.max():.2f} GiB
+of that back at the LLM heads with compact in few,
 large row chunks, within the error limit and at chunk counts the training study passed; auto cannot express those
 (one rule for every shape, `decide.AUTO_CHUNKINGS`). On CPU auto is torch's own policy.
 
 *Inputs:* lce's models at the reference heads {", ".join(str(h) for h in decide.REFERENCE_HEADS)}; CPU rows for a
 CPU with native bf16 GEMMs; the measured bias/noise from the noise study (N=1024, D=128, C=16384).
 
-*Limits:* predictions, CUDA times from datasheet rates; the worst rows' error is not modeled (notebook 05 measures
+*Limits:* predictions; CUDA times from lce's time model, fitted to an H200's runs of earlier plans (no GPU has run
+auto's {floor}-row plan yet); the worst rows' error is not modeled (notebook 05 measures
 it; the training condition guards the rare classes).""")
 
 # %% [markdown]

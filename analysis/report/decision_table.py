@@ -1,6 +1,8 @@
 """The decision table: what lce's decision procedure (:mod:`lce.decide`) answers per device, dtype and reference head.
 
-One row per (device kind, dtype, reference head): the options "auto" resolves to there, their predicted peak and
+One row per (device kind, dtype, reference head): the plan lce's default options run there
+(:func:`lce.decide.default_candidate`, the plan :func:`lce.plan` prints; its rows per chunk are the chunking rule's
+or, where that gives fewer, the auto table's floor), its predicted peak and
 what that saves against torch 2.13's own default, the predicted errors in floors, the predicted time (and where
 the prediction comes from), the bias/noise ratio measured for that auto entry by the noise study (worst input
 family), and what :func:`lce.recommend` picks there without a budget. CPU rows plan for a CPU with native bf16
@@ -19,8 +21,17 @@ import lce
 from analysis.core.results_io import NOISE, load_kind
 from analysis.report.tables import markdown_table
 from lce.cpu_gemms import REFERENCE_NATIVE_RATE
-from lce.decide import DEFAULT_MAX_ERROR, OBJECTIVE, REFERENCE_HEADS, TORCH_DEFAULTS, TORCH_FALLBACK, rule_candidate
-from lce.options import dtype_name
+from lce.decide import (
+    DEFAULT_MAX_ERROR,
+    OBJECTIVE,
+    REFERENCE_HEADS,
+    TORCH_DEFAULTS,
+    TORCH_FALLBACK,
+    default_candidate,
+    rule_candidate,
+)
+from lce.options import dtype_name, parse_chunking_method
+from lce.planning import aspect_ratio_chunk_size
 from lce.policies import AUTO_TABLE
 from lce.testing import cpu_gemms
 from lce.time_model import TIME_SOURCE
@@ -43,6 +54,11 @@ def _measured_bias(results: Path) -> dict[tuple[str, str], float]:
             if row.worst_family != "(no data)"}
 
 
+def _buffer_bytes(plan, name: str) -> int:
+    """The bytes of the plan's buffer ``name`` (0 where it makes none)."""
+    return sum(buffer.nbytes for buffer in plan.buffers if buffer.name == name)
+
+
 def decision_table(results: Path) -> pd.DataFrame:
     """The table's rows (see the module docstring); every number is a prediction except ``bias_over_noise``."""
     bias = _measured_bias(results)
@@ -52,13 +68,18 @@ def decision_table(results: Path) -> pd.DataFrame:
             entry = AUTO_TABLE[(kind, dtype)]
             torch_rule = TORCH_DEFAULTS.get((kind, dtype), TORCH_FALLBACK)
             for head in REFERENCE_HEADS:
-                auto = rule_candidate(entry.acc_policy, entry.chunking_method, head, dtype, kind)
+                auto = default_candidate(head, dtype, kind)
                 theirs = rule_candidate(*torch_rule, head, dtype, kind, min_rows=False)
+                ruled = aspect_ratio_chunk_size(head.N, head.D, head.C, parse_chunking_method(entry.chunking_method))
                 tuned = lce.recommend(head.N, head.D, head.C, dtype, "cpu" if kind == "cpu" else "cuda")
                 rows.append(dict(
                     device=kind, dtype=dtype_name(dtype), head=str(head), head_name=head.name,
-                    auto=f"{entry.acc_policy}, {entry.chunking_method}", rows=auto.plan.batch_chunk_size,
-                    chunks=auto.plan.num_chunks, peak_gib=auto.peak_bytes / 2**30,
+                    auto=f"{entry.acc_policy}, {entry.chunking_method}", policy=auto.plan.acc_policy,
+                    rows=auto.plan.batch_chunk_size, floored=auto.plan.batch_chunk_size > ruled,
+                    min_rows=entry.min_rows, chunks=auto.plan.num_chunks,
+                    logits_chunk_gib=_buffer_bytes(auto.plan, "logits_chunk") / 2**30,
+                    accumulator_gib=_buffer_bytes(auto.plan, "weight_grad_accumulator") / 2**30,
+                    peak_gib=auto.peak_bytes / 2**30,
                     torch_peak_gib=theirs.peak_bytes / 2**30,
                     saves_gib=(theirs.peak_bytes - auto.peak_bytes) / 2**30,
                     grad_input_floors=auto.errors["grad_input"], grad_weight_floors=auto.errors["grad_weight"],
@@ -89,7 +110,8 @@ def readme_decision_table(results: Path) -> str:
     shown = pd.DataFrame({
         "device, dtype": table["device"] + ", " + table["dtype"],
         "head (N x D x C)": table["head"],
-        "auto": table["auto"] + " (" + table["rows"].astype(str) + " rows)",
+        "auto": [f"{auto} ({rows} rows{', its floor' if floored else ''})" for auto, rows, floored in
+                 zip(table["auto"], table["rows"], table["floored"], strict=True)],
         "peak GiB": table["peak_gib"],
         "GiB saved vs torch's default (− more)": table["saves_gib"],
         "floors (input, weight)": [f"{a:.2f}, {b:.2f}" for a, b in zip(table["grad_input_floors"],
@@ -106,6 +128,10 @@ def readme_decision_table(results: Path) -> str:
     legend = [
         "- *floor*: a gradient's Frobenius error against fp64, over the error of the exact answer rounded once to "
         "the input dtype; 1 is the best any implementation can do.",
+        "- *auto*: the plan lce's default options run (`lce.plan`); *its floor*: the chunking rule gives fewer rows, "
+        "and auto keeps its floor on rows per chunk (`lce.policies.AutoPick.min_rows`: "
+        + ", ".join(f"{kind} {dtype_name(dtype)} {AUTO_TABLE[(kind, dtype)].min_rows}" for kind, dtype in ENTRIES)
+        + ").",
         "- *worst row*: the weight gradient's worst class row, in that row's own floors (the rare classes'); "
         f"predicted by `lce.error_model.predict_weight_details`, {lce.error_model.DETAIL_ACCURACY['worst_row']}; "
         f"{_worst_row_caveat(results)}.",

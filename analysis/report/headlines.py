@@ -23,7 +23,8 @@ def decision_headline(results: Path) -> dict[str, float | str]:
     table = decision_table(results)
     row = table[(table["device"] == "cuda") & (table["dtype"] == "bfloat16")].iloc[0]
     return {"head": row["head"], "auto": row["auto"].split(",")[0], "weight_floors": float(row["grad_weight_floors"]),
-            "torch_weight_floors": float(row["torch_grad_weight_floors"]), "saved_gib": float(row["saves_gib"])}
+            "torch_weight_floors": float(row["torch_grad_weight_floors"]), "saved_gib": float(row["saves_gib"]),
+            "peak_gib": float(row["peak_gib"]), "rows": int(row["rows"])}
 
 
 def measured_head_headline(results: Path, head: str) -> dict[str, float] | None:
@@ -94,8 +95,9 @@ def readme_headlines(results: Path) -> str:
     on_gpu = "" if measured is None else (
         f" Measured on an H200: {measured['floors']:.2f} floors (worst gradient) in {measured['gib']:.2f} GiB, at "
         f"{measured['vs_unfused_time']:.0f}x the unfused op's time, spent adding into its fp32 accumulator in "
-        "million-element blocks; lce now sums it in one GEMM or a few large blocks per chunk of at least 2048 rows, "
-        f"predicted at {measured['predicted_vs_unfused']:.1f}x (not yet run on a GPU; notebook 04).")
+        f"million-element blocks; lce now sums it in one GEMM or a few large blocks per chunk of {decision['rows']} "
+        f"rows, predicted at {measured['predicted_vs_unfused']:.1f}x in {decision['peak_gib']:.2f} GiB (not yet run "
+        "on a GPU; notebook 04).")
     return "\n".join([
         f"- **Accuracy for memory, chosen per head.** At a {decision['head']} bf16 head on CUDA, lce's default "
         f"({decision['auto']}) keeps the weight gradient at {decision['weight_floors']:.2f} rounding floors where "

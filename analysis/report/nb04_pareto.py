@@ -516,7 +516,8 @@ def head_costs(table: pd.DataFrame, device: str = "cuda") -> pd.DataFrame:
 
 def todays_pick(costs: pd.DataFrame) -> pd.DataFrame:
     """At each head of :func:`head_costs`, the plan lce's default makes there today on CUDA (policy, rows per chunk,
-    chunks) and its time as lce's time model predicts it -- on the path every CUDA build has (the weight-gradient
+    chunks), its predicted peak beside the measured peak of the plan the H200 ran, and its time as lce's time model
+    predicts it -- on the path every CUDA build has (the weight-gradient
     product added into the fp32 accumulator in blocks of 2^26 elements, the elementwise passes as PyTorch ops: no
     mixed-precision addmm, no Triton kernels) -- beside the unfused op's measured time. A prediction: no GPU has run
     this plan."""
@@ -537,7 +538,9 @@ def todays_pick(costs: pd.DataFrame) -> pd.DataFrame:
         measured = group[group["pick"]].iloc[0]
         predicted = 1e3 * estimated_seconds(plan)
         rows.append({"shape": shape, "policy": plan.acc_policy, "rows": plan.batch_chunk_size,
-                     "chunks": plan.num_chunks, "predicted_ms": predicted, "unfused_ms": unfused,
+                     "chunks": plan.num_chunks, "predicted_gib": plan.peak_extra_bytes / 2**30,
+                     "measured_pick_gib": float(measured["peak_mib"]) / 1024, "predicted_ms": predicted,
+                     "unfused_ms": unfused,
                      "predicted_vs_unfused": predicted / unfused, "measured_pick_ms": measured["time_ms"],
                      "measured_pick_vs_unfused": measured["vs_unfused_time"]})
     return pd.DataFrame(rows)

@@ -25,10 +25,14 @@ def _rows(device, dtype=None):
 
 
 def test_on_cuda_the_default_holds_more_memory_than_torchs_and_is_near_the_floor_where_torchs_is_not():
-    """"On CUDA, lce's default holds an fp32 copy of the weight gradient that torch's compact default does not (the
-    negative savings), and buys gradients near the floor where torch's sit several floors off"."""
+    """"On CUDA, lce's default holds more than torch's compact default (the negative savings): an fp32 copy of the
+    weight gradient, and chunks of at least 2048 rows, whose fp32 logits take up to 2 GiB at the 256000-class head
+    [...]; it buys gradients near the floor where torch's sit several floors off"."""
     cuda = _rows("cuda")
     assert (cuda["saves_gib"] < 0).all()
+    assert (cuda["accumulator_gib"] > 0).all() and (cuda["rows"] >= 2048).all() and (cuda["min_rows"] == 2048).all()
+    widest = cuda.loc[cuda["logits_chunk_gib"].idxmax()]
+    assert widest["head"].endswith("x256000") and 1.5 < widest["logits_chunk_gib"] <= 2.0
     assert (cuda["grad_weight_floors"] <= 1.1).all() and (cuda["torch_grad_weight_floors"] >= 5).all()
 
 
@@ -63,3 +67,28 @@ def test_every_measured_auto_bias_is_within_the_rule():
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_the_table_names_where_its_times_come_from(device):
     assert _rows(device)["time_source"].str.startswith("predicted").all()
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_every_row_is_the_plan_lce_plan_prints_for_the_default_options(device):
+    """Each row's rows per chunk, policy and peak are those of ``lce.plan`` for that head with the default options
+    on that device kind (the head's tensors as zero-stride CPU views, or meta tensors planned as CUDA ones), so the
+    table cannot describe a plan "auto" does not run (issue 48: the CUDA rows once showed the chunking rule's
+    64-512 rows where auto keeps its 2048-row floor)."""
+    import torch
+
+    import lce
+    from lce.testing import cpu_gemms, emulate_device_kind
+
+    for row in _rows(device).itertuples():
+        n, d, c = (int(v) for v in row.head.split("x"))
+        dtype = getattr(torch, row.dtype)
+        where = "meta" if device == "cuda" else "cpu"
+        x = torch.empty((), dtype=dtype, device=where).expand(n, d).requires_grad_()
+        w = torch.empty((), dtype=dtype, device=where).expand(c, d).requires_grad_()
+        with emulate_device_kind(device), cpu_gemms("native"):
+            plan = lce.plan(x, w)
+        assert (plan.acc_policy, plan.batch_chunk_size) == (row.policy, row.rows), (row.head, row.dtype, str(plan))
+        assert plan.peak_extra_bytes / 2**30 == pytest.approx(row.peak_gib, rel=0.02), (row.head, row.dtype)
+        if device == "cuda":
+            assert row.rows >= min(row.min_rows, n), "a CUDA row below the auto table's floor"
