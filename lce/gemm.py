@@ -14,8 +14,10 @@ tensors' device:
   speed, and no fp32 copy of a whole (C, D) weight (:func:`in_fp32_blocks`
   says what the blocks are, for the memory model);
 * low-precision operands, wider result: CUDA's mixed-precision ``mm`` with
-  ``out_dtype`` where the build has it, else an exact stand-in that upcasts the
-  operands (a product of two bf16/fp16 numbers is exact in fp32, so only the
+  ``out_dtype`` where the build has it (:func:`mixed_mm_supported`, probed once
+  per device: an error of the real call, out of memory included, is the call's
+  own, never a reason to take another path), else an exact stand-in that upcasts
+  the operands (a product of two bf16/fp16 numbers is exact in fp32, so only the
   summation order differs). The stand-in is what lets the CUDA layouts run,
   numerically faithfully, on CPU tensors in CI.
 """
@@ -49,13 +51,10 @@ def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, out: torch.Tens
         return _mm_in_fp32(a, b, out_dtype, alpha, out, addend)
     if out is not None:
         return out.copy_(mm(a, b, out_dtype, alpha=alpha, in_fp32=in_fp32, addend=addend))
-    if a.is_cuda and torch.finfo(out_dtype).bits >= 32:
-        try:
-            result = torch.mm(a, b, out_dtype=out_dtype)
-            result = result if addend is None else result.add_(addend)
-            return result.mul_(alpha) if alpha != 1.0 else result
-        except (TypeError, RuntimeError, NotImplementedError):
-            pass  # a build or dtype pair without the mixed-precision kernel
+    if a.is_cuda and out_dtype == torch.float32 and mixed_mm_supported(a.device):
+        result = torch.mm(a, b, out_dtype=out_dtype)  # any error here is the call's own (out of memory included)
+        result = result if addend is None else result.add_(addend)
+        return result.mul_(alpha) if alpha != 1.0 else result
     return _mm_via_upcast(a, b, out_dtype, alpha, addend)
 
 
@@ -83,6 +82,12 @@ chosen for its caches) cost an H200 over 500 small GEMMs a chunk: 1.6 s a step a
 unfused op (``analysis/results/gpu_bench.csv``)."""
 
 
+TARGET_ROWS_PER_GEMM = 2048
+"""Rows of a chunk whose target-entry residuals :meth:`lce.chunked.TargetResidual.add_to_weight_rows_` sums per
+target class in one fp32 GEMM against their indicator matrix: that work grows as the square of the rows, so a chunk
+of more rows is taken in blocks of this many (CUDA's chunks of 2048 rows in one)."""
+
+
 def block_elements(device_kind: str) -> int:
     """Elements of a (C, D) target updated at a time on ``device_kind`` ("cpu" or "cuda")."""
     return _CUDA_BLOCK_ELEMENTS if device_kind == "cuda" else _BLOCK_ELEMENTS
@@ -94,21 +99,47 @@ def rows_per_block(cols: int, device_kind: str = "cpu") -> int:
     return max(1, block_elements(device_kind) // max(cols, 1))
 
 
+_PROBE_ERRORS = (TypeError, RuntimeError, NotImplementedError)
+"""What a build without a mixed-precision kernel raises for it (a probe on tiny tensors: never out of memory)."""
+
+
+def _probe_operands(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a @ b`` is ``1 + 2^-8``: exact in an fp32 sum, 1 in a bf16 one."""
+    a = torch.tensor([[1.0, 2.0 ** -8]], dtype=torch.bfloat16, device=device)
+    b = torch.tensor([[1.0], [1.0]], dtype=torch.bfloat16, device=device)
+    return a, b
+
+
+@functools.cache
+def mixed_mm_supported(device: torch.device) -> bool:
+    """Whether ``torch.mm(a, b, out_dtype=torch.float32)`` multiplies bf16/fp16 operands with fp32 accumulation and
+    an fp32 result on ``device``: probed once per device on tiny tensors. Where not, :func:`mm` upcasts the operands
+    to fp32 first (the same numbers, a full fp32 copy of each operand). False off CUDA and without a GPU."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    a, b = _probe_operands(device)
+    try:
+        product = torch.mm(a, b, out_dtype=torch.float32)
+        return product.dtype == torch.float32 and float(product) == 1.0 + 2.0 ** -8
+    except _PROBE_ERRORS:
+        return False
+
+
 @functools.cache
 def mixed_addmm_supported(device: torch.device) -> bool:
     """Whether ``torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)`` sums bf16/fp16 operands' product straight
     into an fp32 ``acc`` on ``device``, in one GEMM with fp32 accumulation: probed once per device on tiny tensors
-    (CUDA builds before it rejected ``out=`` with ``out_dtype``, pytorch issue 154086; CPUs have no such kernel)."""
+    (CUDA builds before it rejected ``out=`` with ``out_dtype``, pytorch issue 154086; CPUs have no such kernel).
+    Where not, :func:`add_mm_` adds the product in blocks of :func:`block_elements` rows."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return False  # predictions for a GPU made without one assume the blocked sum (the larger peak)
+    a, b = _probe_operands(device)
     try:
-        a = torch.tensor([[1.0, 2.0 ** -8]], dtype=torch.bfloat16, device=device)
-        b = torch.tensor([[1.0], [1.0]], dtype=torch.bfloat16, device=device)
         acc = torch.ones(1, 1, dtype=torch.float32, device=device)
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-    except (TypeError, RuntimeError, NotImplementedError):
+        return float(acc) == 2.0 + 2.0 ** -8  # an fp32 sum: a bf16 one would lose the 2^-8
+    except _PROBE_ERRORS:
         return False
-    return float(acc) == 2.0 + 2.0 ** -8  # an fp32 sum: a bf16 one would lose the 2^-8
 
 
 class Fp32Blocks(NamedTuple):

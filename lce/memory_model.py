@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from .gemm import in_fp32_blocks, rows_per_block
+from .gemm import TARGET_ROWS_PER_GEMM, in_fp32_blocks, rows_per_block
 
 if TYPE_CHECKING:
     from .planning import GemmName, Plan
@@ -45,7 +45,7 @@ __all__ = ["Buffer", "Stage", "Span", "Step", "plan_buffers", "chunk_peak_bytes"
 
 Stage = Literal["forward", "backward"]
 Span = Literal["call", "chunk", "final", "kept"]
-Step = Literal["logits", "to_stats", "workspace", "grad_input", "grad_weight", "grad_bias"]
+Step = Literal["logits", "to_stats", "workspace", "grad_input", "grad_weight_target", "grad_weight", "grad_bias"]
 """The steps of one chunk: the logits GEMM, the logits' conversion to the stats dtype (when it
 differs), the statistics and dz formed a workspace of columns at a time (soft-capped logits, and every block of
 the per-token log-probabilities), the two backward GEMMs and the bias-gradient sum."""
@@ -180,6 +180,8 @@ def _steps(plan: Plan, stage: Stage) -> tuple[Step, ...]:
     if stage == _grad_stage(plan):
         steps += [step for step, wanted in zip(("grad_input", "grad_weight", "grad_bias"), plan.needs_grad,
                                                strict=True) if wanted]
+        if "grad_weight" in steps and plan.target_residual_to_weight:  # the target rows' residuals, added first
+            steps.insert(steps.index("grad_weight"), "grad_weight_target")
     return tuple(steps)
 
 
@@ -247,16 +249,22 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
         dtype = plan.gemm_dtypes(gemm).operands
         if gemm in steps and dtype != stats_dt and dtype not in rounded:
             rounded.append(dtype)
+            first = "grad_weight_target" if gemm == "grad_weight" and "grad_weight_target" in steps else gemm
             add("grad_logits_narrow" if dtype == in_dt else "grad_logits_in_acc", (rows, c), dtype,
-                backward_steps[backward_steps.index(gemm):], "dz rounded to a backward GEMM's operand dtype")
+                backward_steps[backward_steps.index(first):], "dz rounded to a backward GEMM's operand dtype")
     # lce.chunked.TargetResidual: the rounding residual of each row's target entry, times the target's weight row
     # (added in the input gradient's GEMM) and times the row's input (added to a wider weight-gradient sum)
     if "grad_input" in steps and plan.gemm_dtypes("grad_input").operands != stats_dt:
         add("target_input_correction", (rows, d), in_dt, ("grad_input",),
             "the target entries' rounding residual times their weight rows, added in the GEMM's sum")
-    if "grad_weight" in steps and plan.target_residual_to_weight:
-        add("target_weight_correction", (rows, d), plan.weight_grad_sum_dtype, ("grad_weight",),
-            "the target entries' rounding residual times the rows' input, added to the target rows of the sum")
+    if "grad_weight_target" in steps:  # lce.chunked.TargetResidual.add_to_weight_rows_, a block of rows at a time
+        block = min(rows, TARGET_ROWS_PER_GEMM)
+        add("target_products", (block, d), torch.float32, ("grad_weight_target",),
+            "the target entries' rounding residual times the rows' input")
+        add("target_members", (block, block), torch.float32, ("grad_weight_target",),
+            "which rows share a target (1 or 0), the GEMM that sums each target's products")
+        add("target_class_sums", (block, d), torch.float32, ("grad_weight_target",),
+            "each row's target's summed products, written to the target rows of the sum")
     grad_input_dt = plan.gemm_dtypes("grad_input").result
     if "grad_input" in steps and plan.tiles_classes:
         # made after the statistics sweep; the gradient sweep, which holds the most, has it throughout
