@@ -52,6 +52,7 @@ sweeps statistics before gradients, as class tiling does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterator
 from typing import Protocol
@@ -73,6 +74,26 @@ __all__ = [
 
 # ---- the passes ---------------------------------------------------------------------------------
 
+def _torch_ops_if_kernels_fail(run_pass):
+    """A pass that, where a kernel fails to compile or launch (:class:`lce.kernels.KernelsFailed`, raised before any
+    tensor was changed; :mod:`lce.kernels` has warned), runs again from its start with the PyTorch ops: the pass
+    owns every buffer it writes, so nothing of the failed attempt remains. Under a group every rank fails alike (the
+    same kernels at the same shapes), so the retry issues the same collectives on each."""
+
+    @functools.wraps(run_pass)
+    def run(plan: Plan, *args, **kwargs):
+        if not plan.fused_passes:
+            return run_pass(plan, *args, **kwargs)
+        try:
+            return run_pass(plan, *args, **kwargs)
+        except kernels.KernelsFailed as failure:
+            torch_ops = dataclasses.replace(plan, fused_passes=False, passes_reason=f"PyTorch ops ({failure})")
+            return run_pass(torch_ops, *args, **kwargs)
+
+    return run
+
+
+@_torch_ops_if_kernels_fail
 def scalar_loss_and_grads(plan: Plan, head: HeadTensors, targets: Targets, group: GroupReduction | None = None,
                           ) -> tuple[torch.Tensor, Gradients, torch.Tensor | None]:
     """Loss for "mean"/"sum" and, as the plan requests, its gradients (already scaled for the reduction; in fp16
@@ -98,6 +119,7 @@ def scalar_loss_and_grads(plan: Plan, head: HeadTensors, targets: Targets, group
     return loss, (sums.finish() if sums is not None else Gradients()), lse_out
 
 
+@_torch_ops_if_kernels_fail
 def per_row_loss(plan: Plan, head: HeadTensors, targets: Targets, group: GroupReduction | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-row losses for reduction="none" (input dtype, z-loss included) and what backward reuses: the
@@ -121,6 +143,7 @@ def per_row_loss(plan: Plan, head: HeadTensors, targets: Targets, group: GroupRe
     return losses, lse, other_prob
 
 
+@_torch_ops_if_kernels_fail
 def per_row_grads(plan: Plan, head: HeadTensors, targets: Targets, lse: torch.Tensor, grad_losses: torch.Tensor,
                   other_prob: torch.Tensor | None = None, group: GroupReduction | None = None) -> Gradients:
     """Gradients of sum(grad_losses * losses) for reduction="none", recomputing logits chunk by chunk.

@@ -20,7 +20,7 @@ import torch
 from . import kernels, memory_model
 from .cpu_gemms import LOW_PRECISION, GemmSupport, gemm_support
 from .device import device_kind_of, has_mixed_precision_mm
-from .gemm import mixed_addmm_supported
+from .gemm import block_elements, mixed_addmm_supported, mixed_mm_supported
 from .headroom import HEADROOM_OFF
 from .memory_model import Buffer
 from .options import LinearCrossEntropyOptions, dtype_name, parse_chunking_method
@@ -115,10 +115,16 @@ class Plan:
     """Whether a chunk's elementwise passes (row statistics, then dz in place) run as :mod:`lce.kernels`' Triton
     kernels, two passes over the logits, rather than a sequence of PyTorch ops: on CUDA with Triton, for the loss's
     passes with fp32 statistics and no soft-cap (:func:`lce.kernels.covers`); the same arithmetic either way."""
+    passes_reason: str = ""
+    """Which backend runs the elementwise passes and why, in words (printed by ``str(plan)``): the kernels with
+    their triton, or the PyTorch ops and what keeps the kernels out (:func:`lce.kernels.unavailable_reason`)."""
     mixed_addmm: bool = False
     """Whether a low-precision weight-gradient product is summed into its fp32 accumulator by one GEMM per chunk
     (``torch.addmm`` with ``out_dtype``, where this CUDA build has it: :func:`lce.gemm.mixed_addmm_supported`);
     otherwise its product is formed a block of classes at a time and added (:func:`lce.gemm.add_mm_`)."""
+    cuda_gemms: str = ""
+    """On CUDA, how the mixed-precision GEMMs run, in words: probed on the device (:func:`lce.gemm.mixed_mm_supported`,
+    :func:`lce.gemm.mixed_addmm_supported`) or assumed without a GPU; empty off CUDA."""
     autocast: torch.dtype | None = None
     """The dtype of the ``torch.autocast`` enabled when the plan was made (None: none), in which the head's
     fp32/bf16/fp16 tensors are taken (:mod:`lce.autocasting`); the plan's own dtypes then hold with autocast off."""
@@ -295,8 +301,8 @@ class Plan:
             f"  sums       softmax/loss {dtype_name(self.stats_dtype)}, loss total {dtype_name(LOSS_SUM_DTYPE)}, "
             f"weight grad {dtype_name(self.weight_grad_sum_dtype)}",
             *([f"  cpu gemms  {self._cpu_gemms_text()}"] if self.cpu_gemms is not None else []),
-            f"  passes     {'two fused Triton kernels per step (lce.kernels)' if self.fused_passes else 'PyTorch ops'}"
-            + (", the weight gradient summed by one GEMM per chunk" if self.mixed_addmm else ""),
+            f"  passes     {self.passes_reason or ('Triton kernels' if self.fused_passes else 'PyTorch ops')}",
+            *([f"  cuda gemms {self.cuda_gemms}"] if self.cuda_gemms else []),
             "  buffers",
         ]
         for b in self.buffers:
@@ -435,6 +441,7 @@ def make_plan(
                          f"{dtype_name(dtype)} GEMMs run in acc_dtype instead (exact upcasts: the same or less "
                          "error, at fp32's speed)")
 
+    passes = _passes_backend(op, device, torch.float64 if dtype == torch.float64 else torch.float32, softcap)
     return Plan(
         device_kind=kind,
         input_dtype=dtype,
@@ -459,12 +466,40 @@ def make_plan(
         op=op,
         returns_entropy=bool(returns_entropy) and op == "log_probs",
         gradient_headroom=dtype == torch.float16 and not HEADROOM_OFF.get(),
-        fused_passes=(op == "cross_entropy" and kernels.available(device)
-                      and kernels.covers(stats_dtype=torch.float64 if dtype == torch.float64 else torch.float32,
-                                         softcap=softcap)),
+        fused_passes=passes[0],
+        passes_reason=passes[1],
         mixed_addmm=kind == "cuda" and mixed_addmm_supported(device),
+        cuda_gemms=_cuda_gemms_text(device) if kind == "cuda" else "",
         autocast=autocast,
     )
+
+
+def _passes_backend(op: Op, device: torch.device, stats_dtype: torch.dtype, softcap: float | None,
+                    ) -> tuple[bool, str]:
+    """Whether the elementwise passes run as :mod:`lce.kernels`' Triton kernels, and why (or why not), in words."""
+    if op != "cross_entropy":
+        return False, "PyTorch ops (the per-token log-probabilities' passes have no kernels)"
+    if not kernels.available(device):
+        return False, f"PyTorch ops ({kernels.unavailable_reason(device) or 'the kernels switched off'})"
+    reason = kernels.uncovered(stats_dtype=stats_dtype, softcap=softcap)
+    if reason is not None:
+        return False, f"PyTorch ops ({reason})"
+    how = "interpreted" if device.type == "cpu" else "compiled"
+    return True, (f"two fused Triton kernels per step (lce.kernels: statistics, then dz in place; triton "
+                  f"{kernels.triton_version()}, {how})")
+
+
+def _cuda_gemms_text(device: torch.device) -> str:
+    """How a CUDA plan's mixed-precision GEMMs run on ``device``, in words (see :attr:`Plan.cuda_gemms`)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return ("not probed (no GPU): low-precision products with an fp32 result planned as torch.mm(out_dtype), "
+                f"the weight-gradient sum as blocks of {block_elements('cuda'):,} elements")
+    mm = ("torch.mm(out_dtype=float32)" if mixed_mm_supported(device)
+          else "operands upcast to fp32 first (this build has no torch.mm(out_dtype): a full fp32 copy of each "
+               "operand beside the GEMM, which the predicted peak does not count)")
+    addmm = ("one torch.addmm(out_dtype=float32, out=) per chunk" if mixed_addmm_supported(device)
+             else f"blocks of {block_elements('cuda'):,} elements (this build has no torch.addmm(out_dtype, out=))")
+    return f"probed on {device}: low-precision products with an fp32 result by {mm}; the weight-gradient sum by {addmm}"
 
 
 def _all_gemms_in_acc(layout: Layout) -> Layout:

@@ -468,3 +468,14 @@ def assert_import_leaves_out(module: str, absent: Sequence[str]) -> None:
             "assert not loaded, (loaded, sorted(sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def loss_and_grads(options, input: torch.Tensor, linear_weight: torch.Tensor, target: torch.Tensor, **kwargs,
+                   ) -> list[torch.Tensor]:
+    """The loss (backward of ones where it is per row) and the gradients of ``input`` and ``linear_weight`` for one
+    call, in fp32, on fresh leaf copies of the two tensors: a copy made by ``clone()`` of a tensor that already
+    requires grad is not a leaf, and its ``.grad`` stays None (the bug of two CUDA tests, issue 49)."""
+    leaves = [input.detach().clone().requires_grad_(), linear_weight.detach().clone().requires_grad_()]
+    loss = lce.linear_cross_entropy(*leaves, target, options=options, **kwargs)
+    loss.backward(torch.ones_like(loss) if loss.dim() else None)
+    return [loss.detach().float(), *(leaf.grad.float() for leaf in leaves)]

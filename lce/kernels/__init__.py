@@ -60,7 +60,19 @@ Soft-capping (``tanh`` and its chain rule: :func:`lce.chunked.capped_grad_logits
 (``torch.version.hip``: untested); the per-token log-probabilities' passes (:mod:`lce.logprob_passes`); the
 losses, ``lse`` and the coefficients themselves (a few (rows,) ops). NaN logits: ``tl.max`` may drop a NaN that
 ``amax`` propagates, but the row's sum still carries it: a row with a NaN logit gets NaN statistics either way.
-:func:`available` and :func:`covers` are the dispatch test.
+Logits below about -87 nats from their row's shift: libdevice's ``exp`` is built flush-to-zero, so where torch's
+CUDA ``exp`` gives a subnormal (``exp(-87.3)`` is fp32's smallest normal) the compiled kernels give 0, a
+difference of at most ``2**-126`` in an entry of ``p`` or dz, far below the row's rounding; no test reaches there
+(the interpreter's fp64 ``exp`` keeps the subnormals).
+:func:`unavailable_reason` and :func:`uncovered` are the dispatch test; :func:`lce.plan` prints their answer.
+
+When the kernels cannot run
+---------------------------
+A CUDA call whose kernels cannot load (no triton, or one that fails to import) or fail to compile or launch (a
+Triton error at the first launch of a variant) warns once per process (:class:`KernelsFallbackWarning`, naming
+the reason) and runs the PyTorch ops: a failed launch raises :class:`KernelsFailed` before any logits are
+changed, the chunk loop runs its pass again with the PyTorch ops, and every later plan says why
+(:func:`unavailable_reason`). Nothing falls back unseen.
 
 Triton is imported only when :func:`available` is asked about a CUDA tensor (or under ``TRITON_INTERPRET=1``);
 ``import lce`` never imports it.
@@ -71,6 +83,7 @@ from __future__ import annotations
 import contextvars
 import importlib
 import sys
+import warnings
 from types import ModuleType
 from typing import NamedTuple
 
@@ -79,11 +92,24 @@ import torch
 from .interpreter import interpreting
 from .launch import Launch, grad_launch, statistics_launch
 
-__all__ = ["available", "covers", "row_statistics", "sum_apart_from_target", "grad_logits_", "Statistics",
-           "Launch"]
+__all__ = ["available", "unavailable_reason", "uncovered", "covers", "row_statistics", "sum_apart_from_target",
+           "grad_logits_", "Statistics", "Launch", "KernelsFailed", "KernelsFallbackWarning", "triton_version"]
 
 _PASSES = "lce.kernels.softmax_passes"
-_import_failed = False
+_import_error: str | None = None
+"""Why the kernel module did not import (the exception, in one line); None until an import failed."""
+_launch_error: str | None = None
+"""Why a kernel failed to compile or launch in this process; None until one did."""
+_warned: set[str] = set()
+
+
+class KernelsFailed(RuntimeError):
+    """A kernel failed to compile or launch (a Triton error), before it changed any of its arguments: the caller
+    runs the PyTorch ops instead (:mod:`lce.chunked` does so for the whole pass)."""
+
+
+class KernelsFallbackWarning(UserWarning):
+    """A CUDA call runs the PyTorch ops because the kernels cannot (issued once per process and reason)."""
 
 
 class Statistics(NamedTuple):
@@ -102,17 +128,36 @@ class Statistics(NamedTuple):
 
 
 def _passes() -> ModuleType | None:
-    """The kernel module, imported on first use (None where triton does not import)."""
-    global _import_failed
+    """The kernel module, imported on first use (None where triton does not import: :data:`_import_error` says
+    why)."""
+    global _import_error
     if _PASSES in sys.modules:
         return sys.modules[_PASSES]
-    if _import_failed:
+    if _import_error is not None:
         return None
     try:
         return importlib.import_module(_PASSES)
-    except Exception:  # no triton, or one that cannot load: the PyTorch ops run instead
-        _import_failed = True
+    except Exception as error:  # no triton, or one that cannot load: the PyTorch ops run instead
+        _import_error = _one_line(error)
         return None
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _warn_once(reason: str) -> None:
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"lce: the Triton kernels do not run here ({reason}); the chunk passes run as PyTorch ops "
+                      "(the same arithmetic, more passes over the logits)", KernelsFallbackWarning, stacklevel=3)
+
+
+def triton_version() -> str | None:
+    """The version of the triton the kernels were imported with (None before they were, or where they cannot)."""
+    passes = sys.modules.get(_PASSES)
+    return None if passes is None else passes.TRITON_VERSION
 
 
 INTERPRETED_ON_CPU: contextvars.ContextVar[bool] = contextvars.ContextVar("lce_interpreted_kernels", default=False)
@@ -122,31 +167,67 @@ only; the interpreter is far slower than the PyTorch ops)."""
 
 def available(where: torch.Tensor | torch.device) -> bool:
     """Whether the kernels can run on a tensor's device (or on ``where``, a device): CUDA on an NVIDIA GPU with
-    triton importable, or the CPU under Triton's interpreter where a test asks for it (``TRITON_INTERPRET=1``
-    before triton is imported, and :func:`lce.testing.interpreted_kernels`). False on the CPU otherwise, without
-    importing triton."""
+    triton importable and no kernel failed in this process, or the CPU under Triton's interpreter where a test asks
+    for it (``TRITON_INTERPRET=1`` before triton is imported, and :func:`lce.testing.interpreted_kernels`). False on
+    the CPU otherwise, without importing triton. :func:`unavailable_reason` says why not."""
+    return unavailable_reason(where) is None
+
+
+def unavailable_reason(where: torch.Tensor | torch.device) -> str | None:
+    """Why the kernels cannot run on ``where`` (a tensor or a device), in a few words; None where they can. On CUDA a
+    missing or broken triton, or a kernel that failed earlier, also warns once (:class:`KernelsFallbackWarning`)."""
     device = where.device if isinstance(where, torch.Tensor) else torch.device(where)
     if device.type == "cuda":
         if torch.version.hip is not None:
-            return False
+            return "an AMD GPU, where the kernels are untested"
         wanted_interpreted = False
     elif device.type == "cpu" and interpreting() and INTERPRETED_ON_CPU.get():
         wanted_interpreted = True
     else:
-        return False
+        return f"{device.type} tensors (the kernels run on CUDA)"
     passes = _passes()
-    return passes is not None and passes.INTERPRETED == wanted_interpreted
+    if passes is None:
+        reason = f"triton does not import: {_import_error}"
+    elif _launch_error is not None:
+        reason = f"a kernel failed to compile or launch: {_launch_error}"
+    elif passes.INTERPRETED != wanted_interpreted:
+        return ("triton was imported with TRITON_INTERPRET=1 (its interpreter)" if passes.INTERPRETED
+                else "triton was imported compiled, not interpreted")
+    else:
+        return None
+    if device.type == "cuda":
+        _warn_once(reason)
+    return reason
 
 
-def covers(*, stats_dtype: torch.dtype, softcap: float | None = None, label_smoothing: float = 0.0,
-           class_weight: bool = False, z_loss: float = 0.0, ignored_rows: bool = True,
-           rescale: bool = True) -> bool:
-    """Whether the kernels compute a chunk's statistics and dz for this combination of features (else the caller
-    runs the PyTorch ops). Covered: fp32 statistics, label smoothing, class weights, a z-loss, ignored rows and
-    the fp16 rescale (all through the coefficients the caller passes). Not covered: soft-capping, any other
-    stats dtype."""
-    del label_smoothing, class_weight, z_loss, ignored_rows, rescale  # every value covered
-    return stats_dtype == torch.float32 and softcap is None
+def uncovered(*, stats_dtype: torch.dtype, softcap: float | None = None) -> str | None:
+    """What of a call the kernels do not compute (else None): soft-capping, or statistics in another dtype than
+    fp32 (fp64 input). Everything else -- label smoothing, class weights, a z-loss, ignored rows, the fp16 rescale
+    -- reaches them through the coefficients the caller passes."""
+    if softcap is not None:
+        return "soft-capping, which the kernels do not cover"
+    if stats_dtype != torch.float32:
+        return f"{stats_dtype} statistics (the kernels take fp32)"
+    return None
+
+
+def covers(*, stats_dtype: torch.dtype, softcap: float | None = None) -> bool:
+    """Whether the kernels compute a chunk's statistics and dz for this call (:func:`uncovered` says why not)."""
+    return uncovered(stats_dtype=stats_dtype, softcap=softcap) is None
+
+
+def _launched(run):
+    """``run()``, with a Triton error (compile or launch) recorded, warned about and raised as
+    :class:`KernelsFailed`: Triton raises those before the kernel runs, so no argument has been changed."""
+    global _launch_error
+    try:
+        return run()
+    except Exception as error:
+        if not type(error).__module__.startswith("triton"):
+            raise
+        _launch_error = _one_line(error)
+        _warn_once(f"a kernel failed to compile or launch: {_launch_error}")
+        raise KernelsFailed(f"lce.kernels: {_launch_error}") from error
 
 
 def row_statistics(z: torch.Tensor, target_index: torch.Tensor, *, class_weight: torch.Tensor | None = None,
@@ -167,9 +248,9 @@ def row_statistics(z: torch.Tensor, target_index: torch.Tensor, *, class_weight:
     running_max = None if running_max is None else _check_rows(running_max, "running_max", rows, z.device)
     class_weight = _check_class_weight(class_weight, num_cols, z.device) if weighted_logit_sum else None
     launch = launch or statistics_launch(rows, num_cols, z.device)
-    return Statistics(*_kernels().row_statistics(z, target_index, running_max, fixed_shift=False,
-                                                 class_weight=class_weight, weighted_sum=weighted_logit_sum,
-                                                 launch=launch))
+    return Statistics(*_launched(lambda: _kernels().row_statistics(
+        z, target_index, running_max, fixed_shift=False, class_weight=class_weight, weighted_sum=weighted_logit_sum,
+        launch=launch)))
 
 
 def sum_apart_from_target(z: torch.Tensor, target_index: torch.Tensor, shift: torch.Tensor, *,
@@ -183,8 +264,8 @@ def sum_apart_from_target(z: torch.Tensor, target_index: torch.Tensor, shift: to
     target_index = _check_rows(target_index, "target_index", rows, z.device, torch.int64)
     shift = _check_rows(shift, "shift", rows, z.device)
     launch = launch or statistics_launch(rows, num_cols, z.device)
-    return _kernels().row_statistics(z, target_index, shift, fixed_shift=True, class_weight=None,
-                                     weighted_sum=False, launch=launch)[1]
+    return _launched(lambda: _kernels().row_statistics(z, target_index, shift, fixed_shift=True, class_weight=None,
+                                                       weighted_sum=False, launch=launch))[1]
 
 
 def grad_logits_(z: torch.Tensor, target_index: torch.Tensor, shift: torch.Tensor, *, prob_coef: torch.Tensor,
@@ -219,8 +300,8 @@ def grad_logits_(z: torch.Tensor, target_index: torch.Tensor, shift: torch.Tenso
     class_weight = (None if smoothing_coef is None or class_weight is None
                     else _check_class_weight(class_weight, num_cols, z.device))
     launch = launch or grad_launch(rows, num_cols, z.device)
-    return _kernels().grad_logits_(z, target_index, shift, divisor, prob_coef, target_coef, other_prob,
-                                   smoothing_coef, class_weight, launch)
+    return _launched(lambda: _kernels().grad_logits_(z, target_index, shift, divisor, prob_coef, target_coef,
+                                                     other_prob, smoothing_coef, class_weight, launch))
 
 
 # ---- argument checks ------------------------------------------------------------------------------
@@ -238,8 +319,11 @@ def _check_logits(z: torch.Tensor) -> tuple[int, int]:
         raise ValueError(f"z must be a 2-D float32 tensor (rows, C), got {tuple(z.shape)} {z.dtype}")
     if z.shape[1] > 1 and z.stride(1) != 1:
         raise ValueError(f"z's columns must be contiguous (stride 1), got strides {z.stride()}")
-    if not available(z):
-        raise ValueError(f"z is on {z.device}, where the kernels do not run (see lce.kernels.available)")
+    reason = unavailable_reason(z)
+    if reason is not None and _launch_error is not None:
+        raise KernelsFailed(f"lce.kernels: {reason}")
+    if reason is not None:
+        raise ValueError(f"z is on {z.device}, where the kernels do not run: {reason}")
     return z.shape[0], z.shape[1]
 
 

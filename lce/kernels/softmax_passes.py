@@ -27,7 +27,8 @@ from triton.language.extra import libdevice
 from .interpreter import LAUNCH_OPTIONS, libdevice_exp
 from .launch import Launch
 
-__all__ = ["INTERPRETED", "row_statistics", "grad_logits_", "row_statistics_kernel", "grad_logits_kernel"]
+__all__ = ["INTERPRETED", "TRITON_VERSION", "row_statistics", "grad_logits_", "row_statistics_kernel",
+           "grad_logits_kernel"]
 
 
 @triton.jit
@@ -168,6 +169,9 @@ def grad_logits_kernel(
 
 INTERPRETED: bool = type(row_statistics_kernel).__name__ == "InterpretedFunction"
 """Whether Triton decorated these kernels for its CPU interpreter (``TRITON_INTERPRET`` set at import)."""
+
+TRITON_VERSION: str = triton.__version__
+"""The triton these kernels were built with (plans and the GPU check's rows name it)."""
 
 _LIBDEVICE_EXP = libdevice_exp(INTERPRETED)
 

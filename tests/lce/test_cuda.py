@@ -13,6 +13,7 @@ from helpers import (
     autocast_problem,
     autocast_run,
     lce_run,
+    loss_and_grads,
     make_problem,
     ref_run,
     rel_err,
@@ -190,15 +191,10 @@ def test_the_mixed_precision_addmm_path_on_cuda_gives_the_blocked_paths_numbers(
     options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=torch.float32, batch_chunk_size=32,
                                             class_chunk_size=256)
 
-    def run():
-        leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
-        lce.linear_cross_entropy(*leaves, y, options=options).backward()
-        return [t.grad.float() for t in leaves]
-
     assert lce.plan(x.requires_grad_(), w.requires_grad_(), options=options).mixed_addmm
-    fused = run()
+    fused = loss_and_grads(options, x, w, y)[1:]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(lce_planning, "mixed_addmm_supported", lambda device: False)
-        blocked = run()
+        blocked = loss_and_grads(options, x, w, y)[1:]
     for a, b in zip(fused, blocked, strict=True):
         assert float((a - b).norm() / b.norm()) < 1e-2  # bf16 outputs: at most a rounding of either

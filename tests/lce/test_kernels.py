@@ -29,6 +29,7 @@ the end runs the forward comparison with the compiled kernels on CUDA tensors.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import math
@@ -42,6 +43,7 @@ import torch
 from packaging.version import Version
 
 import lce
+from helpers import loss_and_grads
 from lce.chunked import (
     Chunk,
     DzScale,
@@ -59,6 +61,7 @@ from lce.chunked import (
 from lce.kernels.interpreter import interpreting
 from lce.kernels.launch import Launch, grad_launch, statistics_launch
 from lce.planning import make_plan
+from lce.testing import emulate_device_kind, interpreted_kernels
 
 PASSES = "lce.kernels.softmax_passes"
 ROWS, CLASSES = 37, 1000
@@ -453,11 +456,19 @@ def test_available_on_cpu_tensors_under_the_interpreter(kernels):
 
 
 def test_covers_every_option_but_soft_capping_and_wide_statistics():
+    """Label smoothing, class weights, a z-loss reach the kernels through their coefficients; a soft cap and fp64
+    statistics do not, and the plan says which."""
     import lce.kernels
 
-    assert lce.kernels.covers(stats_dtype=torch.float32, label_smoothing=0.1, class_weight=True, z_loss=1e-4)
-    assert not lce.kernels.covers(stats_dtype=torch.float32, softcap=30.0)
-    assert not lce.kernels.covers(stats_dtype=torch.float64)
+    assert lce.kernels.covers(stats_dtype=torch.float32) and lce.kernels.uncovered(stats_dtype=torch.float32) is None
+    assert "soft-capping" in lce.kernels.uncovered(stats_dtype=torch.float32, softcap=30.0)
+    assert "float64 statistics" in lce.kernels.uncovered(stats_dtype=torch.float64)
+    x, w = torch.zeros(8, 4), torch.zeros(16, 4)
+    with emulate_device_kind("cuda"), interpreted_kernels():
+        capped = lce.plan(x, w, softcap=30.0)
+        assert capped.passes_reason == "PyTorch ops (soft-capping, which the kernels do not cover)"
+        assert "two fused Triton kernels" in lce.plan(x, w).passes_reason
+    assert lce.plan(x, w).passes_reason == "PyTorch ops (cpu tensors (the kernels run on CUDA))"
 
 
 def test_arguments_are_checked(kernels):
@@ -520,30 +531,33 @@ def test_compiled_kernels_on_cuda_match_the_chunk_loop():
     compare_a_larger_chunk(lce.kernels, lambda tensor: tensor.cuda())
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+ON_CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                           reason="needs a CUDA device")])
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_the_op_on_cuda_runs_the_kernels_and_gives_the_pytorch_paths_numbers(reduction, monkeypatch):
-    """End to end on a GPU: a CUDA plan says ``fused_passes``; loss and gradients agree with the PyTorch ops' path
-    to a few fp32 ulps, bf16 input, class tiling and label smoothing included."""
+def test_the_op_runs_the_kernels_and_gives_the_pytorch_paths_numbers(reduction, device, monkeypatch):
+    """End to end: a CUDA plan says ``fused_passes``; loss and gradients agree with the PyTorch ops' path to a few
+    fp32 ulps, bf16 input, class tiling and label smoothing included. On a GPU with the compiled kernels; on the CPU
+    with CUDA's layouts and the kernels through Triton's interpreter (smaller), so that what the test itself gets
+    wrong fails here, not on a GPU."""
     import lce.kernels
 
+    rows, classes, block = (256, 5000, 1024) if device == "cuda" else (48, 700, 256)
     g = torch.Generator().manual_seed(5)
-    x = torch.randn(256, 64, generator=g).bfloat16().cuda()
-    w = (torch.randn(5000, 64, generator=g) * 0.5).bfloat16().cuda()
-    y = torch.randint(0, 5000, (256,), generator=g).cuda()
-    options = lce.LinearCrossEntropyOptions(batch_chunk_size=64, class_chunk_size=1024)
-
-    def run():
-        leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
-        loss = lce.linear_cross_entropy(*leaves, y, reduction=reduction, options=options, label_smoothing=0.1)
-        loss.backward(torch.ones_like(loss) if loss.dim() else None)
-        return [loss.detach().float(), *(t.grad.float() for t in leaves)]
-
-    assert lce.plan(x, w.requires_grad_(), options=options).fused_passes
-    fused = run()
-    monkeypatch.setattr(lce.kernels, "available", lambda where: False)
-    reference = run()
+    x = torch.randn(rows, 64, generator=g).bfloat16().to(device)
+    w = (torch.randn(classes, 64, generator=g) * 0.5).bfloat16().to(device)
+    y = torch.randint(0, classes, (rows,), generator=g).to(device)
+    options = lce.LinearCrossEntropyOptions(batch_chunk_size=rows // 4, class_chunk_size=block)
+    with contextlib.ExitStack() as stack:
+        if device == "cpu":
+            stack.enter_context(emulate_device_kind("cuda"))
+            stack.enter_context(interpreted_kernels())
+        assert lce.plan(x, w.requires_grad_(), options=options).fused_passes
+        fused = loss_and_grads(options, x, w, y, reduction=reduction, label_smoothing=0.1)
+        monkeypatch.setattr(lce.kernels, "available", lambda where: False)
+        reference = loss_and_grads(options, x, w, y, reduction=reduction, label_smoothing=0.1)
     for got, expected in zip(fused, reference, strict=True):
         assert float((got - expected).norm() / expected.norm()) < 1e-2  # bf16 gradients: a rounding at most
 
@@ -604,3 +618,38 @@ def test_the_op_runs_the_kernels_when_its_plan_says_so_and_gives_the_pytorch_pat
         reference = run()
     for got, expected in zip(fused, reference, strict=True):
         assert float((got - expected).abs().max() / expected.abs().max()) < 1e-6
+
+
+def test_a_kernel_that_fails_to_compile_warns_once_and_the_pass_runs_the_pytorch_ops(kernels, monkeypatch):
+    """A Triton error at a kernel's first launch (here a stand-in raised by the statistics kernel) is not silent:
+    lce warns once, naming it, runs the whole pass again with the PyTorch ops (the same numbers as a plan without
+    the kernels), and every later plan says why the kernels are out."""
+
+    class FakeCompilationError(Exception):
+        pass
+
+    FakeCompilationError.__module__ = "triton.compiler.errors"  # what lce.kernels recognises as Triton's own
+    passes = kernels._passes()
+
+    def failing(*args, **kwargs):
+        raise FakeCompilationError("at 12:8: type mismatch in the stand-in")
+
+    monkeypatch.setattr(kernels, "_launch_error", None)
+    monkeypatch.setattr(kernels, "_warned", set())
+    g = torch.Generator().manual_seed(4)
+    x, w = torch.randn(24, 8, generator=g), torch.randn(90, 8, generator=g)
+    y = torch.randint(0, 90, (24,), generator=g)
+    options = lce.LinearCrossEntropyOptions(batch_chunk_size=8)
+    with emulate_device_kind("cuda"):
+        before = lce.plan(x, w.requires_grad_(), options=options)
+        with monkeypatch.context() as patch:
+            patch.setattr(kernels, "available", lambda where: False)
+            expected = loss_and_grads(options, x, w, y)
+        monkeypatch.setattr(passes, "row_statistics", failing)
+        with pytest.warns(kernels.KernelsFallbackWarning, match="type mismatch in the stand-in"):
+            got = loss_and_grads(options, x, w, y)
+        after = lce.plan(x, w, options=options)
+    assert before.fused_passes and not after.fused_passes
+    assert "a kernel failed to compile or launch: FakeCompilationError" in str(after)
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)

@@ -11,6 +11,7 @@ import torch
 
 import lce
 import lce.planning
+from helpers import loss_and_grads
 from lce.testing import emulate_device_kind
 
 _ADDMM = torch.addmm
@@ -27,13 +28,6 @@ def _addmm_with_out_dtype(input, a, b, *, out_dtype=None, alpha=1.0, beta=1.0, o
 def mixed_addmm(monkeypatch):
     monkeypatch.setattr(lce.planning, "mixed_addmm_supported", lambda device: True)
     monkeypatch.setattr(torch, "addmm", _addmm_with_out_dtype)
-
-
-def _run(options, x, w, y):
-    leaves = [x.clone().requires_grad_(), w.clone().requires_grad_()]
-    loss = lce.linear_cross_entropy(*leaves, y, options=options)
-    loss.backward()
-    return [loss.detach().float(), *(t.grad.float() for t in leaves)]
 
 
 @pytest.mark.parametrize("policy", ["accurate", "balanced", "compact"])
@@ -53,10 +47,10 @@ def test_the_in_place_sums_give_the_blocked_paths_numbers(mixed_addmm, policy, c
             assert "weight_grad_chunk" not in names  # summed in place: no product block
         if classes is not None and policy != "accurate":
             assert plan.sums_input_blocks_in_place and "grad_input_chunk" not in names
-        fused = _run(options, x.detach(), w.detach(), y)
+        fused = loss_and_grads(options, x, w, y)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(lce.planning, "mixed_addmm_supported", lambda device: False)
             assert not lce.plan(x, w, options=options).mixed_addmm
-            blocked = _run(options, x.detach(), w.detach(), y)
+            blocked = loss_and_grads(options, x, w, y)
     for got, expected in zip(fused, blocked, strict=True):
         assert float((got - expected).norm() / expected.norm()) < 2 ** -8  # a bf16 rounding at most
