@@ -75,7 +75,7 @@ __all__ = ["Step", "STEPS", "DEFAULT_STEPS", "DEFAULT_BUDGET_S", "GRACE_S", "TOK
            "dry_run_configs", "estimate_seconds", "run_grid_step", "run_memory_step", "run_bench_step",
            "run_tests_step", "run_noise_step", "run_train_step", "run_hf_step", "run_step", "run_check",
            "gpu_provenance", "CUDA_TEST_FILES", "MEMORY_SHAPES", "BENCH_SPECS", "MEMORY_SPECS",
-           "low_memory_spec", "bench_specs", "BENCH_SHAPES"]
+           "low_memory_spec", "bench_specs", "BENCH_SHAPES", "run_smoke_step", "SMOKE_SHAPE"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,11 +88,13 @@ class Step:
 
 
 STEPS: tuple[Step, ...] = (
-    Step("bench", 0.75, "lce's default and low-memory options, unfused eager and compiled, Liger, CCE at three LLM "
+    Step("smoke", 0.10, "every Triton kernel variant compiled for this GPU, the mixed-precision GEMM probes, lce's "
+                        "default call on tiny tensors with its kernels; stops the check if any fails"),
+    Step("bench", 0.70, "lce's default and low-memory options, unfused eager and compiled, Liger, CCE at three LLM "
                         "heads in bf16, without a bias and with one (gpu_bench.csv)"),
     Step("head", 0.30, "the head-only study at D=2048, C=131072 on real cuBLAS (head_training_cuda.csv.gz)"),
     Step("memory", 0.10, "measured CUDA peaks against lce's memory model, per policy (gpu_memory.csv)"),
-    Step("tests", 0.20, "pytest -m cuda: lce on CUDA tensors, its Triton kernels compiled"),
+    Step("tests", 0.25, "pytest -m cuda: lce on CUDA tensors, its Triton kernels compiled"),
     Step("grid", 0.20, "the cuda grid: families, LLM heads, TF32 off and on (cuda.csv)"),
     Step("noise", 0.30, "error against the sampling noise on real cuBLAS kernels (noise_cuda.csv)"),
     Step("train", 0.65, "the training study's arms on the GPU (training_cuda.csv.gz; carry .gpu/tokens.pt)"),
@@ -101,8 +103,10 @@ STEPS: tuple[Step, ...] = (
 """Every step, in the order they run. ``--steps`` picks some (:data:`DEFAULT_STEPS` otherwise) and their
 shares are scaled to add up to :data:`BUDGET_SHARE` of the budget."""
 
-DEFAULT_STEPS: tuple[str, ...] = ("bench", "tests")
-"""What a plain ``gpu-check`` runs, ordered by what only the hardware can tell: the time and memory bench beside
+DEFAULT_STEPS: tuple[str, ...] = ("smoke", "bench", "tests")
+"""What a plain ``gpu-check`` runs, ordered by what only the hardware can tell, after the smoke step (a kernel that
+does not compile, or a GEMM path that is missing, stops the check there rather than being timed as lce's): the
+time and memory bench beside
 Liger-Kernel and Cut Cross-Entropy at the three LLM heads (its peaks are the allocator's, beside lce's model), then
 the CUDA tests with the Triton kernels compiled. ``memory`` (the allocator against the model per policy) and
 ``grid`` (the error grid: the CPU emulation of the layouts predicts the H200's errors, notebook 04, and the grid
@@ -255,9 +259,31 @@ def gpu_provenance() -> dict[str, str]:
         "cuda": str(torch.version.cuda),
         "triton": _version("triton"),
         "lce": lce.__version__,
+        "lce_kernels": _kernels_status(),
+        "mixed_precision_gemms": _mixed_gemms_status(),
         **{package.name: _version(package.name) for package in GPU_PACKAGES},
         "torch_native_linear_cross_entropy": str(hasattr(torch.nn.functional, "linear_cross_entropy")),
     }
+
+
+def _kernels_status() -> str:
+    """Whether lce's Triton kernels load on this machine's GPU, and why not (imports triton only on CUDA)."""
+    from lce import kernels
+
+    if not torch.cuda.is_available():
+        return "not on CUDA (no GPU)"
+    reason = kernels.unavailable_reason(torch.device("cuda"))
+    return f"available (triton {kernels.triton_version()})" if reason is None else f"unavailable: {reason}"
+
+
+def _mixed_gemms_status() -> str:
+    """The probes of lce.gemm on this machine's GPU: torch.mm(out_dtype) and torch.addmm(out_dtype, out=)."""
+    from lce.gemm import mixed_addmm_supported, mixed_mm_supported
+
+    if not torch.cuda.is_available():
+        return "not probed (no GPU)"
+    device = torch.device("cuda", torch.cuda.current_device())
+    return f"mm(out_dtype) {mixed_mm_supported(device)}, addmm(out_dtype, out=) {mixed_addmm_supported(device)}"
 
 
 # -------------------------------------------------------------------------------------------- step 2
@@ -450,19 +476,27 @@ def run_bench_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
     device = _device()
     shapes = (DRY_BENCH_SHAPE,) if dry_run or device != "cuda" else BENCH_SHAPES
     statuses: Counter[str] = Counter()
-    for shape in shapes:
-        for bias in (False, True):
-            started = time.monotonic()
-            inputs = make_inputs(shape, DTYPES[BENCH_DTYPE], seed=0, bias=bias, device=device)
-            reference = _reference(inputs)
-            echo(f"bench {shape} {BENCH_DTYPE}{' with bias' if bias else ''} on {device}: inputs and fp64 reference "
-                 f"in {time.monotonic() - started:.1f} s")
-            for spec in bench_specs(shape, bias):
-                row = _bench_row(spec, shape, inputs, reference, device, deadline, dry_run, bias)
-                append_row(out / BENCH_FILE, GPU_BENCH.row(row, **provenance(device)))
-                statuses[str(row["status"])] += 1
-                echo(f"  bench {spec}: {row['status']} {row.get('time_median_s') or row.get('note', '')}")
-            del inputs, reference
+    for compiled_round in (False, True):  # torch.compile last, at every head: ~60 s a head, what the budget leaves
+        for shape in shapes:
+            for bias in (False, True):
+                specs = [spec for spec in bench_specs(shape, bias) if (spec.op == "compiled") == compiled_round]
+                if compiled_round and not any(deadline.allows(_bench_estimate(spec, shape)) for spec in specs):
+                    for spec in specs:
+                        row = _bench_row(spec, shape, None, None, device, deadline, dry_run, bias)
+                        append_row(out / BENCH_FILE, GPU_BENCH.row(row, **provenance(device)))
+                        statuses[str(row["status"])] += 1
+                    continue
+                started = time.monotonic()
+                inputs = make_inputs(shape, DTYPES[BENCH_DTYPE], seed=0, bias=bias, device=device)
+                reference = _reference(inputs)
+                echo(f"bench {shape} {BENCH_DTYPE}{' with bias' if bias else ''} on {device}: inputs and fp64 "
+                     f"reference in {time.monotonic() - started:.1f} s")
+                for spec in specs:
+                    row = _bench_row(spec, shape, inputs, reference, device, deadline, dry_run, bias)
+                    append_row(out / BENCH_FILE, GPU_BENCH.row(row, **provenance(device)))
+                    statuses[str(row["status"])] += 1
+                    echo(f"  bench {spec}: {row['status']} {row.get('time_median_s') or ''} {row.get('note') or ''}")
+                del inputs, reference
     echo(f"{dict(statuses)}")
     return statuses
 
@@ -517,11 +551,120 @@ def _bench_one(spec: ImplSpec, inputs, reference, device: str) -> dict[str, obje
                    for a, b in ((first.get(name), second.get(name)) for name in OUTPUT_NAMES))
         note = "bitwise repeatable" if same else "NOT bitwise repeatable"
         del first, second
+    if plan is not None:  # which backend and GEMM paths ran: a fallback is never timed as lce's kernels unseen
+        note = "; ".join(filter(None, [note, f"passes: {plan.passes_reason}", plan.cuda_gemms]))
     return dict(resolved_policy=plan.acc_policy if plan else None, num_chunks=plan.num_chunks if plan else 1, note=note,
                 modeled_peak_bytes=plan.peak_extra_bytes if plan and spec.op == "lce" else None,
                 time_median_s=timing.median_s, time_spread_s=timing.spread_s, repeats=BENCH_REPEATS,
                 peak_allocated_bytes=allocated, peak_reserved_bytes=reserved,
                 **{column: errors.get(column) for column in _BENCH_ERRORS})
+
+
+# ------------------------------------------------------------------------------------------ smoke step
+
+SMOKE_ARCH_WITHOUT_GPU = 90
+"""The compute capability the dry run compiles the kernels for (an H100's or H200's)."""
+SMOKE_SHAPE = Shape(96, 64, 3000)
+"""lce's default call in the smoke step: a few chunks of rows (CUDA's chunks are at least 2048 rows: set smaller
+here), class blocks through the tiled passes too."""
+
+
+def run_smoke_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
+                   echo: Callable[[str], None] = print) -> dict[str, int]:
+    """Step ``smoke``: (1) every variant of lce's Triton kernels (:mod:`lce.kernels.variants`) compiled for this
+    GPU's compute capability (sm_90 without one) by :mod:`lce.kernels.cross_compile` in a process of its own;
+    (2) the mixed-precision GEMM probes of :mod:`lce.gemm`; (3) lce's default options and a class-tiled call on
+    :data:`SMOKE_SHAPE` bf16 tensors with the kernels (CUDA, or the CPU with CUDA's layouts and Triton's
+    interpreter in the dry run), errors against fp64 at most 2 floors, no fallback warning. Returns the number of
+    ``failures``: the orchestrator stops the check after a step that had any."""
+    import warnings
+
+    from lce import kernels
+
+    failures = 0
+    cuda = torch.cuda.is_available() and not dry_run
+    if not cuda:  # the kernels through Triton's interpreter, which it reads when it is first imported
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    arch = SMOKE_ARCH_WITHOUT_GPU
+    if cuda:
+        major, minor = torch.cuda.get_device_capability()
+        arch = 10 * major + minor
+    started = time.monotonic()
+    compiled, failed = _cross_compile(arch, max(deadline.left() * 0.7, 5.0), echo)
+    failures += len(failed) + (compiled == 0)
+    echo(f"smoke: {compiled} kernel variants compiled for sm_{arch} in {time.monotonic() - started:.1f} s"
+         + (f", {len(failed)} FAILED: {', '.join(failed)}" if failed else ""))
+    echo(f"smoke: mixed-precision GEMMs: {_mixed_gemms_status()}; kernels: {_kernels_status()}")
+    device = "cuda" if cuda else "cpu"
+    for classes in (None, SMOKE_SHAPE.C // 3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", kernels.KernelsFallbackWarning)
+            try:
+                line = _smoke_call(device, classes)
+            except Exception as error:  # the message says what failed; the check stops after this step
+                failures += 1
+                line = f"FAILED: {type(error).__name__}: {error}"[:2000]
+        echo(f"smoke: lce {'default' if classes is None else f'class-tiled ({classes} classes)'} on {device}: {line}")
+    echo(f"smoke: {failures} failure(s)")
+    return {"failures": failures}
+
+
+def _cross_compile(arch: int, timeout: float, echo: Callable[[str], None]) -> tuple[int, list[str]]:
+    """Every kernel variant compiled for ``arch`` by fresh processes, one shard each per core up to 8 (triton
+    imported compiled, not interpreted): how many compiled, and what failed (each failure's error echoed; a shard
+    that did not finish within ``timeout`` seconds counts as one failure)."""
+    import json
+
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    shards = max(1, min(os.cpu_count() or 1, 8))
+    processes = [subprocess.Popen([sys.executable, "-m", "lce.kernels.cross_compile", "--arch", str(arch),
+                                   "--shard", f"{index}/{shards}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for index in range(shards)]
+    deadline, compiled, failed = Deadline.after(timeout), 0, []
+    for index, process in enumerate(processes):
+        try:
+            stdout, stderr = process.communicate(timeout=max(deadline.left(), 0.1))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+            failed.append(f"shard {index}/{shards} did not finish within {timeout:.0f} s")
+        for line in stdout.splitlines():
+            record = json.loads(line)
+            if "failed" in record:
+                failed.append(record["failed"])
+                echo(f"smoke: {record['failed']} sm_{arch}: {record['error']}\n{record.get('traceback', '')}")
+            else:
+                compiled += 1
+        if process.returncode and not any("failed" in line for line in stdout.splitlines()) and stderr.strip():
+            failed.append(f"shard {index}/{shards} (exit {process.returncode}): {stderr.strip()[-1500:]}")
+    return compiled, failed
+
+
+def _smoke_call(device: str, classes: int | None) -> str:
+    """lce's default options (class blocks of ``classes`` where given) at :data:`SMOKE_SHAPE`, with the kernels:
+    its plan's backend and its worst gradient error in floors; raises where the kernels do not run or the error is
+    over 2 floors."""
+    import contextlib
+
+    from analysis.core.fp64 import reference_outputs
+    from lce.testing import emulate_device_kind, interpreted_kernels
+
+    inputs = make_inputs(SMOKE_SHAPE, torch.bfloat16, seed=0, bias=True, device=device)
+    spec = ImplSpec("lce", "auto", f"rows:{SMOKE_SHAPE.N // 3}", classes=classes)
+    options = spec.options()
+    with contextlib.ExitStack() as stack:
+        if device == "cpu":  # the dry run: CUDA's layouts, the kernels through Triton's interpreter
+            stack.enter_context(emulate_device_kind("cuda"))
+            stack.enter_context(interpreted_kernels())
+        plan = lce.plan(inputs.input, inputs.weight, options=options, linear_bias=inputs.bias)
+        if not plan.fused_passes:
+            raise RuntimeError(f"the kernels do not run: {plan.passes_reason}")
+        outputs = make_implementation(spec, device).run(inputs)
+    reports = compare(outputs, reference_outputs(inputs))
+    worst = max(report.columns(name).get(f"{name}_fro_in_floors") or 0.0 for name, report in reports.items())
+    if not worst <= 2.0:
+        raise RuntimeError(f"gradient error {worst:.3g} floors, over 2")
+    return f"ok, worst gradient {worst:.3f} floors; passes: {plan.passes_reason}; {plan.cuda_gemms}"
 
 
 # -------------------------------------------------------------------------------------------- step 1
@@ -535,18 +678,33 @@ def run_tests_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
     runs = (("cuda", ["-m", "cuda", *CUDA_TEST_FILES]), ("api", list(API_TEST_FILES)))
     worst = 0
     for name, arguments in runs:
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *arguments]
+        command = [sys.executable, "-m", "pytest", "-v", "-rfEs", "--durations=10", "-p", "no:cacheprovider",
+                   *arguments]
         command += ["--collect-only"] if dry_run else [f"--junitxml={out / f'{name}_tests.xml'}"]
         echo("$ " + " ".join(command[1:]))
-        try:
-            result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                                    timeout=max(deadline.left(), 1))
-        except subprocess.TimeoutExpired:
-            echo(f"tests: stopped at the step's limit ({deadline.left():.0f} s left)")
+        code = _streamed(command, max(deadline.left(), 1), echo)
+        if code is None:
+            echo(f"tests: stopped at the step's limit ({deadline.left():.0f} s left); the lines above are what ran")
             return 124
-        echo((result.stdout + result.stderr).strip()[-6000:])
-        worst = max(worst, 0 if result.returncode == 5 else result.returncode)
+        worst = max(worst, 0 if code == 5 else code)
     return worst
+
+
+def _streamed(command: list[str], timeout: float, echo: Callable[[str], None]) -> int | None:
+    """Run ``command``, echoing each line of its output as it comes (so a run cut short keeps what it printed);
+    its exit status, or None where it was killed at ``timeout`` seconds."""
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               bufsize=1)
+    timer = threading.Timer(timeout, process.kill)
+    timer.start()
+    try:
+        for line in process.stdout:
+            echo(line.rstrip("\n"))
+        code = process.wait()
+    finally:
+        expired = not timer.is_alive()
+        timer.cancel()
+    return None if expired and code < 0 else code
 
 
 def _study_command(module, arguments: list[str]) -> int | None:
@@ -616,8 +774,9 @@ def run_hf_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
     return {}
 
 
-_STEP_RUNNERS = {"bench": run_bench_step, "head": run_head_step, "memory": run_memory_step, "tests": run_tests_step,
-                 "grid": run_grid_step, "noise": run_noise_step, "train": run_train_step, "hf": run_hf_step}
+_STEP_RUNNERS = {"smoke": run_smoke_step, "bench": run_bench_step, "head": run_head_step, "memory": run_memory_step,
+                 "tests": run_tests_step, "grid": run_grid_step, "noise": run_noise_step, "train": run_train_step,
+                 "hf": run_hf_step}
 
 
 def run_step(name: str, out: Path, seconds: float, *, dry_run: bool = False) -> int:
@@ -630,7 +789,7 @@ def run_step(name: str, out: Path, seconds: float, *, dry_run: bool = False) -> 
                                                                                                         flush=True))
     if name == "tests":
         return result
-    return 1 if result.get("errors") or result.get("error") else 0
+    return 1 if result.get("errors") or result.get("error") or result.get("failures") else 0
 
 
 # ------------------------------------------------------------------------------------- orchestrator
@@ -692,6 +851,10 @@ def run_check(out: Path, *, budget_s: float = DEFAULT_BUDGET_S, dry_run: bool = 
             code, took = _run_logged(command, seconds + GRACE_S, log, env)
             results[step.name] = (code, took)
             echo(f"== step {step.name}: exit {code} after {took:.1f} s")
+            if step.name == "smoke" and code != 0:
+                echo("== the smoke step failed (see above): the check stops here, so that no fallback is measured "
+                     "as lce's kernels")
+                break
         echo("== summary: " + ", ".join(f"{name} exit {code} in {took:.0f} s"
                                         for name, (code, took) in results.items()))
         written = [name for name in (CUDA_FILE, BENCH_FILE, MEMORY_FILE) if (out / name).exists()]

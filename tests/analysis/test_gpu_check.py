@@ -25,7 +25,7 @@ from lce.error_model import predict_errors
 
 @pytest.mark.slow
 def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
-    steps = ("bench", "memory", "tests", "grid")  # the default steps and the two that are opt-in now
+    steps = ("smoke", "bench", "memory", "tests", "grid")  # the default steps and the two that are opt-in now
     result = subprocess.run([sys.executable, "-m", "analysis", "gpu-check", "--dry-run", "--out", str(tmp_path),
                              "--wheels", str(tmp_path / "no-wheels"), "--steps", ",".join(steps)], cwd=ROOT,
                             capture_output=True, text=True, timeout=180)
@@ -51,12 +51,18 @@ def test_the_dry_run_plans_every_step_and_runs_the_emulated_grid(tmp_path):
     by_op = bench.groupby("op")["status"].agg(set)
     assert by_op["liger"] == {"skipped"} and by_op["compiled"] == {"not run"} and by_op["lce"] == {"ok"}
     assert (bench.loc[bench["op"] == "reference", "grad_weight_fro_in_floors"] >= 1.0).all()
-    assert "bitwise repeatable" in set(bench["note"].dropna())  # lce's default, twice, to the bit
+    assert any(note.startswith("bitwise repeatable") for note in bench["note"].dropna())  # lce's default, twice
+    assert bench.loc[bench["op"] == "lce", "note"].str.contains("passes: PyTorch ops").all()  # the backend that ran
+    compiled = bench.index[bench["op"] == "compiled"]
+    assert compiled.min() > bench.index[bench["op"] != "compiled"].max()  # torch.compile last, after every head
+    # the smoke step ran what a GPU's would: every kernel variant compiled (sm_90 here), lce with the kernels
+    assert f"kernel variants compiled for sm_{check.SMOKE_ARCH_WITHOUT_GPU}" in log and "smoke: 0 failure(s)" in log
+    assert "smoke: lce default on cpu: ok" in log and "two fused Triton kernels per step" in log
 
 
 def test_step_shares_leave_room_and_bad_budgets_are_named():
     shares = check.step_seconds(420)
-    assert list(shares) == list(check.DEFAULT_STEPS) == ["bench", "tests"]
+    assert list(shares) == list(check.DEFAULT_STEPS) == ["smoke", "bench", "tests"]
     assert 0.9 * 420 <= sum(shares.values()) < 420
     chosen = check.step_seconds(420, ["train", "noise"])
     assert list(chosen) == ["noise", "train"]  # the fixed run order, whatever the order asked
@@ -257,3 +263,29 @@ def test_the_grid_step_resumes_from_the_committed_grid_and_never_over_a_calls_ow
     assert check.resume_from_committed(out, "cuda", committed) == []
     assert (out / "cuda.csv").read_text(encoding="utf-8") == "key,status\nc,ok\n"
 
+
+
+def test_a_failed_smoke_step_stops_the_check_before_anything_is_measured(tmp_path, monkeypatch):
+    """A kernel that does not compile on the GPU (the smoke step's exit 1) ends the call: the bench would otherwise
+    time the PyTorch ops' fallback beside the peers as lce's."""
+    ran = []
+
+    def fake_run(command, timeout, log, env):
+        step = command[command.index("--step") + 1]
+        ran.append(step)
+        return (1 if step == "smoke" else 0), 0.1
+
+    monkeypatch.setattr(check, "_run_logged", fake_run)
+    results = check.run_check(tmp_path, budget_s=60, dry_run=True, wheels=tmp_path / "no-wheels")
+    assert ran == ["smoke"] and results == {"smoke": (1, 0.1)}
+    assert "the smoke step failed" in (tmp_path / check.LOG_NAME).read_text()
+
+
+def test_the_tests_step_keeps_what_pytest_printed_when_it_is_cut_short():
+    """The tests step streams pytest's lines into the log as they come: a run killed at its limit keeps them
+    (the H200's tests step once lost its whole output at the limit)."""
+    lines = []
+    code = check._streamed([sys.executable, "-c", "import time; print('first', flush=True); time.sleep(30)"], 3.0,
+                           lines.append)
+    assert code is None and lines == ["first"]
+    assert check._streamed([sys.executable, "-c", "print('done')"], 30.0, lines.append) == 0 and lines[-1] == "done"
