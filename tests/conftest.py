@@ -14,8 +14,18 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under a CPU-kind stand-in (oneDNN/MKL capped to an instruction set: analysis.studies.cpu_kinds) torch.compile's
+# on-disk cache hands back code compiled in an uncapped process, whose results were garbage there (a target index
+# of 4.6e18 in test_autograd's compiled log-probs, 2026-12-06, AMD EPYC; a fresh cache passes): one cache per caps.
+_CAPS = "-".join(f"{name}={os.environ[name]}" for name in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                                                           "ATEN_CPU_CAPABILITY") if name in os.environ)
+if _CAPS and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor_lce_{_CAPS}")
+
 import pytest  # noqa: E402
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 # Hypothesis profiles. "ci" (the default, and what CI runs) is deterministic: the same examples
 # every run, no example database. "explore" draws fresh random examples each run and keeps the
