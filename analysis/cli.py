@@ -45,7 +45,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "time-model": ("analysis.studies.time_model",
                    "fit lce's time model to the committed timed runs of each device kind; held-out report"),
     "cpu-kinds": ("analysis.studies.cpu_kinds", "this CPU's GEMM rates; lce.recommend's picks timed here"),
-    "cpu-probe": ("analysis.studies.cpu_probe", "lce.cpu_gemms' verdict at 1, 2 and all threads, idle and busy"),
+    "cpu-probe": ("analysis.studies.cpu_probe", "lce.planning.cpu_gemms' verdict at 1, 2 and all threads, idle and "
+                                                "busy"),
     "hf-step": ("analysis.studies.hf_step",
                 "one training step of a transformers causal LM, patched by lce or not: peak memory and time"),
     "hf-fp16": ("analysis.studies.hf_fp16",

@@ -4,12 +4,12 @@ A drop-in, independent implementation of torch 2.13's
 ``torch.nn.functional.linear_cross_entropy`` and its options.
 """
 
+from .decide.recommendation import Recommendation, recommend
 from .functional import linear_cross_entropy, plan
 from .logprobs import linear_log_probs
 from .modules import LinearCrossEntropyLoss
-from .options import LinearCrossEntropyOptions
-from .planning import Plan
-from .recommendation import Recommendation, recommend
+from .planning.options import LinearCrossEntropyOptions
+from .planning.plan import Plan
 
 __version__ = "0.1.0"
 

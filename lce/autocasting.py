@@ -35,7 +35,7 @@ from typing import TypeVar
 import torch
 
 from .errors import ArgumentTypeError
-from .options import dtype_name
+from .planning.options import dtype_name
 
 __all__ = ["CASTABLE", "autocast_dtype", "taken_dtype", "take", "take_head", "loss_dtype_under", "autocast_off",
            "outside_autocast"]

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from .autocasting import outside_autocast
-from .chunked import HeadTensors, Targets, per_row_grads, per_row_loss, scalar_loss_and_grads
-from .planning import Plan
+from .passes.chunked import HeadTensors, Targets, per_row_grads, per_row_loss, scalar_loss_and_grads
+from .planning.plan import Plan
 
 __all__ = ["ScalarReductionLoss", "PerRowLoss", "keep_gradients", "hand_out_gradients"]
 
@@ -55,7 +55,7 @@ def keep_gradients(ctx, grads, plan: Plan) -> None:
 def hand_out_gradients(ctx, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """The gradients a scalar reduction computed in forward (``ctx.grads``), times the incoming ``grad_loss``:
     in place, and only once, unless ``ctx.allow_retain_graph``. fp16 gradients stored scaled
-    (``ctx.grad_scales``, :mod:`lce.headroom`) are multiplied by ``grad_loss`` over their scale in fp32 and
+    (``ctx.grad_scales``, :mod:`lce.passes.headroom`) are multiplied by ``grad_loss`` over their scale in fp32 and
     rounded once."""
     if ctx.grads is None:
         raise RuntimeError(_SECOND_BACKWARD)

@@ -3,7 +3,7 @@
 Every rank of a process group passes the same ``input`` (N, D) and ``target``
 (global class indices) and its own contiguous shard of the classifier rows, in
 rank order; shards may differ in size. Each rank runs the one-device passes of
-:mod:`lce.chunked` on its shard (any policy, row and class chunking,
+:mod:`lce.passes.chunked` on its shard (any policy, row and class chunking,
 soft-capping, z-loss) with :class:`ShardLayout` as their group reduction, the
 one hook through which, per chunk of rows, the ranks exchange per-row softmax
 statistics and sum the input gradient. The row chunks are
@@ -48,7 +48,9 @@ from torch import nn
 
 from .autocasting import autocast_dtype, autocast_off, loss_dtype_under, outside_autocast, take_head
 from .autograd import hand_out_gradients, keep_gradients
-from .chunked import (
+from .functional import check_arguments, check_features, check_settings, first_out_of_range, grads_needed
+from .logprobs import TokenCall, TokenLogProbs, check_log_probs_arguments, log_probs_plan, temperature_per_row
+from .passes.chunked import (
     GroupReduction,
     HeadTensors,
     RowStatistics,
@@ -57,12 +59,10 @@ from .chunked import (
     per_row_loss,
     scalar_loss_and_grads,
 )
-from .device import device_kind_of, has_mixed_precision_mm
-from .functional import check_arguments, check_features, check_settings, first_out_of_range, grads_needed
-from .logprob_passes import TokenStatistics
-from .logprobs import TokenCall, TokenLogProbs, check_log_probs_arguments, log_probs_plan, temperature_per_row
-from .options import LinearCrossEntropyOptions, dtype_name
-from .planning import make_plan
+from .passes.logprob_passes import TokenStatistics
+from .planning.device import device_kind_of, has_mixed_precision_mm
+from .planning.options import LinearCrossEntropyOptions, dtype_name
+from .planning.plan import make_plan
 from .unfused import DEFAULT_IGNORE_INDEX
 
 __all__ = ["vocab_parallel_linear_cross_entropy", "VocabParallelLinearCrossEntropyLoss", "ShardLayout",
@@ -89,7 +89,8 @@ class ShardLayout(GroupReduction):
     """Where this rank's classes lie among the group's: ``start`` (its first global class), ``size`` and
     ``num_classes`` (the sum of every rank's shard), and the group the statistics are reduced over.
 
-    It is the chunk passes' :class:`~lce.chunked.GroupReduction`: the one-device passes of :mod:`lce.chunked`
+    It is the chunk passes' :class:`~lce.passes.chunked.GroupReduction`: the one-device passes of
+    :mod:`lce.passes.chunked`
     run on this rank's shard and call it once per chunk of rows.
     """
 
@@ -192,7 +193,7 @@ def _description(input, weight_shard, target, linear_bias, weight, call: tuple, 
 
 
 def _plan_inputs(input: torch.Tensor, weight_shard: torch.Tensor, linear_bias: torch.Tensor | None) -> dict:
-    """What :func:`~lce.planning.make_plan` reads from this rank's tensors and device beyond the agreed shapes and
+    """What :func:`~lce.planning.plan.make_plan` reads from this rank's tensors and device beyond the agreed shapes and
     options: the layout table, the "auto" ``acc_dtype`` rule's answer, which gradients are needed. With these
     agreed, every rank resolves the same row chunks, dtypes and gradient passes, so the same collectives."""
     kind = device_kind_of(input.device)
@@ -227,11 +228,11 @@ def _agree(descriptions: list[dict], num_classes: int | None) -> list[int]:
     return sizes
 
 
-# ---- the passes on one rank: lce.chunked's, with ShardLayout as their group reduction -----------------------
+# ---- the passes on one rank: lce.passes.chunked's, with ShardLayout as their group reduction -----------------------
 
 def _shard_targets(target: torch.Tensor, class_weight: torch.Tensor | None, ignore_index: int, label_smoothing: float,
                    z_loss: float, layout: ShardLayout, stats_dtype: torch.dtype) -> Targets:
-    """The :class:`~lce.chunked.Targets` of this rank's classes in local indices, with the global row weights,
+    """The :class:`~lce.passes.chunked.Targets` of this rank's classes in local indices, with the global row weights,
     class count, weight sum and largest class weight."""
     valid = target != ignore_index
     local_target = torch.where(valid, target, 0) - layout.start  # outside [0, size): another rank's class

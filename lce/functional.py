@@ -12,8 +12,8 @@ from .autograd import PerRowLoss, ScalarReductionLoss
 from .checks import require
 from .compiler import graph_break
 from .errors import ArgumentTypeError, ArgumentValueError, TargetIndexError, TargetKindError
-from .options import LinearCrossEntropyOptions
-from .planning import Plan, make_plan
+from .planning.options import LinearCrossEntropyOptions
+from .planning.plan import Plan, make_plan
 from .unfused import DEFAULT_IGNORE_INDEX, unfused_linear_cross_entropy
 
 __all__ = ["linear_cross_entropy", "plan", "check_arguments", "check_settings", "check_class_weight", "check_features",
@@ -185,7 +185,8 @@ def grads_needed(input: torch.Tensor, linear_weight: torch.Tensor,
 def plan(input: torch.Tensor, linear_weight: torch.Tensor, *old_order, options: LinearCrossEntropyOptions | None = None,
          linear_bias: torch.Tensor | None = None, reduction: str = "mean", softcap: float | None = None,
          z_loss: float = 0.0, return_lse: bool = False, loss_dtype: torch.dtype | None = None) -> Plan:
-    """The resolved :class:`~lce.planning.Plan` that :func:`linear_cross_entropy` with these tensors and ``options``
+    """The resolved :class:`~lce.planning.plan.Plan` that :func:`linear_cross_entropy` with these tensors and
+    ``options``
     would run on its chunked path: tensors first, as the op takes them; ``options=None`` means the default options.
 
     Gradients are planned for the tensors that require grad (under grad mode).

@@ -1,8 +1,9 @@
 """``linear_log_probs``: per-token log-probabilities and entropy of ``softmax(input @ W.T + b) / T`` through the
 chunked head, for RL fine-tuning (PPO, GRPO), with their gradients; argument checks and autograd wiring.
 
-The passes are :mod:`lce.logprob_passes`'s; the plan, the precision policies and the gradient products are the
-loss's (:mod:`lce.planning`, :mod:`lce.policies`, :class:`lce.chunked.GradientSums`), so every policy, chunking and
+The passes are :mod:`lce.passes.logprob_passes`'s; the plan, the precision policies and the gradient products are the
+loss's (:mod:`lce.planning.plan`, :mod:`lce.planning.policies`, :class:`lce.passes.chunked.GradientSums`), so every
+policy, chunking and
 class tiling applies, and :mod:`lce.distributed` runs the same passes on shards of the vocabulary.
 """
 
@@ -16,13 +17,13 @@ from torch.autograd.function import once_differentiable
 
 from .autocasting import autocast_dtype, autocast_off, outside_autocast, take_head, taken_dtype
 from .checks import require
-from .chunked import GroupReduction, HeadTensors, Targets
 from .compiler import graph_break
 from .errors import ArgumentTypeError, ArgumentValueError, TargetIndexError
 from .functional import check_features, first_out_of_range, grads_needed
-from .logprob_passes import TokenRows, token_gradients, token_statistics
-from .options import LinearCrossEntropyOptions
-from .planning import Plan, make_plan
+from .passes.chunked import GroupReduction, HeadTensors, Targets
+from .passes.logprob_passes import TokenRows, token_gradients, token_statistics
+from .planning.options import LinearCrossEntropyOptions
+from .planning.plan import Plan, make_plan
 from .unfused import DEFAULT_IGNORE_INDEX
 
 __all__ = ["linear_log_probs", "log_probs_plan", "check_log_probs_arguments", "temperature_per_row",
@@ -111,7 +112,8 @@ def temperature_per_row(temperature: float | torch.Tensor, num_rows: int, dtype:
 def log_probs_plan(input: torch.Tensor, linear_weight: torch.Tensor, *, linear_bias: torch.Tensor | None = None,
                    return_entropy: bool = False, softcap: float | None = None,
                    options: LinearCrossEntropyOptions | None = None, chunking_classes: int | None = None) -> Plan:
-    """The :class:`~lce.planning.Plan` :func:`linear_log_probs` runs for these tensors: ``print`` it for the chunking,
+    """The :class:`~lce.planning.plan.Plan` :func:`linear_log_probs` runs for these tensors: ``print`` it for the
+    chunking,
     the GEMM precisions, every buffer and the predicted peak extra memory. Under ``torch.autocast``, the plan of
     the call under it (:mod:`lce.autocasting`)."""
     options = LinearCrossEntropyOptions() if options is None else LinearCrossEntropyOptions.coerce(options)
@@ -156,9 +158,10 @@ def raise_on_bad_rows(rows: TokenRows, target: torch.Tensor, num_classes: int, i
 
 @dataclasses.dataclass(frozen=True)
 class TokenCall:
-    """What one call of the op passes beside its tensors: the rows' :class:`~lce.chunked.Targets`, the temperature
+    """What one call of the op passes beside its tensors: the rows' :class:`~lce.passes.chunked.Targets`, the
+    temperature
     (a float or an (N,) tensor in the stats dtype), the plan, the ``ignore_index`` (for messages), the
-    :class:`~lce.chunked.GroupReduction` of a vocabulary sharded across processes (None on one device) and the
+    :class:`~lce.passes.chunked.GroupReduction` of a vocabulary sharded across processes (None on one device) and the
     name errors are raised under."""
 
     targets: Targets
@@ -220,7 +223,7 @@ def linear_log_probs(
     For RL fine-tuning (PPO, GRPO): the log-probabilities of sampled tokens under the policy, and an entropy
     bonus, through the vocabulary head. Both outputs are differentiable (the entropy's gradient is
     ``-p (log p + H) / T`` per logit) and computed with at least fp32 statistics, as sums of terms of one sign,
-    so a confident token keeps fp32's relative precision (:mod:`lce.logprob_passes`).
+    so a confident token keeps fp32's relative precision (:mod:`lce.passes.logprob_passes`).
 
     Args:
         input: ``(..., D)`` hidden states, floating point (``(B, T, D)`` is fine).

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .functional import check_class_weight, check_features, check_settings, linear_cross_entropy
-from .options import LinearCrossEntropyOptions
+from .planning.options import LinearCrossEntropyOptions
 
 __all__ = ["LinearCrossEntropyLoss"]
 

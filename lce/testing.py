@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import torch
 
-from .cpu_gemms import CPU_GEMMS_OVERRIDE, LOW_PRECISION, SUPPORTS, Support
-from .device import DEVICE_KIND_OVERRIDE, DEVICE_KINDS
-from .headroom import HEADROOM_OFF
+from .passes.headroom import HEADROOM_OFF
+from .planning.cpu_gemms import CPU_GEMMS_OVERRIDE, LOW_PRECISION, SUPPORTS, Support
+from .planning.device import DEVICE_KIND_OVERRIDE, DEVICE_KINDS
 
 __all__ = ["emulate_device_kind", "cpu_gemms", "without_headroom", "interpreted_kernels"]
 
@@ -18,7 +18,7 @@ __all__ = ["emulate_device_kind", "cpu_gemms", "without_headroom", "interpreted_
 def emulate_device_kind(kind: str) -> Iterator[None]:
     """Plan as if tensors lived on ``kind`` ("cpu" or "cuda"), whatever their device.
 
-    Used to run the CUDA layouts on CPU tensors: :mod:`lce.gemm` then computes
+    Used to run the CUDA layouts on CPU tensors: :mod:`lce.passes.gemm` then computes
     each mixed-precision GEMM with an exact stand-in, so the numbers are those
     the CUDA kernels produce up to summation order. CUDA is assumed to be
     sm80 or newer (bf16 and fp16 mixed-precision GEMMs available).
@@ -35,7 +35,7 @@ def emulate_device_kind(kind: str) -> Iterator[None]:
 @contextlib.contextmanager
 def cpu_gemms(support: Support | dict[torch.dtype, Support]) -> Iterator[None]:
     """Plan and run as if this CPU's bf16 and fp16 GEMMs were ``support`` ("native", "slow" or "emulated"), or per
-    dtype (``{torch.bfloat16: "emulated"}``), whatever :mod:`lce.cpu_gemms` measures.
+    dtype (``{torch.bfloat16: "emulated"}``), whatever :mod:`lce.planning.cpu_gemms` measures.
 
     Wins over the ``LCE_CPU_GEMMS`` environment variable. Plans record what they were made under, so
     a plan made inside the context runs the same way outside it (reduction="none"'s backward).
@@ -54,7 +54,7 @@ def cpu_gemms(support: Support | dict[torch.dtype, Support]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def without_headroom() -> Iterator[None]:
-    """Run lce's fp16 arithmetic as it was before :mod:`lce.headroom`: gradients formed at their true size in
+    """Run lce's fp16 arithmetic as it was before :mod:`lce.passes.headroom`: gradients formed at their true size in
     forward, the incoming gradient (a loss scale) multiplied in afterwards, so entries below fp16's normal range
     are rounded before the scale can lift them.
 

@@ -66,7 +66,7 @@ family and shape the seed median of their worst gradient error is at most {bf16.
 (every 95th percentile over seeds below {AT_FLOOR:g}), and in bf16 and fp16 their loss at most
 {loss.high['lce default']:.2f}. In fp16 their gradients are at the floor at 32 rows
 ({span(fp16_default[few_rows])}) and at {span(fp16_default[~few_rows])} floors at 1024–2048 rows, where a "mean"
-gradient lies largely in fp16's subnormal range and lce's fp16 headroom rounds it twice (`lce/headroom.py`: the
+gradient lies largely in fp16's subnormal range and lce's fp16 headroom rounds it twice (`lce/passes/headroom.py`: the
 price of keeping it for a loss scale, which lifts it out of that range).
 torch {TORCH}'s defaults have a larger worst gradient error than lce's on every family, dtype and shape,
 {worst.low['torch default']:.2f}–{worst.high['torch default']:.2f} floors, and their loss reaches

@@ -25,8 +25,8 @@ from analysis.report import nb04_pareto
 from analysis.report.nb02_accuracy import AT_FLOOR, cpus, shapes
 from analysis.report.style import families_text, seeds_text
 from analysis.report.tables import show, span
-from lce.options import dtype_name
-from lce.policies import AUTO_FALLBACK, AUTO_TABLE
+from lce.planning.options import dtype_name
+from lce.planning.policies import AUTO_FALLBACK, AUTO_TABLE
 
 # %matplotlib inline
 paths, table = pareto.load_table()
@@ -69,7 +69,8 @@ and the fallback's fp32 cases, on {span(problems, "d")} problems (input family �
 {", ".join(sorted(table[table.device == "cuda"].device_name.unique()))} (TF32 off), which replace the CPU emulation of
 lce's CUDA layouts wherever the GPU ran the dtype.
 
-*Inputs:* the table in `lce/policies.py` at this revision; the sweep results {", ".join(p.name for p in paths)}.
+*Inputs:* the table in `lce/planning/policies.py` at this revision; the sweep results
+{", ".join(p.name for p in paths)}.
 
 *Limits:* a reason is a claim; only the verdicts and figures test it, on the shapes and machines they cover.""")
 
@@ -260,8 +261,8 @@ Markdown(f"""**Conclusion.** On the H200 in bf16 some run reaches the floor on e
 {span(bf16.lowest)} floors) and the `balanced` pick is at {span(bf16.pick)}; in fp16 no run does: the lowest is
 {span(fp16.lowest)} floors, as the emulation of today's code has it on the same problems
 ({span(emulated_fp16_lowest)}), and the pick is at {span(fp16.pick)}. That is lce's fp16 headroom
-(`lce/headroom.py`): with no loss scale, a "mean" gradient over 2048 rows lands largely in fp16's subnormal range,
-where the stored scaled gradient and the unscaling multiply round twice.
+(`lce/passes/headroom.py`): with no loss scale, a "mean" gradient over 2048 rows lands largely in fp16's subnormal
+range, where the stored scaled gradient and the unscaling multiply round twice.
 The least memory costs error: at 2048×128×16384 the cheapest run ({span(small.cheapest_mib, ".1f")} MiB against the
 pick's {span(small.pick_mib, ".1f")}) is at {span(bf16[bf16.pick_mib < 100].cheapest_error, ".0f")} floors in bf16
 and {span(fp16.cheapest_error, ".0f")} in fp16. In fp32 the fallback needs the least memory of any run on every

@@ -24,7 +24,7 @@ from analysis.judge import pareto
 from analysis.paths import RESULTS_DIR
 from analysis.report import nb05_realistic_inputs as nb05
 from analysis.report.tables import show, span
-from lce.policies import auto_pick
+from lce.planning.policies import auto_pick
 
 # %matplotlib inline
 QUICK = os.environ.get("LCE_QUICK", "1") == "1"  # reads committed data only; nothing to shorten
@@ -225,8 +225,8 @@ row is {span(torch_rows.grad_weight_row_max / torch_rows.grad_weight_fro_in_floo
 {lce_cuda.grad_weight_row_max.max():.1f}). lce's defaults on the CPU are at the floor on every row in bf16 (worst
 {lce_cpu[lce_cpu.dtype == "bfloat16"].grad_weight_row_max.max():.2f}); in fp16 their worst row is at
 {span(lce_cpu[lce_cpu.dtype == "float16"].grad_weight_row_max)} floors, the fp16 headroom's second rounding of the
-entries a "mean" over 2048 rows leaves in the subnormal range (`lce/headroom.py`; a loss scale lifts them out). The
-bias separates the two ops: torch's
+entries a "mean" over 2048 rows leaves in the subnormal range (`lce/passes/headroom.py`; a loss scale lifts them
+out). The bias separates the two ops: torch's
 defaults lengthen grad_weight along the exact gradient by {span(torch_bias.drop("random"), "+.1f", " to ")} floors
 on the calibrated and trained families (a bias: it does not average out over steps), while on `random` it is
 {span(torch_bias["random"], "+.2f", " to ")}; lce's defaults stay within

@@ -23,7 +23,7 @@ from analysis.paths import RESULTS_DIR
 from analysis.report import nb07_choosing_options
 from analysis.report.tables import show
 from analysis.studies import error_model as error_model_fit
-from lce.recommendation import DEFAULT_MAX_ERROR
+from lce.decide.recommendation import DEFAULT_MAX_ERROR
 
 # %matplotlib inline
 validation = pd.read_csv(RESULTS_DIR / error_model_fit.VALIDATION_FILE)
@@ -38,7 +38,7 @@ print("data:", ", ".join(p.name for p in [*budget_paths, *tiling_paths]), "+", e
 # %% [markdown]
 # ## The answer first: the decision table
 # One procedure, `lce.decide`, gives every answer: what `"auto"` resolves to (derived at the reference
-# heads below; a test fails if `lce/policies.py` says otherwise), what `lce.recommend` picks, and this
+# heads below; a test fails if `lce/planning/policies.py` says otherwise), what `lce.recommend` picks, and this
 # table. It plans each candidate, predicts its peak memory, errors and time, drops the candidates that
 # fail a condition (the error limit; the training evidence of notebook 10 for a weight gradient summed in
 # the input dtype; for a default, no less accurate than torch's own), and takes the least memory within a
@@ -68,8 +68,8 @@ sits at {cuda["torch_grad_weight_floors"].min():.1f}-{cuda["torch_grad_weight_fl
 {-cuda["saves_gib"].max():.2f}-{-cuda["saves_gib"].min():.2f} GiB more than torch's default: its fp32 copy of the
 weight gradient ({cuda["accumulator_gib"].min():.2f}-{cuda["accumulator_gib"].max():.2f} GiB) and its chunks of at
 least {floor} rows, whose fp32 logits take up to {cuda["logits_chunk_gib"].max():.2f} GiB (each step costs a GPU a
-fixed time, `lce.time_model`). `lce.recommend` without a budget finds {recovered.min():.2f}-{recovered.max():.2f} GiB
-of that back at the LLM heads with compact in few,
+fixed time, `lce.decide.time_model`). `lce.recommend` without a budget finds
+{recovered.min():.2f}-{recovered.max():.2f} GiB of that back at the LLM heads with compact in few,
 large row chunks, within the error limit and at chunk counts the training study passed; auto cannot express those
 (one rule for every shape, `decide.AUTO_CHUNKINGS`). On CPU auto is torch's own policy.
 
@@ -82,13 +82,13 @@ it; the training condition guards the rare classes).""")
 
 # %% [markdown]
 # ## The error model, and how well it predicts what it never saw
-# `lce.error_model` adds independent roundings in squared floors: `floors² = 1 + Σ c_s f_s`,
+# `lce.decide.error_model` adds independent roundings in squared floors: `floors² = 1 + Σ c_s f_s`,
 # one term per rounding the plan's layout performs — dz rounded before a backward GEMM,
 # logits rounded to the input dtype, each chunk's product rounded before an fp32 sum, the
 # running weight-gradient sum rounded per chunk (a random walk while increments are large,
 # stagnation once they fall below half an ulp), and fp32 GEMM summation length. The `f_s`
 # depend on the plan (chunk count, N, D, C, dtypes) and on a few input statistics measured on
-# a sample (`lce.error_model.measure_input_stats`); the constants `c_s` are fitted on random
+# a sample (`lce.decide.error_model.measure_input_stats`); the constants `c_s` are fitted on random
 # and trained inputs at the smaller shapes. Calibrated inputs and larger shapes are held out.
 
 # %%
@@ -130,7 +130,8 @@ much more confident rows) is outside what was validated.""")
 # %% [markdown]
 # ### Two details of the weight gradient: its bias and its worst row
 # The rule judges a bias (the error along the exact gradient, which steps do not average away) and the rare
-# classes' rows, which the Frobenius norm hides. `lce.error_model.predict_weight_details` predicts both from the same
+# classes' rows, which the Frobenius norm hides. `lce.decide.error_model.predict_weight_details` predicts both from the
+# same
 # terms, fitted and held out on the same split: the bias as an upper bound (its share along the gradient depends on
 # the inputs more than on the layout), the worst class row in that row's own floors.
 
@@ -183,7 +184,7 @@ CUDA "auto" chunking ({llm["chunks"].min()}–{llm["chunks"].max()} chunks at th
 across chunks in fp32, stay flat: at each head their prediction varies by a factor of at most
 {wide["spread"].max():.3f} over every chunking, and is at most {wide["auto"].max():.2f} floors with auto chunking.
 
-*Inputs:* lce's error model (`lce.error_model`), bfloat16, CUDA layouts with fp32 acc_dtype, the conservative
+*Inputs:* lce's error model (`lce.decide.error_model`), bfloat16, CUDA layouts with fp32 acc_dtype, the conservative
 default input statistics, heads {", ".join(llm["shape"].unique())} (N×D×C); chunkings
 {", ".join(predictions["chunking"].unique())}.
 
@@ -238,7 +239,7 @@ gradients alone take (CCE reports {nb07_choosing_options.CCE_REPORTED_MB} MB).
 nothing measured).
 
 *Limits:* predictions only; the time that breaks ties between feasible candidates is lce's time model, fitted to
-other runs than these (`lce.time_model.FIT`), not a measurement.""")
+other runs than these (`lce.decide.time_model.FIT`), not a measurement.""")
 
 # %% [markdown]
 # ## Measured: the recommended options under budgets, on this machine

@@ -5,7 +5,7 @@
 # instruction set: AVX512-BF16 or AMX for bf16. Elsewhere -- AVX2-only CPUs, common among cloud VMs,
 # laptops and older servers -- torch falls back to a generic loop, and a layout chosen *because* its
 # bf16 GEMMs are fast becomes the slowest one. lce decides which kind of CPU it runs on
-# (`lce.cpu_gemms`: the CPU's flags, else a one-thread timed check, once per process and dtype), prints it in
+# (`lce.planning.cpu_gemms`: the CPU's flags, else a one-thread timed check, once per process and dtype), prints it in
 # every plan, runs
 # the GEMMs a layout would emulate in fp32 instead, and feeds it to `lce.recommend`'s time model.
 # This notebook shows, from `python -m analysis cpu-kinds` (run natively and with the AVX2 stand-in:
@@ -21,7 +21,7 @@ from analysis.paths import RESULTS_DIR
 from analysis.report import nb09_cpu_kinds
 from analysis.report.tables import show, span
 from analysis.studies.cpu_probe import EARLIER_METHOD, THIS_METHOD
-from lce.cpu_gemms import EMULATED_SLOWDOWN
+from lce.planning.cpu_gemms import EMULATED_SLOWDOWN
 
 # %matplotlib inline
 (rate_paths, rates), (check_paths, check), (probe_paths, probe) = (
@@ -44,7 +44,8 @@ numbers = nb09_cpu_kinds.rate_numbers(rates)
 show(numbers, {"fp32_gflops": "{:.0f}", "bf16_over_fp32": "{:.3g}", "fp16_over_fp32": "{:.3g}",
                "bf16_probe_slowdown": "{:.3g}", "fp16_probe_slowdown": "{:.3g}",
                "probe_cost_s": lambda v: f"{v * 1e3:.0f} ms"},
-     name="cpu-gemm-rates", caption="Per CPU kind (latest run): rates over fp32's at 512x512x8192, lce.cpu_gemms' "
+     name="cpu-gemm-rates", caption="Per CPU kind (latest run): rates over fp32's at 512x512x8192, "
+                                    "lce.planning.cpu_gemms' "
                                     "verdicts, its probe's slowdown per dtype and what the two probes cost")
 
 # %%

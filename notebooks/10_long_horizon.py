@@ -186,7 +186,7 @@ the chunk count.
 
 *Limits:* the study's chunk counts stand for the LLM head's (the error grows with the count of per-chunk roundings,
 not with the rows per chunk); this group's fp16 arms were trained before lce's fp16 gradients were protected by the
-loss scale (`lce/headroom.py`; the next section trains fp16 again with it).""")
+loss scale (`lce/passes/headroom.py`; the next section trains fp16 again with it).""")
 
 # %% [markdown]
 # ## fp16 under a loss scale that reaches lce's gradients
@@ -194,14 +194,15 @@ loss scale (`lce/headroom.py`; the next section trains fp16 again with it).""")
 # clean steps, as `torch.amp.GradScaler` does). The `adamw` group's fp16 arms were trained when lce formed a scalar
 # loss's gradients at their true size in forward and multiplied the scale in afterwards, so the scale protected
 # nothing. lce now keeps fp16 gradients scaled by powers of two and multiplies the scale in before their last
-# rounding (`lce/headroom.py`); the `adamw-headroom` group trains the same fp16 arms again, with the same seeds
+# rounding (`lce/passes/headroom.py`); the `adamw-headroom` group trains the same fp16 arms again, with the same seeds
 # and its own fp32 arm.
 
 # %%
 headroom = nb10.headroom_comparison(summary)
 show(headroom[["arm", "when", "step", "seeds", "gap_all", "gap_rare", "counts_in", "systematic_in"]],
      {"gap_all": lambda v: f"{v * 1e3:+.2f}", "gap_rare": lambda v: f"{v * 1e3:+.2f}"},
-     name="horizon-headroom", caption="fp16 arms before and after lce.headroom: final gap to the group's fp32 arm "
+     name="horizon-headroom", caption="fp16 arms before and after lce.passes.headroom: final gap to the group's fp32 "
+                                      "arm "
                                       "overall and on the rare classes (mnats), where it counts or is only "
                                       "systematic")
 
@@ -247,7 +248,8 @@ show(arm_verdicts[["arm", "headroom", "problems", "weight_never_more", "weight_e
                    "input_floor_ratio_high"]],
      {"weight_extra_lost_fraction": lambda v: f"{100 * v:+.3f}%", "weight_floor_ratio_low": "{:.2f}",
       "weight_floor_ratio_high": "{:.2f}", "input_floor_ratio_high": "{:.2f}"},
-     name="loss-scale-arms", caption="Per lce arm, before and after lce.headroom, over every shape, seed and scale: "
+     name="loss-scale-arms", caption="Per lce arm, before and after lce.passes.headroom, over every shape, seed and "
+                                     "scale: "
                                      "whether it never loses more entries than the reference, its worst excess "
                                      "(share of the eligible entries) and its floors over the reference's")
 

@@ -50,7 +50,8 @@ def pytest_configure(config):
 
 @pytest.fixture(autouse=True)
 def _native_cpu_gemms():
-    """Plans depend on whether this CPU's bf16/fp16 GEMMs are native or emulated (lce.cpu_gemms): in this process
+    """Plans depend on whether this CPU's bf16/fp16 GEMMs are native or emulated (lce.planning.cpu_gemms): in this
+    process
     every test plans as on a CPU with native ones, so plans and expectations are the same on every CPU kind (the
     emulated branch is driven by lce.testing.cpu_gemms, tests/lce/test_cpu_gemms.py). Subprocesses -- the CLI,
     notebook kernels, sweep workers -- measure the CPU they run on, as a user's would."""

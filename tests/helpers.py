@@ -383,10 +383,11 @@ def torch_options(opts) -> torch.nn.LinearCrossEntropyOptions:
 
 @contextlib.contextmanager
 def own_cpu_gemms():
-    """Lift the suite's pin of lce.cpu_gemms (tests/conftest.py: every test plans as on a CPU with native bf16/fp16
+    """Lift the suite's pin of lce.planning.cpu_gemms (tests/conftest.py: every test plans as on a CPU with native
+    bf16/fp16
     GEMMs): inside, lce decides with this CPU's own verdict, so on a CPU that emulates bf16 GEMMs its plans run them
     on fp32 copies instead of the emulated kernel. For tests whose checks hold under any verdict."""
-    from lce.cpu_gemms import CPU_GEMMS_OVERRIDE
+    from lce.planning.cpu_gemms import CPU_GEMMS_OVERRIDE
 
     token = CPU_GEMMS_OVERRIDE.set(None)
     try:

@@ -1,6 +1,6 @@
 """Peers on a CPU that emulates bf16/fp16 GEMMs: their GEMMs computed in fp32 for the errors, their cost not measured.
 
-lce plans around a CPU whose bf16 or fp16 GEMMs are emulated (:mod:`lce.cpu_gemms`: about 80x slower than fp32
+lce plans around a CPU whose bf16 or fp16 GEMMs are emulated (:mod:`lce.planning.cpu_gemms`: about 80x slower than fp32
 on AVX2-only CPUs); the ops it is compared with -- torch's chunked op, the unfused reference, torch.compile of
 it -- call the CPU's own kernel and would take minutes per call at the bench shape. For their *errors* the
 analysis runs them (:meth:`analysis.core.implementations.Implementation.run`) under
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from analysis.core.problem import DTYPES
-from lce.cpu_gemms import LOW_PRECISION, gemm_support
+from lce.planning.cpu_gemms import LOW_PRECISION, gemm_support
 
 __all__ = ["Fp32LowPrecisionGemms", "STAND_IN_OPS", "emulated_peer_note", "emulated_peer_skip",
            "low_precision_linear", "native_gemm_scratch"]
@@ -31,7 +31,7 @@ _DEFAULT_OF = {overload: packet.default for packet in (_aten.mm, _aten.addmm, _a
 
 STAND_IN_OPS = ("torch", "reference")
 """The compared ops run under the stand-in where the CPU emulates their dtype's GEMMs (lce routes its own GEMMs,
-see lce.gemm; Liger-Kernel and CCE run on CUDA only)."""
+see lce.passes.gemm; Liger-Kernel and CCE run on CUDA only)."""
 
 
 class Fp32LowPrecisionGemms(TorchDispatchMode):

@@ -42,7 +42,7 @@ import lce
 from analysis.core.emulated_gemms import Fp32LowPrecisionGemms, emulated_peer_note
 from analysis.core.inputs import Inputs, Outputs, outputs_of
 from analysis.core.problem import DTYPES, Shape
-from lce.options import dtype_name
+from lce.planning.options import dtype_name
 from lce.testing import emulate_device_kind
 from lce.unfused import DEFAULT_IGNORE_INDEX, unfused_linear_cross_entropy
 

@@ -8,12 +8,12 @@ import dataclasses
 
 import torch
 
-from lce.options import dtype_name
+from lce.planning.options import dtype_name
 
 DTYPES: dict[str, torch.dtype] = {
     dtype_name(dtype): dtype for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 }
-"""Dtype names (:func:`lce.options.dtype_name`) as they appear in grids and results files -> dtypes."""
+"""Dtype names (:func:`lce.planning.options.dtype_name`) as they appear in grids and results files -> dtypes."""
 
 
 @dataclasses.dataclass(frozen=True, order=True)

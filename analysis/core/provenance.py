@@ -12,7 +12,7 @@ import torch
 
 import lce
 from analysis.paths import ROOT
-from lce.cpu_gemms import describe as describe_cpu_gemms
+from lce.planning.cpu_gemms import describe as describe_cpu_gemms
 
 __all__ = ["PROVENANCE_COLUMNS", "NOT_RECORDED", "ISA_CAPS", "cpu_gemms", "provenance", "cpu_model", "git_revision",
            "device_name", "bf16_gemms", "cpu_kind", "cpu_kinds"]
@@ -20,7 +20,7 @@ __all__ = ["PROVENANCE_COLUMNS", "NOT_RECORDED", "ISA_CAPS", "cpu_gemms", "prove
 PROVENANCE_COLUMNS: tuple[str, ...] = ("lce_version", "torch_version", "device_name", "cpu_model", "cpu_gemms",
                                        "num_threads", "git_revision", "date")
 """The columns :func:`provenance` fills, last in every results file. ``cpu_gemms`` says whether the CPU's bf16
-and fp16 GEMMs are native or emulated, as lce plans with it (:func:`lce.cpu_gemms.describe`); rows written
+and fp16 GEMMs are native or emulated, as lce plans with it (:func:`lce.planning.cpu_gemms.describe`); rows written
 before it was recorded say :data:`NOT_RECORDED`."""
 
 NOT_RECORDED = "not recorded"
@@ -77,7 +77,7 @@ of ``python -m analysis cpu-kinds --avx2-stand-in | --avx512f-stand-in``): a row
 
 
 def cpu_gemms() -> str:
-    """The ``cpu_gemms`` column: :func:`lce.cpu_gemms.describe`, and the ISA caps of the environment if any."""
+    """The ``cpu_gemms`` column: :func:`lce.planning.cpu_gemms.describe`, and the ISA caps of the environment if any."""
     caps = " ".join(f"{name}={os.environ[name]}" for name in ISA_CAPS if name in os.environ)
     return describe_cpu_gemms() + (f"; ISA capped: {caps}" if caps else "")
 

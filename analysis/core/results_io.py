@@ -190,10 +190,12 @@ VOCAB_PARALLEL = Kind("vocab_parallel", tuple(["kind", "ranks", "impl", "policy"
 _GPU_ERRORS = ["loss_ulps", "grad_input_fro_in_floors", "grad_weight_fro_in_floors", "grad_bias_fro_in_floors"]
 CPU_GEMM_RATES = Kind("cpu_gemm_rates", ("kind", "dtype", "m", "k", "n", "seconds", "gflops", "rate_over_fp32",
                                          "support", "probe_slowdown", "probe_cost_s", "isa_caps", *PROVENANCE_COLUMNS),
-                      "GEMM rate of one dtype on this CPU and lce.cpu_gemms' verdict (python -m analysis cpu-kinds)")
+                      "GEMM rate of one dtype on this CPU and lce.planning.cpu_gemms' verdict (python -m analysis "
+                      "cpu-kinds)")
 CPU_GEMM_PROBE = Kind("cpu_gemm_probe", ("kind", "method", "dtype", "threads", "load", "process", "support", "source",
                                          "slowdown", "probe_s", "isa_caps", *PROVENANCE_COLUMNS),
-                      "one fresh process's bf16 or fp16 verdict by lce.cpu_gemms or the earlier probe, at a thread "
+                      "one fresh process's bf16 or fp16 verdict by lce.planning.cpu_gemms or the earlier probe, at a "
+                      "thread "
                       "count, idle or with every core busy (python -m analysis cpu-probe)")
 RECOMMEND_CHECK = Kind("recommend_check", ("kind", "dtype", "N", "D", "C", "budget", "budget_bytes", "role", "label",
                                            "policy", "acc_dtype", "batch_chunk_size", "class_chunk_size",
@@ -241,7 +243,7 @@ LOSS_SCALE = Kind("loss_scale", tuple(["kind", "impl", "op", "layout", "policy",
                                        "scale_log2", "gradient", "eligible", "lost", "lost_fraction", "floors",
                                        "untargeted_floors", "finite", "wall_s", "cpu_s", *PROVENANCE_COLUMNS]),
                   "fp16 gradient entries lost to the subnormal range and floors under a loss scale, per "
-                  "implementation (lce before and after lce.headroom), scale, gradient and seed "
+                  "implementation (lce before and after lce.passes.headroom), scale, gradient and seed "
                   "(python -m analysis loss-scale)")
 
 HF_FP16 = Kind("hf_fp16", tuple(["kind", "arm", "seed", "step", "train_loss", "heldout_loss", "loss_scale",

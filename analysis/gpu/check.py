@@ -277,8 +277,8 @@ def _kernels_status() -> str:
 
 
 def _mixed_gemms_status() -> str:
-    """The probes of lce.gemm on this machine's GPU: torch.mm(out_dtype) and torch.addmm(out_dtype, out=)."""
-    from lce.gemm import mixed_addmm_supported, mixed_mm_supported
+    """The probes of lce.passes.gemm on this machine's GPU: torch.mm(out_dtype) and torch.addmm(out_dtype, out=)."""
+    from lce.passes.gemm import mixed_addmm_supported, mixed_mm_supported
 
     if not torch.cuda.is_available():
         return "not probed (no GPU)"
@@ -573,7 +573,7 @@ def run_smoke_step(out: Path, deadline: Deadline, *, dry_run: bool = False,
                    echo: Callable[[str], None] = print) -> dict[str, int]:
     """Step ``smoke``: (1) every variant of lce's Triton kernels (:mod:`lce.kernels.variants`) compiled for this
     GPU's compute capability (sm_90 without one) by :mod:`lce.kernels.cross_compile` in a process of its own;
-    (2) the mixed-precision GEMM probes of :mod:`lce.gemm`; (3) lce's default options and a class-tiled call on
+    (2) the mixed-precision GEMM probes of :mod:`lce.passes.gemm`; (3) lce's default options and a class-tiled call on
     :data:`SMOKE_SHAPE` bf16 tensors with the kernels (CUDA, or the CPU with CUDA's layouts and Triton's
     interpreter in the dry run), errors against fp64 at most 2 floors, no fallback warning. Returns the number of
     ``failures``: the orchestrator stops the check after a step that had any."""

@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from lce.options import dtype_name
-from lce.policies import AUTO_FALLBACK, AUTO_TABLE, auto_pick
+from lce.planning.options import dtype_name
+from lce.planning.policies import AUTO_FALLBACK, AUTO_TABLE, auto_pick
 
 __all__ = ["ERROR", "MEMORY", "TIME", "GROUP", "CONFIG", "PROBLEM", "VS_UNFUSED", "INTERVAL", "SEED_PERCENTILES",
            "load_table", "prepare", "front_mask", "auto_entries", "verdicts", "verdict_summary", "recommend",

@@ -41,7 +41,7 @@ from analysis.core.problem import LLM_SHAPES, Shape
 from analysis.judge.pareto import seed_interval
 from analysis.studies.noise import AUTO_CPU, NOISE_SHAPE, chunk_rules, study_rows
 from lce import decide
-from lce.policies import AUTO_TABLE
+from lce.planning.policies import AUTO_TABLE
 from lce.testing import emulate_device_kind
 
 __all__ = ["BIAS_LIMIT", "ERROR_LIMIT", "LLM_SHAPES", "RATIO_COLUMNS", "study_rows", "pick_rows", "rule_table",
@@ -64,7 +64,7 @@ def pick_rows(noise: pd.DataFrame, kind: str, dtype: torch.dtype) -> tuple[str, 
     """``(source, rows)`` of the "auto" pick for ``(kind, dtype)`` in the noise study: on CUDA the policy and
     chunk count "auto" resolves to at the study's shape (source "cuda" on a GPU, else "cuda-emulated"), on
     the CPU the CPU table's own run (source "cpu")."""
-    from lce.options import dtype_name
+    from lce.planning.options import dtype_name
 
     source, rows = _source(study_rows(noise), kind)
     rows = rows[rows["dtype"] == dtype_name(dtype)]
@@ -92,7 +92,7 @@ def _worst(per_family: pd.DataFrame, label: dict[str, object]) -> dict[str, obje
 
 def rule_table(noise: pd.DataFrame) -> pd.DataFrame:
     """One row per "auto" entry: the pick, where its ratios were measured, the worst family's medians, pass/fail."""
-    from lce.options import dtype_name
+    from lce.planning.options import dtype_name
 
     rows = []
     for (kind, dtype), pick in AUTO_TABLE.items():

@@ -6,7 +6,8 @@ or, where that gives fewer, the auto table's floor), its predicted peak and
 what that saves against torch 2.13's own default, the predicted errors in floors, the predicted time (and where
 the prediction comes from), the bias/noise ratio measured for that auto entry by the noise study (worst input
 family), and what :func:`lce.recommend` picks there without a budget. CPU rows plan for a CPU with native bf16
-GEMMs (:data:`lce.cpu_gemms.REFERENCE_NATIVE_RATE`), so the table is the same on every machine. The README opens
+GEMMs (:data:`lce.planning.cpu_gemms.REFERENCE_NATIVE_RATE`), so the table is the same on every machine. The README
+opens
 with it; notebook 07 leads with it; ``tests/claims/test_decision_table.py`` keeps its prose true.
 """
 
@@ -20,7 +21,6 @@ import torch
 import lce
 from analysis.core.results_io import NOISE, load_kind
 from analysis.report.tables import markdown_table
-from lce.cpu_gemms import REFERENCE_NATIVE_RATE
 from lce.decide import (
     DEFAULT_MAX_ERROR,
     OBJECTIVE,
@@ -30,11 +30,12 @@ from lce.decide import (
     default_candidate,
     rule_candidate,
 )
-from lce.options import dtype_name, parse_chunking_method
-from lce.planning import aspect_ratio_chunk_size
-from lce.policies import AUTO_TABLE
+from lce.decide.time_model import TIME_SOURCE
+from lce.planning.cpu_gemms import REFERENCE_NATIVE_RATE
+from lce.planning.options import dtype_name, parse_chunking_method
+from lce.planning.plan import aspect_ratio_chunk_size
+from lce.planning.policies import AUTO_TABLE
 from lce.testing import cpu_gemms
-from lce.time_model import TIME_SOURCE
 
 __all__ = ["ENTRIES", "decision_table", "readme_decision_table"]
 
@@ -129,15 +130,16 @@ def readme_decision_table(results: Path) -> str:
         "- *floor*: a gradient's Frobenius error against fp64, over the error of the exact answer rounded once to "
         "the input dtype; 1 is the best any implementation can do.",
         "- *auto*: the plan lce's default options run (`lce.plan`); *its floor*: the chunking rule gives fewer rows, "
-        "and auto keeps its floor on rows per chunk (`lce.policies.AutoPick.min_rows`: "
+        "and auto keeps its floor on rows per chunk (`lce.planning.policies.AutoPick.min_rows`: "
         + ", ".join(f"{kind} {dtype_name(dtype)} {AUTO_TABLE[(kind, dtype)].min_rows}" for kind, dtype in ENTRIES)
         + ").",
         "- *worst row*: the weight gradient's worst class row, in that row's own floors (the rare classes'); "
-        f"predicted by `lce.error_model.predict_weight_details`, {lce.error_model.DETAIL_ACCURACY['worst_row']}; "
+        f"predicted by `lce.decide.error_model.predict_weight_details`, "
+        f"{lce.decide.error_model.DETAIL_ACCURACY['worst_row']}; "
         f"{_worst_row_caveat(results)}.",
         "- every peak, floor and time is a prediction of lce's models (`lce.decide`); times: CUDA "
         f"{TIME_SOURCE['cuda']}; CPU predicted for a CPU with native bf16 GEMMs at "
-        f"{REFERENCE_NATIVE_RATE:g}x fp32's rate (`lce.cpu_gemms.REFERENCE_NATIVE_RATE`).",
+        f"{REFERENCE_NATIVE_RATE:g}x fp32's rate (`lce.planning.cpu_gemms.REFERENCE_NATIVE_RATE`).",
         "- bias/noise: the weight gradient's bias over one batch's sampling noise, measured by the noise study for "
         "this auto entry at 1024x128x16384 (worst of 4 input families, median of 3 seeds; the rule's limit is "
         f"{lce.decide.BIAS_LIMIT}).",

@@ -344,7 +344,7 @@ def plot_chunk_sweep(chunks: pd.DataFrame, bench: pd.DataFrame | None = None) ->
     if chunks.empty:
         return None
     from analysis.core.problem import DTYPES
-    from lce.policies import CPU_MIN_ROWS
+    from lce.planning.policies import CPU_MIN_ROWS
 
     apply_style()
     data = chunks[chunks["metric"] == "time_s"]
@@ -524,9 +524,9 @@ def todays_pick(costs: pd.DataFrame) -> pd.DataFrame:
     import torch
 
     import lce
-    from lce.planning import make_plan
+    from lce.decide.time_model import estimated_seconds
+    from lce.planning.plan import make_plan
     from lce.testing import emulate_device_kind
-    from lce.time_model import estimated_seconds
 
     rows = []
     for shape, group in costs.groupby("shape", sort=False):

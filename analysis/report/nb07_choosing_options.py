@@ -20,9 +20,9 @@ from analysis.report.style import PALETTE, CaptionedFigure, apply_style, log_axe
 from analysis.report.tables import markdown_table
 from analysis.studies.budgets import BUDGET_TOLERANCE
 from analysis.studies.error_model import SHARE_BAND, hit_share, point_name
-from lce.options import EXPLICIT_POLICIES
-from lce.policies import auto_pick
-from lce.recommendation import DEFAULT_MAX_ERROR, candidates
+from lce.decide.recommendation import DEFAULT_MAX_ERROR, candidates
+from lce.planning.options import EXPLICIT_POLICIES
+from lce.planning.policies import auto_pick
 from lce.testing import emulate_device_kind
 
 
@@ -60,7 +60,7 @@ def plot_budgets(budgets: pd.DataFrame) -> CaptionedFigure | None:
     error.plot([0.9, top], [0.9, top], color="k", lw=0.8)
     log_axes(error)
     error.set_xlabel("measured error (floors)")
-    error.set_ylabel("predicted by lce.error_model (floors)")
+    error.set_ylabel("predicted by lce.decide.error_model (floors)")
     error.set_title("Error of the recommended options")
     error.legend(fontsize=6)
     families = ", ".join(sorted(data["family"].unique()))
@@ -136,10 +136,11 @@ def plot_error_model_validation(rows: pd.DataFrame, annotate: int = 4) -> Captio
     ax.set_xlim(low, high)
     ax.set_ylim(low, high)
     ax.set_xlabel("measured error (multiples of the rounding floor)")
-    ax.set_ylabel("predicted by lce.error_model")
+    ax.set_ylabel("predicted by lce.decide.error_model")
     ax.set_title(f"Error model: {hit_share(held_out):.0%} of held-out points within ±{SHARE_BAND:.0%}")
     ax.legend(loc="upper left", fontsize=7)
-    caption = (f"lce.error_model's predicted Frobenius error of grad_input and grad_weight against the measured one "
+    caption = (f"lce.decide.error_model's predicted Frobenius error of grad_input and grad_weight against the "
+               f"measured one "
                f"(seed means of quick.csv, medium.csv, noise.csv, noise_cuda.csv), in rounding floors. Grey: the "
                f"points the constants were fitted on (random and trained inputs, N <= 1024); red: calibrated "
                f"inputs, never fitted; blue: larger shapes. The shaded band is ±{SHARE_BAND:.0%}; the worst "
@@ -166,7 +167,7 @@ def plot_error_model_llm(predictions: pd.DataFrame) -> CaptionedFigure | None:
     axes[0].set_ylabel("predicted grad_weight error (floors)")
     axes[0].legend(fontsize=7)
     fig.suptitle("PREDICTIONS (extrapolated, not measured): bf16 at LLM heads, CUDA layouts, acc fp32")
-    caption = ("Extrapolation, not measurement: lce.error_model's predicted weight-gradient error at three LLM "
+    caption = ("Extrapolation, not measurement: lce.decide.error_model's predicted weight-gradient error at three LLM "
                "output heads in bf16 on the CUDA layouts (fp32 acc_dtype), against the chunk count (aspect-ratio "
                "chunkings and fixed counts), with the conservative default statistics (calibrated Zipfian "
                "inputs). The model was fitted at N <= 1024, D = 128, C = 16384.")
@@ -195,7 +196,7 @@ def llm_recommendations(dtype: torch.dtype = torch.bfloat16, devices: tuple[str,
     Where the default error limit cannot be met within a budget, the row holds the least predicted error that
     fits and ``default_limit_met`` is False.
     """
-    from lce.recommendation import RecommendationWarning
+    from lce.decide.recommendation import RecommendationWarning
     from lce.testing import cpu_gemms
 
     rows = []
@@ -333,7 +334,7 @@ def detail_validation(results: Path) -> pd.DataFrame:
     """Per detail of the weight gradient (bias bound, worst row) and split: points, the share the prediction covers
     (at or above the measurement), within ±25% and within 2x, and the median prediction over measurement."""
     from analysis.studies.error_model import DETAIL_VALIDATION_FILE, SHARE_BAND
-    from lce.error_model import DETAILS
+    from lce.decide.error_model import DETAILS
 
     rows = pd.read_csv(results / DETAIL_VALIDATION_FILE)
     rows = rows.assign(split=rows["split"].where(rows["split"] == "fit", "held out"),
@@ -368,7 +369,8 @@ def readme_error_model(results: Path) -> str:
                                                           "within_2x": "{:.0%}", "median_ratio": "{:.2f}"})
     return (markdown_table(shares.reset_index(), {"within": "{:.0%}", "rank": "{:.3f}"}) + "\n"
             + markdown_table(worst, {"predicted": "{:.2f}", "measured": "{:.2f}", "relative_miss": "{:+.0%}"})
-            + "\n" + "\n".join(lines) + "\n\nThe weight gradient's details (`lce.error_model.predict_weight_details`; "
+            + "\n" + "\n".join(lines) + "\n\nThe weight gradient's details "
+                                        "(`lce.decide.error_model.predict_weight_details`; "
             "the bias is a bound, so *covered* is its hit rate; `error_model/detail_validation.csv`):\n\n"
             + details)
 

@@ -13,7 +13,7 @@ from analysis.core.provenance import cpu_kind
 from analysis.core.results_io import CPU_GEMM_PROBE, CPU_GEMM_RATES, RECOMMEND_CHECK, latest, load_kind
 from analysis.report.style import CaptionedFigure, apply_style, new_figure
 from analysis.report.tables import markdown_table
-from lce.cpu_gemms import EMULATED_SLOWDOWN
+from lce.planning.cpu_gemms import EMULATED_SLOWDOWN
 
 __all__ = ["with_kinds", "rate_numbers", "recommend_numbers", "blind_numbers", "estimate_overshoot", "probe_numbers",
            "plot_cpu_gemm_rates", "plot_recommend_check", "plot_cpu_gemm_probe", "draw_cpu_kind_figures",
@@ -32,7 +32,7 @@ def with_kinds(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def rate_numbers(rates: pd.DataFrame) -> pd.DataFrame:
-    """Per CPU kind (its latest run): fp32 GFLOP/s, bf16 and fp16 rates over fp32's, lce.cpu_gemms' verdicts,
+    """Per CPU kind (its latest run): fp32 GFLOP/s, bf16 and fp16 rates over fp32's, lce.planning.cpu_gemms' verdicts,
     the probe's slowdown and cost."""
     rates = latest(with_kinds(rates), ["cpu_kind", "dtype"])
     rows = []
@@ -103,7 +103,8 @@ def estimate_overshoot(blind: pd.DataFrame) -> float:
 
 
 def plot_cpu_gemm_rates(rates: pd.DataFrame) -> CaptionedFigure | None:
-    """GFLOP/s per dtype and CPU kind (log scale), each low-precision bar marked with lce.cpu_gemms' verdict."""
+    """GFLOP/s per dtype and CPU kind (log scale), each low-precision bar marked with lce.planning.cpu_gemms'
+    verdict."""
     if rates.empty:
         return None
     apply_style()
@@ -128,7 +129,8 @@ def plot_cpu_gemm_rates(rates: pd.DataFrame) -> CaptionedFigure | None:
     shape = data.iloc[0]
     caption = (f"GEMM rate of a {int(shape.m)}x{int(shape.k)}x{int(shape.n)} product per dtype on each CPU kind "
                f"measured (python -m analysis cpu-kinds; the AVX2 stand-in limits oneDNN, MKL and ATen to AVX2 on "
-               f"the same machine). Labels: lce.cpu_gemms' verdict from its own small probe (emulated when the "
+               f"the same machine). Labels: lce.planning.cpu_gemms' verdict from its own small probe (emulated when "
+               f"the "
                f"dtype takes over {EMULATED_SLOWDOWN:g}x fp32's time) and the rate over fp32's. Where bf16 is "
                f"emulated lce runs those GEMMs in fp32 (lce.plan), and recommend's time model knows it.")
     return CaptionedFigure(fig, "cpu_gemm_rates", caption)
@@ -196,7 +198,7 @@ def probe_numbers(probe: pd.DataFrame) -> pd.DataFrame:
 
 def plot_cpu_gemm_probe(probe: pd.DataFrame) -> CaptionedFigure | None:
     """Per CPU kind: each fresh process's slowdown (dtype over fp32's time) per thread count and load, for
-    lce.cpu_gemms and for the earlier probe, with each method's threshold."""
+    lce.planning.cpu_gemms and for the earlier probe, with each method's threshold."""
     if probe.empty:
         return None
     from analysis.studies.cpu_probe import EARLIER_METHOD, EARLIER_THRESHOLD, THIS_METHOD
@@ -231,7 +233,8 @@ def plot_cpu_gemm_probe(probe: pd.DataFrame) -> CaptionedFigure | None:
     axes[0].set_ylabel("dtype's time / fp32's (64x256x256 product)")
     axes[0].legend(fontsize=6, loc="center left")
     fig.suptitle("Native or emulated: does the verdict depend on the thread count or on the load?", fontsize=9)
-    caption = ("Each point is one fresh process's verdict on bf16 (orange) or fp16 (green): lce.cpu_gemms' one-thread "
+    caption = ("Each point is one fresh process's verdict on bf16 (orange) or fp16 (green): lce.planning.cpu_gemms' "
+               "one-thread "
                "interleaved check (circles; emulated above the dashed line) and the earlier probe at the process's "
                "thread count (crosses; above the dotted line), per thread count, with the other cores idle or every "
                "core busy with a spinning process (python -m analysis cpu-probe [--avx2-stand-in]). A verdict that "

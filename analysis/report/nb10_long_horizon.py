@@ -29,7 +29,7 @@ ARM_COLOURS = {"bf16 unfused": "tab:gray", "bf16 accurate@64": "tab:cyan", "bf16
 
 
 OPTIMIZER_TEXT = {"adamw": "AdamW", "sgd": "SGD", "adamw-budget": "AdamW, tight-budget arms",
-                  "adamw-headroom": "AdamW, fp16 arms with lce.headroom"}
+                  "adamw-headroom": "AdamW, fp16 arms with lce.passes.headroom"}
 """How a figure title names each group of arms (its ``optimizer`` column)."""
 
 
@@ -204,12 +204,13 @@ def lm_long_gaps(training: pd.DataFrame) -> pd.DataFrame:
 
 
 BEFORE_HEADROOM, AFTER_HEADROOM = "adamw", "adamw-headroom"
-"""The groups whose fp16 arms were trained before and after lce.headroom (issue 31)."""
+"""The groups whose fp16 arms were trained before and after lce.passes.headroom (issue 31)."""
 
 
 def headroom_comparison(summary: pd.DataFrame) -> pd.DataFrame:
     """Per fp16 arm trained in both groups: its final gap to its group's fp32 arm, overall and on the rare classes
-    (with intervals), and the buckets where it counts, before and after lce.headroom; empty without both groups."""
+    (with intervals), and the buckets where it counts, before and after lce.passes.headroom; empty without both
+    groups."""
     keep = ["arm", "step", "seeds", "gap_all", "gap_all_low", "gap_all_high", "gap_rare", "gap_rare_low",
             "gap_rare_high", "counts_in", "systematic_in"]
     before = summary[summary["optimizer"] == BEFORE_HEADROOM][keep].set_index("arm")

@@ -72,7 +72,7 @@ def inputs_line(table: pd.DataFrame) -> str:
 
 
 def plot_lost_entries(table: pd.DataFrame) -> CaptionedFigure | None:
-    """Weight-gradient entries lost to fp16's subnormal range per lce arm, before and after lce.headroom, at the
+    """Weight-gradient entries lost to fp16's subnormal range per lce arm, before and after lce.passes.headroom, at the
     largest shape, one panel per scale, with the reference's count as a line."""
     if table.empty:
         return None
@@ -101,7 +101,8 @@ def plot_lost_entries(table: pd.DataFrame) -> CaptionedFigure | None:
     caption = (f"Weight-gradient entries that fp16 loses to its subnormal range under a loss scale (zero or "
                f"subnormal where fp64 times the scale is a normal fp16 number), at {int(largest['N'])}x"
                f"{int(largest['D'])}x{int(largest['C'])}, {inputs_line(table)}. Red: lce's arithmetic before "
-               f"lce.headroom (the gradients formed at their true size in fp16 and the scale applied after); blue: "
+               f"lce.passes.headroom (the gradients formed at their true size in fp16 and the scale applied after); "
+               f"blue: "
                f"after. Dashed: the unfused op under fp16 autocast with the same scale. Bars below 1 are drawn at "
                f"0.5 (none lost).")
     return CaptionedFigure(fig, "loss_scale_lost_entries", caption)

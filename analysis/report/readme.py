@@ -36,7 +36,7 @@ from analysis.report.nb10_long_horizon import readme_long_horizon
 from analysis.report.nb10_loss_scale import readme_loss_scale
 from analysis.report.nb11_rl_logprobs import readme_rl_logprobs, readme_rl_qwen_head
 from analysis.sweep.grids import GRIDS
-from lce.policies import CPU_MIN_ROWS
+from lce.planning.policies import CPU_MIN_ROWS
 
 __all__ = ["BLOCKS", "DOCUMENTS", "render", "update"]
 

@@ -28,7 +28,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from analysis.judge.pareto import INTERVAL, seed_interval
-from lce.options import ACC_POLICIES
+from lce.planning.options import ACC_POLICIES
 
 __all__ = ["CaptionedFigure"]
 

@@ -12,7 +12,7 @@ One bench run at one problem (default: the issue's N=4096 D=512 C=32768):
   GEMM measured in the same dtype -- what the three GEMMs of the op cost
   with nothing else.
 
-On a CPU that emulates the dtype's GEMMs (:mod:`lce.cpu_gemms`: minutes per call at the bench shape on an
+On a CPU that emulates the dtype's GEMMs (:mod:`lce.planning.cpu_gemms`: minutes per call at the bench shape on an
 AVX2-only CPU) the peers that would call them (torch's op, the unfused reference, torch.compile) and the
 floor are not run; the README's table says so for that CPU kind (:mod:`analysis.core.emulated_gemms`).
 
@@ -44,8 +44,8 @@ from analysis.core.memory import measure_peak
 from analysis.core.problem import BENCH_SHAPE, DTYPES, Shape, parse_shape
 from analysis.core.provenance import provenance
 from analysis.paths import ROOT, display_path
-from lce.cpu_gemms import gemm_support
-from lce.options import dtype_name
+from lce.planning.cpu_gemms import gemm_support
+from lce.planning.options import dtype_name
 
 __all__ = ["BENCH_IMPLS", "SCALING_IMPLS", "CHUNK_SWEEP_POLICIES", "gemm_floor_s", "run_bench", "run_scaling",
            "chunk_sweep", "ratios", "against_baseline"]
@@ -132,7 +132,7 @@ def _not_run_here(op: str, dtype: str) -> str | None:
     """Why a peer is not timed on this CPU (it emulates the dtype's GEMMs: minutes per call at the bench shape)."""
     if emulated_peer_note(op, dtype, "cpu") is None and emulated_peer_skip(op, dtype, "cpu") is None:
         return None
-    return f"this CPU emulates {dtype} GEMMs (lce.cpu_gemms) and {op} would call them: minutes per call here"
+    return f"this CPU emulates {dtype} GEMMs (lce.planning.cpu_gemms) and {op} would call them: minutes per call here"
 
 
 SCALING_IMPLS: tuple[str, ...] = ("lce", "torch", "unfused")

@@ -38,7 +38,7 @@ from analysis.core.memory import measure_peak
 from analysis.core.metrics import compare
 from analysis.core.problem import BENCH_SHAPE, DTYPES, Shape
 from analysis.core.timing import time_call
-from lce.options import EXPLICIT_POLICIES, dtype_name
+from lce.planning.options import EXPLICIT_POLICIES, dtype_name
 
 __all__ = ["BUDGET_TOLERANCE", "BUDGET_SHAPES", "GRADIENT_MULTIPLES", "FAMILY", "TILING_SHAPE", "TILING_BLOCKS",
            "budgets_for",

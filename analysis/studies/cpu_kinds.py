@@ -1,7 +1,7 @@
 """This CPU's kind, measured: its GEMM rates per dtype, and whether lce.recommend's picks are the fast ones here.
 
 **GEMM rates** (:func:`gemm_rates`, ``cpu_gemm_rates.csv``): GFLOP/s of a 512x512x8192 product in fp32, bf16 and
-fp16 (best of :data:`RATE_REPEATS` after a warm-up), beside what :mod:`lce.cpu_gemms` concludes for each dtype
+fp16 (best of :data:`RATE_REPEATS` after a warm-up), beside what :mod:`lce.planning.cpu_gemms` concludes for each dtype
 (its probe's slowdown and "native"/"emulated").
 
 **recommend on this CPU** (:func:`recommend_check`, ``recommend_check.csv``): for each shape of
@@ -39,9 +39,9 @@ from analysis.core.problem import DTYPES, Shape
 from analysis.core.provenance import ISA_CAPS
 from analysis.paths import ROOT
 from analysis.studies.budgets import auto_peak
-from lce.cpu_gemms import LOW_PRECISION, gemm_support
-from lce.options import EXPLICIT_POLICIES, dtype_name
-from lce.recommendation import Candidate, candidates
+from lce.decide.recommendation import Candidate, candidates
+from lce.planning.cpu_gemms import LOW_PRECISION, gemm_support
+from lce.planning.options import EXPLICIT_POLICIES, dtype_name
 from lce.testing import cpu_gemms
 
 __all__ = ["AVX2_STAND_IN", "AVX512F_STAND_IN", "RATE_SHAPE", "CHECK_SHAPES", "CHECK_BUDGETS",
@@ -72,7 +72,7 @@ def isa_caps() -> str:
 
 
 def gemm_rates(shape: tuple[int, int, int] = RATE_SHAPE, repeats: int = RATE_REPEATS) -> pd.DataFrame:
-    """GFLOP/s per dtype at ``shape`` (m, k, n), with lce.cpu_gemms' verdict for the low-precision ones."""
+    """GFLOP/s per dtype at ``shape`` (m, k, n), with lce.planning.cpu_gemms' verdict for the low-precision ones."""
     m, k, n = shape
     generator = torch.Generator().manual_seed(0)
     a, b = torch.randn(m, k, generator=generator), torch.randn(k, n, generator=generator)
@@ -94,8 +94,8 @@ def gemm_rates(shape: tuple[int, int, int] = RATE_SHAPE, repeats: int = RATE_REP
 
 
 def _probe_cost_s(dtype: torch.dtype) -> float:
-    """What lce.cpu_gemms' probe costs, timed in a fresh interpreter (the probe is cached per process)."""
-    code = (f"import time, torch, lce.cpu_gemms as c; torch.set_num_threads({torch.get_num_threads()}); "
+    """What lce.planning.cpu_gemms' probe costs, timed in a fresh interpreter (the probe is cached per process)."""
+    code = (f"import time, torch, lce.planning.cpu_gemms as c; torch.set_num_threads({torch.get_num_threads()}); "
             f"s = time.perf_counter(); c.probe(torch.{dtype_name(dtype)}); print(time.perf_counter() - s)")
     env = {key: value for key, value in os.environ.items() if key != "LCE_CPU_GEMMS"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
@@ -223,7 +223,8 @@ def _interleaved(inputs, timed: dict[str, tuple[list[str], Candidate, bool]], re
 
 # ---- python -m analysis cpu-kinds ----------------------------------------------------------------------------
 
-DESCRIPTION = ("This CPU's GEMM rates per dtype and lce.cpu_gemms' verdict (cpu_gemm_rates.csv), and lce.recommend's "
+DESCRIPTION = ("This CPU's GEMM rates per dtype and lce.planning.cpu_gemms' verdict (cpu_gemm_rates.csv), and "
+               "lce.recommend's "
                "picks timed beside the fastest feasible alternatives for three shapes and three budgets "
                "(recommend_check.csv), appended; --avx2-stand-in repeats both with torch limited to AVX2. One "
                "intra-op thread by default. About 10 minutes natively, 30 under the stand-in.")

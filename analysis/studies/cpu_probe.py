@@ -1,4 +1,5 @@
-"""lce.cpu_gemms' verdict under the conditions a user's process meets: 1, 2 and all threads, the other cores idle or
+"""lce.planning.cpu_gemms' verdict under the conditions a user's process meets: 1, 2 and all threads, the other cores
+idle or
 every core busy, each in fresh processes, beside the earlier probe's verdict in the same process.
 
 Why: on an AVX2-only EPYC under ``pytest -n auto`` the earlier probe (a 64x256x256 product timed at torch's thread
@@ -8,7 +9,7 @@ thread count or the load: natively, and under the AVX2 stand-in (``--avx2-stand-
 at AVX2, so this CPU emulates as an AVX2-only one does, see :mod:`analysis.studies.cpu_kinds`).
 
 Each (load, thread count) runs :data:`PROCESSES` fresh interpreters; each runs the earlier probe first (as it ran,
-first thing in a fresh process) and then :func:`lce.cpu_gemms.measure`, for bf16 then fp16, and reports both
+first thing in a fresh process) and then :func:`lce.planning.cpu_gemms.measure`, for bf16 then fp16, and reports both
 verdicts, their slowdowns and their cost. "Every core busy" is one spinning process per core for the duration, so
 the measuring process never has a core to itself. Output: ``cpu_gemm_probe.csv``, one row per (process, method,
 dtype).
@@ -27,10 +28,10 @@ from collections.abc import Iterator
 import pandas as pd
 import torch
 
-import lce.cpu_gemms
+import lce.planning.cpu_gemms
 from analysis.paths import ROOT
 from analysis.studies.cpu_kinds import AVX2_STAND_IN, isa_caps
-from lce.options import dtype_name
+from lce.planning.options import dtype_name
 
 __all__ = ["LOADS", "PROCESSES", "EARLIER_THRESHOLD", "THIS_METHOD", "EARLIER_METHOD", "earlier_probe", "thread_counts",
            "every_core_busy", "probe_rows"]
@@ -39,7 +40,7 @@ LOADS = ("idle", "every core busy")
 PROCESSES = 3
 EARLIER_THRESHOLD = 8.0
 """The earlier probe's threshold: emulated above this many times fp32's time."""
-THIS_METHOD = "lce.cpu_gemms (flags, else one thread)"
+THIS_METHOD = "lce.cpu_gemms (flags, else one thread)"  # as the committed rows name it (its module then)
 EARLIER_METHOD = "earlier probe (torch's threads)"
 _EARLIER_SHAPE = (64, 256, 256)
 
@@ -74,14 +75,14 @@ def _child(threads: int) -> list[dict[str, object]]:
     """In a fresh interpreter: both methods at ``threads`` threads, the earlier probe first."""
     torch.set_num_threads(threads)
     rows = []
-    for dtype in lce.cpu_gemms.LOW_PRECISION:
+    for dtype in lce.planning.cpu_gemms.LOW_PRECISION:
         start = time.perf_counter()
         slowdown, support = earlier_probe(dtype)
         rows.append(dict(method=EARLIER_METHOD, dtype=dtype_name(dtype), support=support, source="measured",
                          slowdown=slowdown, probe_s=time.perf_counter() - start))
-    for dtype in lce.cpu_gemms.LOW_PRECISION:
+    for dtype in lce.planning.cpu_gemms.LOW_PRECISION:
         start = time.perf_counter()
-        decided = lce.cpu_gemms.measure(dtype)
+        decided = lce.planning.cpu_gemms.measure(dtype)
         rows.append(dict(method=THIS_METHOD, dtype=dtype_name(dtype), support=decided.support, source=decided.source,
                          slowdown=decided.slowdown, probe_s=time.perf_counter() - start))
     return rows
@@ -105,7 +106,7 @@ def probe_rows(processes: int = PROCESSES, progress: bool = True) -> pd.DataFram
     """Every (load, thread count, fresh process) of this environment: one row per method and dtype."""
     from tqdm import tqdm
 
-    environment = {key: value for key, value in os.environ.items() if key != lce.cpu_gemms.ENV_VAR}
+    environment = {key: value for key, value in os.environ.items() if key != lce.planning.cpu_gemms.ENV_VAR}
     plan = [(load, threads, index) for load in LOADS for threads in thread_counts() for index in range(processes)]
     rows = []
     for load, threads, index in tqdm(plan, desc="cpu probe", unit="process", disable=not progress):
@@ -119,7 +120,8 @@ def probe_rows(processes: int = PROCESSES, progress: bool = True) -> pd.DataFram
 
 # ---- python -m analysis cpu-probe ----------------------------------------------------------------------------
 
-DESCRIPTION = ("lce.cpu_gemms' verdict and the earlier probe's at 1, 2 and all threads, idle and with every core "
+DESCRIPTION = ("lce.planning.cpu_gemms' verdict and the earlier probe's at 1, 2 and all threads, idle and with every "
+               "core "
                "busy, in fresh processes (cpu_gemm_probe.csv, appended); --avx2-stand-in repeats it with torch "
                "limited to AVX2. About 2 minutes each.")
 

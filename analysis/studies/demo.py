@@ -19,7 +19,7 @@ from analysis.core.implementations import ImplSpec, make_implementation, unavail
 from analysis.core.inputs import OUTPUT_NAMES, make_inputs
 from analysis.core.metrics import compare, rounding_floor
 from analysis.core.problem import DTYPES, Shape
-from lce.options import EXPLICIT_POLICIES
+from lce.planning.options import EXPLICIT_POLICIES
 
 __all__ = ["DEMO_SHAPE", "SETTINGS", "run_demo"]
 

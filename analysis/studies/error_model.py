@@ -1,4 +1,4 @@
-"""Fit :mod:`lce.error_model`'s constants on committed measurements and validate them on held-out data.
+"""Fit :mod:`lce.decide.error_model`'s constants on committed measurements and validate them on held-out data.
 
 Data: the lce rows of the sweep grids (``quick.csv``, ``medium.csv``; status ok) and of the noise
 study on the CUDA layouts (``noise.csv`` emulated on CPU, ``noise_cuda.csv`` on an H200), averaged
@@ -36,10 +36,10 @@ import lce
 from analysis.core.problem import LLM_SHAPES, Shape
 from analysis.core.provenance import git_revision
 from analysis.paths import RESULTS_DIR, ROOT
-from lce import error_model
-from lce.error_model import OUTPUTS, TERMS, InputStats, measure_input_stats
-from lce.options import EXPLICIT_POLICIES, LinearCrossEntropyOptions
-from lce.planning import make_plan
+from lce.decide import error_model
+from lce.decide.error_model import OUTPUTS, TERMS, InputStats, measure_input_stats
+from lce.planning.options import EXPLICIT_POLICIES, LinearCrossEntropyOptions
+from lce.planning.plan import make_plan
 from lce.testing import cpu_gemms, emulate_device_kind
 
 __all__ = ["stats_pairs", "DETAIL_VALIDATION_FILE", "DETAIL_COLUMNS", "DETAIL_MIN", "GRID_FILES", "NOISE_FILES",
@@ -54,15 +54,15 @@ STATS_FILE = "error_model/stats.csv"  # model inputs and artifacts, not results 
 VALIDATION_FILE = "error_model/validation.csv"
 DETAIL_VALIDATION_FILE = "error_model/detail_validation.csv"
 DETAIL_COLUMNS: dict[str, str] = {"weight_bias": "bias", "worst_row": "worst_row"}
-"""Each detail of :func:`lce.error_model.predict_weight_details` and the measured column it is fitted to."""
+"""Each detail of :func:`lce.decide.error_model.predict_weight_details` and the measured column it is fitted to."""
 DETAIL_MIN = 1e-3
 """Points whose measured detail is below this many floors are neither fitted nor scored (a bias that small is the
 sign noise of an error unrelated to the gradient; a relative miss on it says nothing)."""
 BIAS_QUANTILE = 0.95
-"""The bias bound's constants are this quantile of the fit split (see :mod:`lce.error_model`)."""
+"""The bias bound's constants are this quantile of the fit split (see :mod:`lce.decide.error_model`)."""
 BIAS_SMALL_EXCESS = 0.1
 """Below this predicted ``floors**2 - 1`` a point fits the bound's ``rounding`` constant, above it ``excess``."""
-CONSTANTS_FILE: Path = ROOT / "lce" / "error_model.json"
+CONSTANTS_FILE: Path = ROOT / "lce" / "decide" / "error_model.json"
 SHARE_BAND = 0.25
 """A prediction counts as a hit when ``|predicted / measured - 1| <= SHARE_BAND``."""
 GAMMA_CANDIDATES: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -195,7 +195,7 @@ def _features(rows: pd.DataFrame, stats: dict[tuple[str, Shape], InputStats], ga
 
 
 def predict_rows(rows: pd.DataFrame, stats: dict[tuple[str, Shape], InputStats]) -> np.ndarray:
-    """:func:`lce.error_model.predict_errors` for each measured row, with its family's statistics."""
+    """:func:`lce.decide.error_model.predict_errors` for each measured row, with its family's statistics."""
     constants = error_model.load_constants()
     weights = np.array([constants.terms[name] for name in TERMS])
     return np.sqrt(1.0 + _features(rows, stats) @ weights)
@@ -221,7 +221,7 @@ def _nonnegative_fit(features: np.ndarray, measured: np.ndarray, offset: float =
 
 @dataclasses.dataclass(frozen=True)
 class FitResult:
-    """Fitted constants (as :mod:`lce.error_model` stores them) and the rows with their predictions."""
+    """Fitted constants (as :mod:`lce.decide.error_model` stores them) and the rows with their predictions."""
 
     constants: dict
     rows: pd.DataFrame
@@ -280,7 +280,8 @@ def _bound_text(rows: pd.DataFrame) -> str:
 
 def _fit_details(rows: pd.DataFrame, features: np.ndarray, train: np.ndarray) -> tuple[dict, pd.DataFrame]:
     """Fit each detail of :data:`DETAIL_COLUMNS` on the weight gradient's ``fit`` points, with the Frobenius fit's
-    features and predictions; return the constants (as ``lce/error_model.json`` stores them) and every scored point
+    features and predictions; return the constants (as ``lce/decide/error_model.json`` stores them) and every scored
+    point
     with its prediction."""
     weight = (rows["output"] == "grad_weight").to_numpy()
     excess = rows["predicted"].to_numpy() ** 2 - 1.0
@@ -379,8 +380,8 @@ def check(results: Path = RESULTS_DIR, constants_file: Path = CONSTANTS_FILE) ->
 def _chunk_size(shape: Shape, chunking: str) -> int:
     if chunking.startswith("chunks:"):
         return -(-shape.N // int(chunking.removeprefix("chunks:")))
-    from lce.options import parse_chunking_method
-    from lce.planning import aspect_ratio_chunk_size
+    from lce.planning.options import parse_chunking_method
+    from lce.planning.plan import aspect_ratio_chunk_size
 
     return aspect_ratio_chunk_size(shape.N, shape.D, shape.C, parse_chunking_method(chunking))
 
@@ -402,7 +403,7 @@ def llm_predictions(shapes: Iterable[Shape] = LLM_SHAPES, dtypes: Iterable[str] 
 
 
 def _layout_name(plan: lce.Plan) -> str:
-    from lce.policies import LAYOUTS
+    from lce.planning.policies import LAYOUTS
 
     for name, layout in LAYOUTS[plan.device_kind].items():
         if layout == plan.layout:
@@ -429,7 +430,7 @@ def point_name(row) -> str:
 
 # ---- python -m analysis error-model --------------------------------------------------------------------------
 
-DESCRIPTION = ("Reads the sweep grids and the noise study, fits lce/error_model.json's constants on random and "
+DESCRIPTION = ("Reads the sweep grids and the noise study, fits lce/decide/error_model.json's constants on random and "
                "trained inputs at N <= 1024, and writes analysis/results/error_model/validation.csv (prediction, "
                "measurement and split of every point; calibrated inputs and larger shapes are held out). "
                "Seconds. --check refits without writing and exits with 1 if the committed constants differ.")
@@ -450,7 +451,7 @@ def run(args) -> int:
     if args.check:
         problems = check(args.results)
         for problem in problems:
-            print(f"lce/error_model.json is out of date: {problem}")
+            print(f"lce/decide/error_model.json is out of date: {problem}")
         return 1 if problems else 0
     result, paths = fit_and_write(args.results, remeasure_stats=args.remeasure_stats)
     print(result.constants["accuracy"])

@@ -35,7 +35,7 @@ from analysis.core.problem import BENCH_SHAPE, DTYPES, Shape
 from analysis.core.results_io import FEATURE_COST, FEATURES
 from analysis.core.timing import time_call
 from analysis.studies.peers import Contender, lce_contenders, record_study, run_contenders
-from lce.options import EXPLICIT_POLICIES
+from lce.planning.options import EXPLICIT_POLICIES
 
 __all__ = ["FEATURE_SETS", "FEATURES_PROBLEMS", "SEEDS", "CONTENDERS", "FEATURES_FILE", "FEATURE_COST_FILE",
            "COST_SHAPE", "softmax_statistics", "measure", "measure_cost", "record", "record_cost"]

@@ -20,7 +20,7 @@ import torch
 from analysis.core.fp64 import gradcheck
 from analysis.core.implementations import ImplSpec, make_implementation
 from analysis.core.inputs import OUTPUT_NAMES, Inputs
-from lce.options import EXPLICIT_POLICIES
+from lce.planning.options import EXPLICIT_POLICIES
 
 __all__ = ["PathCase", "path_cases", "gradcheck_table", "parity_table", "parity_summary", "parity_by_path",
            "PARITY_TOLERANCE", "INPUTS_DESCRIPTION", "GRADCHECK_SHAPE", "PARITY_SHAPE"]

@@ -19,7 +19,7 @@ from analysis.core.implementations import ImplSpec, make_implementation
 from analysis.core.inputs import make_inputs
 from analysis.core.metrics import compare
 from analysis.core.problem import DTYPES, Shape
-from lce.options import EXPLICIT_POLICIES
+from lce.planning.options import EXPLICIT_POLICIES
 
 __all__ = ["chunk_growth", "fit_power_law"]
 

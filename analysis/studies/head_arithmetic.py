@@ -10,7 +10,7 @@ rows cut into ``num_chunks`` contiguous chunks of ``ceil(N / num_chunks)`` rows,
   ``dz = softmax(z) - onehot(y)`` in fp32;
 * ``accurate``: ``grad_W = round_t(s * dz.T @ x_t)``, one fp32 GEMM, one rounding;
 * ``balanced``: ``dz`` rounded to ``t`` first, its target entries' rounding residual added back in the fp32 sum
-  (:class:`lce.chunked.TargetResidual`: the target entries count unrounded), then one rounding;
+  (:class:`lce.passes.chunked.TargetResidual`: the target entries count unrounded), then one rounding;
 * ``compact``: ``dz`` rounded to ``t``; each chunk's product ``s * dz_j.T @ x_j`` (fp32) is added to
   the gradient *in* ``t``: ``g = round_t(g + product_j)``, once per chunk, in chunk order (a sum in ``t`` takes
   no residual);
@@ -18,8 +18,8 @@ rows cut into ``num_chunks`` contiguous chunks of ``ceil(N / num_chunks)`` rows,
   residual added back, except in accurate, whose ``dz`` is not rounded;
 
 where ``s = 1 / N`` multiplies the products. In fp16 lce keeps the gradient scaled by a power of two
-``sigma`` (:mod:`lce.headroom`): chosen from the fp32 sum's largest entry for accurate and balanced, and for
-compact kept by :class:`lce.headroom.RunningSum` from a bound on each chunk's product; backward then
+``sigma`` (:mod:`lce.passes.headroom`): chosen from the fp32 sum's largest entry for accurate and balanced, and for
+compact kept by :class:`lce.passes.headroom.RunningSum` from a bound on each chunk's product; backward then
 multiplies the stored gradient by ``loss_scale / sigma`` in fp32 and rounds once, so a loss scale decides the
 rounding of the entries fp16 could not hold at their true size. The result is returned unscaled in fp32, with
 a flag saying whether it is finite (a loss-scaled step overflows). ``headroom=False`` restates lce before
@@ -38,7 +38,7 @@ import math
 import torch
 
 import lce
-from lce.headroom import STORE_LIMIT, RunningSum, largest_entry, power_of_two_under
+from lce.passes.headroom import STORE_LIMIT, RunningSum, largest_entry, power_of_two_under
 from lce.testing import emulate_device_kind
 
 __all__ = ["POLICIES", "HeadStep", "head_step", "restated_loss", "grad_logits_scale", "chunk_rows",
@@ -84,7 +84,7 @@ def head_step(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, dtype
     ``dtype`` first (see the module docstring), as lce returns them under an incoming gradient ``loss_scale``,
     divided by it again. ``with_input`` also forms the input gradient, ``round_t(s * dz @ W_t)`` with fp32 sums
     (``dz`` rounded first except in accurate; in fp16 stored scaled per chunk as lce does), whose rows do not
-    depend on the chunking of the weight gradient. ``headroom=False``: lce before :mod:`lce.headroom`."""
+    depend on the chunking of the weight gradient. ``headroom=False``: lce before :mod:`lce.passes.headroom`."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {list(POLICIES)}, got {policy!r}")
     if dtype not in (torch.bfloat16, torch.float16):
@@ -180,7 +180,7 @@ def _compact_sum(dz: torch.Tensor, x: torch.Tensor, rows: int, scale: float, dty
                  headroom: bool) -> tuple[torch.Tensor, float]:
     """``g = round(g + alpha * dz_j.T @ x_j)`` over the chunks ``j`` of ``rows`` rows, in order: each chunk's
     product is added to the fp32 copy of the rounded sum by one ``addmm_`` and the sum rounded again; with the
-    headroom ``alpha`` is ``scale`` times :class:`lce.headroom.RunningSum`'s scale, as lce keeps it. Returns the
+    headroom ``alpha`` is ``scale`` times :class:`lce.passes.headroom.RunningSum`'s scale, as lce keeps it. Returns the
     sum and its scale."""
     total = torch.zeros(dz.shape[1], x.shape[1], dtype=torch.float32)
     rounded = torch.zeros(total.shape, dtype=dtype)

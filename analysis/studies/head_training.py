@@ -47,7 +47,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-import lce.cpu_gemms
+import lce.planning.cpu_gemms
 from analysis.core.buckets import BUCKETS, class_buckets
 from analysis.core.emulated_gemms import low_precision_linear
 from analysis.core.problem import DTYPES
@@ -117,7 +117,8 @@ pick too."""
 HEADROOM_ARMS: tuple[Arm, ...] = (FP32, *(dataclasses.replace(arm, rule="") for arm in ADAMW_ARMS
                                            if arm.dtype == "float16"))
 """The fp16 arms of :data:`ADAMW_ARMS` again, with lce's fp16 gradients kept scaled by powers of two so that the
-loss scale protects them (:mod:`lce.headroom`, issue 31): the ``adamw`` group's fp16 rows were trained before it."""
+loss scale protects them (:mod:`lce.passes.headroom`, issue 31): the ``adamw`` group's fp16 rows were trained before
+it."""
 ARM_GROUPS: dict[str, tuple[str, tuple[Arm, ...]]] = {
     "adamw": ("adamw", ADAMW_ARMS), "sgd": ("sgd", SGD_ARMS), "adamw-budget": ("adamw", BUDGET_ARMS),
     "adamw-headroom": ("adamw", HEADROOM_ARMS)}
@@ -465,7 +466,8 @@ def collect(cache: Path, setting: Setting) -> pd.DataFrame:
 
 def _run_group_in_worker(setting: Setting, optimizer: str, seed: int, cache: Path, threads: int, queue,
                          gemm_verdicts: dict) -> None:
-    lce.cpu_gemms.adopt(gemm_verdicts)  # the parent's CPU GEMM verdicts: every group plans as one process would
+    # the parent's CPU GEMM verdicts: every group plans as one process would
+    lce.planning.cpu_gemms.adopt(gemm_verdicts)
     torch.set_num_threads(threads)
     pool = make_pool(setting)
     run_group(setting, optimizer, seed, pool, cache, on_step=lambda n: queue.put(("step", n)),
@@ -487,7 +489,7 @@ def run_study(setting: Setting, cache: Path, *, optimizers: Sequence[str] = ("ad
                unit="step", disable=not progress, dynamic_ncols=True, smoothing=0.05)
     context = get_context("spawn")
     queue = context.Queue()
-    gemm_verdicts = lce.cpu_gemms.verdicts()
+    gemm_verdicts = lce.planning.cpu_gemms.verdicts()
     pending = [g for g in groups if done[g] < setting.steps]
     running: list = []
     while pending or running:
@@ -544,7 +546,8 @@ def add_arguments(parser) -> None:
                         help="stop each group at its first evaluation after S seconds (the rows so far are kept)")
     parser.add_argument("--optimizers", default="adamw,sgd",
                         help="groups of arms: adamw, sgd, adamw-budget (AdamW, the arms of recommend's tight-budget "
-                             "picks), adamw-headroom (the fp16 arms with lce.headroom), comma-separated (default: "
+                             "picks), adamw-headroom (the fp16 arms with lce.passes.headroom), comma-separated "
+                             "(default: "
                              "adamw,sgd)")
     parser.add_argument("--cache", type=Path, default=CACHE_DIR, help="run folders (resumable state)")
     parser.add_argument("--file", default=None, metavar="NAME",

@@ -12,7 +12,7 @@ sequences from a seeded bigram chain whose next-token distributions share a Zipf
 * ``lce``: ``patch(model)`` (lce's defaults; the integration returns the loss in fp32 for an fp16 head, so the
   scale reaches backward whole), on the CPU layouts;
 * ``lce cuda-layouts``: the same with the CUDA layouts emulated (fp16's CUDA auto: compact, its running fp16
-  sum kept near fp16's top by :mod:`lce.headroom`);
+  sum kept near fp16's top by :mod:`lce.passes.headroom`);
 * ``lce cuda-layouts before``: that arm with lce's arithmetic before the headroom
   (:func:`lce.testing.without_headroom`).
 
@@ -178,7 +178,8 @@ def record(folder: Path, file_name: str = HF_FP16_FILE, *, setting: Setting = SE
 # ---- python -m analysis hf-fp16 ------------------------------------------------------------------------------
 
 DESCRIPTION = ("a small transformers Llama trained under fp16 autocast with a GradScaler, unpatched and patched by "
-               "lce (CPU and emulated CUDA layouts, before and after lce.headroom), 3 seeds; appends hf_fp16.csv run "
+               "lce (CPU and emulated CUDA layouts, before and after lce.passes.headroom), 3 seeds; appends "
+               "hf_fp16.csv run "
                "by run and resumes. About 15 CPU-minutes where fp16 GEMMs are native, far longer where emulated.")
 
 

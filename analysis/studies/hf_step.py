@@ -35,7 +35,7 @@ import pandas as pd
 import torch
 
 from analysis.paths import ROOT
-from lce.options import dtype_name
+from lce.planning.options import dtype_name
 
 __all__ = ["StepSetting", "SETTINGS", "ARMS", "DEFAULT_ARMS", "BUDGET_MULTIPLE", "HF_STEP_FILE", "head_budget",
            "build_model", "apply_arm", "measure_arm", "measure", "record"]

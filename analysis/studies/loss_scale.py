@@ -1,5 +1,5 @@
 """fp16 gradients under a loss scale: how many entries each implementation loses to fp16's subnormal range, and
-its error in floors, before and after :mod:`lce.headroom` (issue 31).
+its error in floors, before and after :mod:`lce.passes.headroom` (issue 31).
 
 A loss scale (``torch.amp.GradScaler``, the Hugging Face Trainer's ``fp16=True``) multiplies the loss by ``S`` so
 that gradient entries below fp16's normal range (6.1e-5) are lifted into it. An entry is *lost* when the exact
@@ -58,7 +58,7 @@ from analysis.core.problem import Shape
 from analysis.core.provenance import provenance
 from analysis.core.results_io import LOSS_SCALE, append_rows, read_table, set_aside, write_csv_atomically
 from analysis.studies.peers import plan_arithmetic
-from lce.options import dtype_name
+from lce.planning.options import dtype_name
 from lce.testing import emulate_device_kind, without_headroom
 
 __all__ = ["SHAPES", "SEEDS", "SCALES", "LCE_ARMS", "LOSS_SCALE_FILE", "GRADIENTS", "Contender", "contenders",
@@ -311,7 +311,8 @@ def remeasure(folder: Path, labels: Sequence[str], file_name: str = LOSS_SCALE_F
 # ---- python -m analysis loss-scale ---------------------------------------------------------------------------
 
 DESCRIPTION = ("fp16 gradients under loss scales of 2^12 to 2^16 on the calibrated family: lost entries and floors "
-               "of lce (before and after lce.headroom) per policy and layout, torch's op and the unfused op as fp16 "
+               "of lce (before and after lce.passes.headroom) per policy and layout, torch's op and the unfused op "
+               "as fp16 "
                "autocast runs it; appends to loss_scale.csv.gz problem by problem and resumes. About 35 CPU-minutes.")
 
 

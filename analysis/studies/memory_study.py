@@ -23,7 +23,7 @@ from analysis.core.problem import DTYPES, Shape
 from analysis.core.provenance import provenance
 from analysis.core.results_io import MEMORY_BREAKDOWN, MEMORY_TRACE, append_rows, set_aside
 from analysis.paths import display_path
-from lce.options import dtype_name
+from lce.planning.options import dtype_name
 
 __all__ = ["STUDY_SHAPE", "STUDY_DTYPE", "STUDY_SPECS", "BREAKDOWN_FILE", "TRACE_FILE", "buffer_breakdown",
            "memory_traces", "peaks", "record"]

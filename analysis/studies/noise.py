@@ -54,7 +54,7 @@ from analysis.core.metrics import report, rounding_floor
 from analysis.core.problem import DTYPES, Shape
 from analysis.core.results_io import NOISE
 from analysis.studies.peers import Contender, record_study, run_contenders
-from lce.planning import aspect_ratio_chunk_size
+from lce.planning.plan import aspect_ratio_chunk_size
 from lce.testing import emulate_device_kind
 
 __all__ = ["NOISE_SHAPE", "FAMILIES", "STUDY_DTYPES", "POLICIES", "CHUNK_COUNTS", "SEEDS", "NOISE_FILE",

@@ -27,7 +27,7 @@ from analysis.core.implementations import ImplSpec, make_implementation
 from analysis.core.inputs import Inputs, Outputs
 from analysis.core.provenance import provenance
 from analysis.core.results_io import Kind, append_rows, set_aside
-from lce.options import dtype_name
+from lce.planning.options import dtype_name
 
 __all__ = ["Contender", "lce_contenders", "run_contenders", "Result", "LAYOUT_NAMES", "record_study",
            "plan_arithmetic"]
@@ -85,7 +85,7 @@ class Result:
 def plan_arithmetic(plan) -> tuple:
     """What the chunk loop's numbers depend on: the dtypes each GEMM and sum resolve to (not the layout roles
     that name them, nor the policy name), the chunk size, the reduction, the gradients asked for and whether fp16
-    gradients keep their headroom (:mod:`lce.headroom`)."""
+    gradients keep their headroom (:mod:`lce.passes.headroom`)."""
     gemms = tuple(plan.gemm_dtypes(name) for name in ("logits", "grad_input", "grad_weight"))
     return (plan.device_kind, plan.input_dtype, plan.acc_dtype, gemms, plan.weight_grad_sum_dtype,
             plan.stats_dtype, plan.rescales_grad_logits, plan.upcasts_weight_for("logits"),

@@ -78,7 +78,7 @@ from analysis.core.provenance import provenance
 from analysis.core.results_io import RL_CHUNKING, RL_COST, RL_LOGPROBS, Kind, append_rows, read_table, set_aside
 from analysis.core.timing import time_call
 from analysis.core.token_reference import sample_targets, token_reference
-from lce.cpu_gemms import LOW_PRECISION, gemm_support
+from lce.planning.cpu_gemms import LOW_PRECISION, gemm_support
 from lce.testing import emulate_device_kind
 
 __all__ = ["Recipe", "RECIPES", "CHUNKING_RECIPES", "RL_CHUNKING_FILE", "Problem", "PROBLEMS", "QWEN_HEAD",
@@ -121,7 +121,7 @@ class Recipe:
 
 
 def emulates(dtype: torch.dtype) -> bool:
-    """Whether this CPU emulates ``dtype``'s GEMMs (:mod:`lce.cpu_gemms`)."""
+    """Whether this CPU emulates ``dtype``'s GEMMs (:mod:`lce.planning.cpu_gemms`)."""
     return dtype in LOW_PRECISION and gemm_support(dtype).emulated
 
 

@@ -1,4 +1,4 @@
-"""``python -m analysis time-model``: fit :mod:`lce.time_model`'s constants to the committed measurements of each
+"""``python -m analysis time-model``: fit :mod:`lce.decide.time_model`'s constants to the committed measurements of each
 device kind, and report how well they predict the measurements they were not fitted to.
 
 **Samples** (:func:`samples`): every timed run of lce whose options and machine the results record --
@@ -9,7 +9,7 @@ device kind, and report how well they predict the measurements they were not fit
 * CUDA: the GPU check's ``gpu_bench`` rows and the ``cuda`` grid's lce rows (TF32 off and on, an H200).
 
 Each sample's plan is made again (:func:`lce.make_plan`, on meta or CPU tensors under the recorded capability), and its
-cost is counted as the plan's :func:`lce.time_model.time_terms`, with the code of the revision that measured it:
+cost is counted as the plan's :func:`lce.decide.time_model.time_terms`, with the code of the revision that measured it:
 CUDA rows from before the accumulator sum became one GEMM per chunk (:data:`BLOCKED_SUM_UNTIL`) added their
 weight-gradient products in blocks of a million elements, as they ran.
 
@@ -19,12 +19,12 @@ weight-gradient products in blocks of a million elements, as they ran.
 minimise the squared
 error of the log of the predicted time, by L-BFGS on their logarithms. The constants lce ships take the median
 machine's rates as the reference (on CUDA the H200 with TF32 off, :data:`REFERENCE_MACHINE`); a CPU's own
-low-precision rate comes from :mod:`lce.cpu_gemms` at run time.
+low-precision rate comes from :mod:`lce.planning.cpu_gemms` at run time.
 
 **Held out** (:func:`held_out`): each shape's samples predicted by a fit to the other shapes: the share within
 +-30% and the median and worst ratio of predicted over measured time.
 
-Writes ``lce/time_model.json`` (the constants and the fit report), which :mod:`lce.time_model` reads.
+Writes ``lce/decide/time_model.json`` (the constants and the fit report), which :mod:`lce.decide.time_model` reads.
 """
 
 from __future__ import annotations
@@ -45,10 +45,7 @@ from analysis.core.problem import DTYPES
 from analysis.core.results_io import load_kind
 from analysis.paths import RESULTS_DIR
 from analysis.sweep.remeasure import _config
-from lce import gemm
-from lce.planning import make_plan
-from lce.testing import cpu_gemms, emulate_device_kind
-from lce.time_model import (
+from lce.decide.time_model import (
     CONSTANTS_FILE,
     TimeConstants,
     estimated_seconds,
@@ -56,12 +53,16 @@ from lce.time_model import (
     gemm_names,
     time_terms,
 )
+from lce.passes import gemm
+from lce.planning.plan import make_plan
+from lce.testing import cpu_gemms, emulate_device_kind
 
 __all__ = ["Sample", "BLOCKED_SUM_UNTIL", "TOLERANCE", "REFERENCE_MACHINE", "as_run_options",
            "predicted_seconds_as_run", "samples", "fit", "held_out", "record"]
 
 BLOCKED_SUM_UNTIL = "2026-12-06"
-"""CUDA rows dated before this day ran the weight-gradient sum in blocks of 2^20 elements (lce.gemm before its CUDA
+"""CUDA rows dated before this day ran the weight-gradient sum in blocks of 2^20 elements (lce.passes.gemm before its
+CUDA
 block size): their costs are counted that way."""
 
 TOLERANCE = 0.30
@@ -78,7 +79,7 @@ between input families there."""
 class Sample:
     """One measured run: its device kind, the machine it ran on (``machine``: CPU model and capability, or the GPU),
     its shape (``shape``, the held-out groups), the plan's cost terms at unit rates (``gemms``: per GEMM its FLOPs,
-    the compute dtype's name and its rows; ``terms``: :class:`lce.time_model.TimeTerms` with ``gemm_seconds`` 0),
+    the compute dtype's name and its rows; ``terms``: :class:`lce.decide.time_model.TimeTerms` with ``gemm_seconds`` 0),
     and the measured ``seconds``."""
 
     kind: str
@@ -325,12 +326,12 @@ def _source(kind: str, data: Sequence[Sample], report: dict) -> str:
     machines = sorted({s.machine for s in data})
     return (f"predicted by a model fitted to {len(data)} measured runs on {len(machines)} "
             f"{'CPU kinds' if kind == 'cpu' else 'GPU settings'} ({', '.join(machines)}); held out by shape, "
-            f"{report['within']:.0%} within +-{TOLERANCE:.0%} (lce.time_model.FIT)")
+            f"{report['within']:.0%} within +-{TOLERANCE:.0%} (lce.decide.time_model.FIT)")
 
 
 def record(folder: Path = RESULTS_DIR, out: Path = CONSTANTS_FILE, kinds: Sequence[str] = ("cpu", "cuda"),
            echo=print) -> dict:
-    """Fit each device kind's constants, report the held-out fit, and write ``out`` (lce/time_model.json)."""
+    """Fit each device kind's constants, report the held-out fit, and write ``out`` (lce/decide/time_model.json)."""
     existing = json.loads(out.read_text()) if out.exists() else {"constants": {}, "fit": {}}
     for kind in kinds:
         data = samples(kind, folder)
@@ -356,8 +357,10 @@ def record(folder: Path = RESULTS_DIR, out: Path = CONSTANTS_FILE, kinds: Sequen
 
 # ---- python -m analysis time-model -------------------------------------------------------------------------------
 
-DESCRIPTION = ("Fits lce.time_model's constants (GEMM rates, row efficiency, bandwidth, elementwise passes, launch "
-               "and step overheads) to the committed timed runs of each device kind and writes lce/time_model.json "
+DESCRIPTION = ("Fits lce.decide.time_model's constants (GEMM rates, row efficiency, bandwidth, elementwise passes, "
+               "launch "
+               "and step overheads) to the committed timed runs of each device kind and writes "
+               "lce/decide/time_model.json "
                "with the fit's held-out report (each shape predicted by a fit to the others). About a minute.")
 
 
@@ -365,7 +368,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--kinds", default="cpu,cuda", help="device kinds to fit (default: cpu,cuda)")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results folder (default: analysis/results)")
     parser.add_argument("--out", type=Path, default=CONSTANTS_FILE,
-                        help="where to write (default: lce/time_model.json)")
+                        help="where to write (default: lce/decide/time_model.json)")
 
 
 def run(args) -> None:

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import lce
-import lce.cpu_gemms
+import lce.planning.cpu_gemms
 from analysis.core.buckets import BUCKETS, bucket_edges
 from analysis.core.emulated_gemms import low_precision_linear
 from analysis.core.implementations import ROWS_PREFIX, ImplSpec
@@ -49,7 +49,7 @@ from analysis.core.results_io import results_stem
 from analysis.lm.model import ModelConfig
 from analysis.lm.train import BUCKET_COLUMNS, HeadLoss, TrainConfig, fp32_head_loss, train
 from analysis.paths import LM_CACHE_DIR
-from lce.options import EXPLICIT_POLICIES
+from lce.planning.options import EXPLICIT_POLICIES
 from lce.testing import emulate_device_kind
 
 __all__ = ["Arm", "ARMS", "Setting", "SETTINGS", "head_loss_of", "run_arm", "collect", "run_study",
@@ -321,7 +321,7 @@ def bucket_edges_of(where: Path | str | None = None, setting: str = "long", devi
 
 def _run_in_worker(arm: Arm, seed: int, setting: Setting, model_config: ModelConfig, cache: Path,
                    token_cache: Path, tokens_file: Path | None, threads: int, gemm_verdicts: dict) -> None:
-    lce.cpu_gemms.adopt(gemm_verdicts)  # the parent's CPU GEMM verdicts: every run plans as one process would
+    lce.planning.cpu_gemms.adopt(gemm_verdicts)  # the parent's CPU GEMM verdicts: every run plans as one process would
     torch.set_num_threads(threads)
     run_arm(arm, seed, setting, load_streams(token_cache, tokens_file), model_config, cache)
 
@@ -369,7 +369,7 @@ def run_study(setting: Setting, model_config: ModelConfig, cache: Path, *, arms:
             run_arm(arm, seed, setting, streams, model_config, cache, device=device, progress=progress)
             finished()
     else:
-        gemm_verdicts = lce.cpu_gemms.verdicts()
+        gemm_verdicts = lce.planning.cpu_gemms.verdicts()
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
             running = set()
             while pending or running:

@@ -27,8 +27,8 @@ from collections.abc import Iterable, Sequence
 
 from analysis.core.problem import LLM_SHAPES, Shape
 from analysis.core.run_config import RunConfig
-from lce.options import ACC_POLICIES, parse_chunking_method
-from lce.planning import aspect_ratio_chunk_size
+from lce.planning.options import ACC_POLICIES, parse_chunking_method
+from lce.planning.plan import aspect_ratio_chunk_size
 
 __all__ = ["RunConfig", "Measurement", "Grid", "GRIDS", "get_grid", "CHUNKINGS", "LOW_PRECISION", "chunked_configs",
            "family_grid", "SEEDS", "FAMILIES_IN_GRIDS", "CUDA_FAMILY_SHAPE", "CUDA_HEADLINE_SHAPES", "CUDA_SEEDS"]

@@ -31,7 +31,7 @@ from analysis.core.problem import DTYPES
 from analysis.core.provenance import git_revision
 from analysis.core.results_io import write_csv_atomically
 from analysis.core.run_config import RunConfig
-from lce.planning import make_plan
+from lce.planning.plan import make_plan
 from lce.testing import emulate_device_kind
 
 __all__ = ["modeled_peak", "measured_peak", "stale_rows", "remeasure", "current_plan", "changed_plan_rows",
@@ -64,7 +64,7 @@ def modeled_peak(config: RunConfig) -> int:
 def changed_plan_rows(table: pd.DataFrame) -> pd.Index:
     """The lce rows whose run would resolve differently today (policy, acc_dtype or chunk size): an "auto" entry
     changed, so their errors, times and peaks describe another plan and must be measured again."""
-    from lce.options import dtype_name
+    from lce.planning.options import dtype_name
 
     changed = []
     for index, row in table[table["op"] == "lce"].iterrows():

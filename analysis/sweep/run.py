@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-import lce.cpu_gemms
+import lce.planning.cpu_gemms
 from analysis.core.emulated_gemms import emulated_peer_note, emulated_peer_skip
 from analysis.core.fp64 import REFERENCE_BLOCK_ELEMENTS, reference_outputs
 from analysis.core.implementations import make_implementation, tensor_device, unavailable_reason
@@ -37,7 +37,7 @@ from analysis.core.run_config import RunConfig
 from analysis.core.timing import time_call
 from analysis.paths import RESULTS_DIR, display_path
 from analysis.sweep.grids import Grid
-from lce.options import dtype_name
+from lce.planning.options import dtype_name
 
 __all__ = ["results_path", "parse_shard", "measure_run", "run_grid", "default_workers", "SweepSummary",
            "reference_block_elements"]
@@ -249,7 +249,7 @@ def _groups_largest_first(pending: Sequence[RunConfig]) -> list[list[RunConfig]]
 def _worker(grid: Grid, path: Path, tasks, done, gemm_verdicts: dict) -> None:
     """Worker process: take groups from ``tasks`` until None, report each finished run on ``done``. It plans with
     its parent's CPU GEMM verdicts (``gemm_verdicts``), so its rows are the ones one process would write."""
-    lce.cpu_gemms.adopt(gemm_verdicts)
+    lce.planning.cpu_gemms.adopt(gemm_verdicts)
     if grid.measurement.threads:
         torch.set_num_threads(grid.measurement.threads)
     cache = _InputsCache()
@@ -276,7 +276,7 @@ def _feed_workers(grid: Grid, path: Path, pending: Sequence[RunConfig], workers:
     tasks, done = context.Queue(), context.Queue()
     for group in _groups_largest_first(pending):
         tasks.put(group)
-    gemm_verdicts = lce.cpu_gemms.verdicts()  # decided once, here, for every worker
+    gemm_verdicts = lce.planning.cpu_gemms.verdicts()  # decided once, here, for every worker
     processes = [context.Process(target=_worker, args=(grid, path, tasks, done, gemm_verdicts), daemon=True)
                  for _ in range(workers)]
     for _ in processes:

@@ -83,9 +83,9 @@ from fractions import Fraction
 import torch
 
 from ..autocasting import CASTABLE, autocast_dtype, autocast_off
+from ..decide.recommendation import recommend
 from ..functional import check_features, linear_cross_entropy
-from ..options import LinearCrossEntropyOptions
-from ..recommendation import recommend
+from ..planning.options import LinearCrossEntropyOptions
 
 __all__ = ["patch", "unpatch", "is_patched", "Recommended", "LCE_KEYWORDS", "LOGITS_SETTINGS"]
 
@@ -441,7 +441,7 @@ def _lce_loss(x, weight, bias, target, *, num_items_in_batch, ignore_index: int,
     lce's gradients in fp32 on their way back (:class:`_GradientScale`) instead of reaching lce rounded to its
     dtype, where a scale such as 1/37 would be off by up to 2**-9 in every gradient alike. For fp16 input lce
     returns its loss in fp32 (``loss_dtype``) and that scale reaches lce's backward, which multiplies it into
-    the gradients it keeps scaled by powers of two (:mod:`lce.headroom`): a GradScaler's scale then protects
+    the gradients it keeps scaled by powers of two (:mod:`lce.passes.headroom`): a GradScaler's scale then protects
     them as it protects the unpatched model's. lce runs "mean"
     there, its gradients O(1/count) before they are rounded (a sum's can overflow fp16)."""
     keywords = dict(ignore_index=ignore_index, options=options, softcap=softcap, z_loss=z_loss)
@@ -451,7 +451,7 @@ def _lce_loss(x, weight, bias, target, *, num_items_in_batch, ignore_index: int,
         return loss if num_items_in_batch is None else loss / _on(num_items_in_batch, loss.device)
     if x.dtype == torch.float16:
         # fp16: the incoming gradient (a GradScaler's scale, times the factor) reaches lce's backward in fp32,
-        # where it lifts the gradients lce keeps scaled (lce.headroom) before they are rounded
+        # where it lifts the gradients lce keeps scaled (lce.passes.headroom) before they are rounded
         scale = None
         loss, lse = linear_cross_entropy(x, weight, target, linear_bias=bias, reduction="mean", return_lse=True,
                                          loss_dtype=torch.float32, **keywords)

@@ -82,10 +82,10 @@ from fractions import Fraction
 import torch
 
 from ..autocasting import autocast_dtype, autocast_off, take_head
-from ..chunked import ChunkLoop, HeadTensors, Targets, block_logits, column_blocks
-from ..logprob_passes import tempered_block_logits_
 from ..logprobs import linear_log_probs, log_probs_plan
-from ..options import LinearCrossEntropyOptions
+from ..passes.chunked import ChunkLoop, HeadTensors, Targets, block_logits, column_blocks
+from ..passes.logprob_passes import tempered_block_logits_
+from ..planning.options import LinearCrossEntropyOptions
 from .transformers import _scaled, is_patched
 
 __all__ = ["route", "unroute", "is_routed", "check_trl", "fused_head", "IncompatibleTRLError", "TESTED_TRL",

@@ -1,6 +1,6 @@
 """Fused Triton kernels for a chunk's elementwise passes over its logits (optional; CUDA only).
 
-The chunk loop (:mod:`lce.chunked`) turns each chunk's (rows, C) fp32 logits ``z`` into row statistics and then
+The chunk loop (:mod:`lce.passes.chunked`) turns each chunk's (rows, C) fp32 logits ``z`` into row statistics and then
 into dz with a sequence of PyTorch ops, each a full pass over ``z``: gather the target logit, the row maximum,
 ``exp`` with the target left out and its sum, the division by the sum, dz's scaling, the target entry's scatter,
 the smoothing term. At an LLM head (8192 x 256000 logits a step) those passes move about as many bytes as the
@@ -11,21 +11,22 @@ a row) is computed by the caller with the chunk loop's own ops and handed in.
 
 What each function replaces
 ---------------------------
-:func:`row_statistics` -- one read of ``z`` (nothing written). Replaces :func:`lce.chunked.chunk_statistics_`
-(target gather, ``amax``, :func:`~lce.chunked._exp_apart_from_target_`'s shift, scatter of -inf, ``exp`` and
+:func:`row_statistics` -- one read of ``z`` (nothing written). Replaces :func:`lce.passes.chunked.chunk_statistics_`
+(target gather, ``amax``, :func:`~lce.passes.chunked._exp_apart_from_target_`'s shift, scatter of -inf, ``exp`` and
 sum, the smoothing's weighted logit sum) and, given ``running_max``, the same for a block of classes
-(:func:`lce.chunked.block_statistics_`, whose fold with the previous blocks stays the caller's). The maximum and
+(:func:`lce.passes.chunked.block_statistics_`, whose fold with the previous blocks stays the caller's). The maximum and
 the sum come from one sweep: the online log-sum-exp, the sum so far rescaled by ``exp(old_max - new_max)``
 whenever a block raises the maximum. Unlike the reference it leaves ``z`` as it was (the logits), since the
 gradient pass recomputes ``exp``.
 
-:func:`sum_apart_from_target` -- one read. Replaces the sum in :func:`lce.chunked.chunk_softmax_from_lse_`
+:func:`sum_apart_from_target` -- one read. Replaces the sum in :func:`lce.passes.chunked.chunk_softmax_from_lse_`
 (backward of reduction "none"): ``sum over c != y of exp(z_c - lse)``, the same sum with a fixed shift.
 
 :func:`grad_logits_` -- one read and one write, in place. Replaces the division of
-:func:`lce.chunked.chunk_loss_and_softmax_` (``p = exp(z - row_max) / sum_exp``) or the ``exp`` of
-:func:`~lce.chunked.chunk_softmax_from_lse_` (``p = exp(z - lse)``), followed by
-:func:`lce.chunked.chunk_grad_logits_` (``dz = prob_coef * p``, the target entry, the smoothing term), for a whole
+:func:`lce.passes.chunked.chunk_loss_and_softmax_` (``p = exp(z - row_max) / sum_exp``) or the ``exp`` of
+:func:`~lce.passes.chunked.chunk_softmax_from_lse_` (``p = exp(z - lse)``), followed by
+:func:`lce.passes.chunked.chunk_grad_logits_` (``dz = prob_coef * p``, the target entry, the smoothing term), for a
+whole
 row or a block of classes.
 
 Why the arithmetic is the reference's
@@ -55,9 +56,9 @@ timed), never on scheduling.
 
 What the kernels do not cover (the caller keeps the PyTorch ops)
 ----------------------------------------------------------------
-Soft-capping (``tanh`` and its chain rule: :func:`lce.chunked.capped_grad_logits_`); stats dtypes other than fp32
+Soft-capping (``tanh`` and its chain rule: :func:`lce.passes.chunked.capped_grad_logits_`); stats dtypes other than fp32
 (fp64 inputs); logits whose columns are not contiguous; tensors off CUDA (outside the interpreter) and AMD GPUs
-(``torch.version.hip``: untested); the per-token log-probabilities' passes (:mod:`lce.logprob_passes`); the
+(``torch.version.hip``: untested); the per-token log-probabilities' passes (:mod:`lce.passes.logprob_passes`); the
 losses, ``lse`` and the coefficients themselves (a few (rows,) ops). NaN logits: ``tl.max`` may drop a NaN that
 ``amax`` propagates, but the row's sum still carries it: a row with a NaN logit gets NaN statistics either way.
 Logits below about -87 nats from their row's shift: libdevice's ``exp`` is built flush-to-zero, so where torch's
@@ -105,7 +106,7 @@ _warned: set[str] = set()
 
 class KernelsFailed(RuntimeError):
     """A kernel failed to compile or launch (a Triton error), before it changed any of its arguments: the caller
-    runs the PyTorch ops instead (:mod:`lce.chunked` does so for the whole pass)."""
+    runs the PyTorch ops instead (:mod:`lce.passes.chunked` does so for the whole pass)."""
 
 
 class KernelsFallbackWarning(UserWarning):
@@ -113,7 +114,8 @@ class KernelsFallbackWarning(UserWarning):
 
 
 class Statistics(NamedTuple):
-    """A chunk's row statistics, in the field order of :class:`lce.chunked.RowStatistics` (``RowStatistics(*s)``).
+    """A chunk's row statistics, in the field order of :class:`lce.passes.chunked.RowStatistics`
+    (``RowStatistics(*s)``).
 
     All (rows,) fp32: ``row_max`` the largest logit (the running maximum's, if one was given),
     ``other`` the sum of ``exp(z - row_max)`` over the classes but the target, ``target_logit`` the target's
@@ -256,7 +258,7 @@ def row_statistics(z: torch.Tensor, target_index: torch.Tensor, *, class_weight:
 def sum_apart_from_target(z: torch.Tensor, target_index: torch.Tensor, shift: torch.Tensor, *,
                           launch: Launch | None = None) -> torch.Tensor:
     """``sum over c != y of exp(z_c - shift)`` per row (rows,) fp32, ``z`` read once and left as it is: the sum
-    :func:`lce.chunked.chunk_softmax_from_lse_` forms, with ``shift`` the rows' log-sum-exp (``1 - p_y``).
+    :func:`lce.passes.chunked.chunk_softmax_from_lse_` forms, with ``shift`` the rows' log-sum-exp (``1 - p_y``).
 
     ``target_index`` as for :func:`row_statistics`; ``shift`` (rows,) fp32.
     """
@@ -276,7 +278,7 @@ def grad_logits_(z: torch.Tensor, target_index: torch.Tensor, shift: torch.Tenso
 
     ``p = exp(z - shift)``, divided by ``divisor`` where given (forward: ``shift = row_max``,
     ``divisor = sum_exp``; backward of "none" and class blocks: ``shift = lse``, no divisor). Then, as
-    :func:`lce.chunked.chunk_grad_logits_`: ``dz = prob_coef * p``; the target's entry
+    :func:`lce.passes.chunked.chunk_grad_logits_`: ``dz = prob_coef * p``; the target's entry
     ``(prob_coef - target_coef) * p_y - target_coef * other_prob``; plus ``smoothing_coef * w_c``
     (``smoothing_coef`` alone without ``class_weight``) on every entry, the target's included.
 

@@ -1,4 +1,4 @@
-"""lce.error_model: its committed validation, the shape of its predictions, its statistics and its errors."""
+"""lce.decide.error_model: its committed validation, the shape of its predictions, its statistics and its errors."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import torch
 from analysis.cli import main
 from analysis.paths import RESULTS_DIR
 from analysis.studies import error_model as error_model_fit
-from lce import error_model
-from lce.error_model import InputStats, measure_input_stats, predict_errors
-from lce.options import LinearCrossEntropyOptions
-from lce.planning import make_plan
+from lce.decide import error_model
+from lce.decide.error_model import InputStats, measure_input_stats, predict_errors
+from lce.planning.options import LinearCrossEntropyOptions
+from lce.planning.plan import make_plan
 from lce.testing import cpu_gemms, emulate_device_kind
 
 

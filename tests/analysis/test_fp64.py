@@ -12,7 +12,7 @@ from analysis.core.fp64 import fp64_loss, gradcheck, reference_outputs
 from analysis.core.implementations import ImplSpec
 from analysis.core.inputs import OUTPUT_NAMES, Inputs, make_inputs, outputs_of
 from analysis.core.problem import Shape
-from lce.options import EXPLICIT_POLICIES
+from lce.planning.options import EXPLICIT_POLICIES
 
 
 def test_reference_uses_the_rounded_inputs_exactly():

@@ -20,7 +20,7 @@ from analysis.paths import RESULTS_DIR, ROOT
 from analysis.report import nb04_pareto
 from analysis.sweep.grids import CUDA_FAMILY_SHAPE, CUDA_HEADLINE_SHAPES, FAMILIES_IN_GRIDS, get_grid
 from analysis.sweep.run import reference_block_elements
-from lce.error_model import predict_errors
+from lce.decide.error_model import predict_errors
 
 
 @pytest.mark.slow

@@ -43,7 +43,8 @@ def test_restated_arithmetic_with_rows_not_a_power_of_two_and_a_loss_scale():
 
 def test_a_loss_scale_now_decides_the_rounding_of_lces_fp16_gradient_and_the_restatement_follows():
     """lce keeps fp16 gradients scaled by powers of two and multiplies the loss scale in before their last
-    rounding (lce.headroom): under 2**12 the entries fp16 cannot hold at their true size keep their digits, so the
+    rounding (lce.passes.headroom): under 2**12 the entries fp16 cannot hold at their true size keep their digits, so
+    the
     scaled step's gradient is closer to fp64 than the unscaled one; the restatement without the headroom (lce
     before it) loses them, and the restatement with it is lce's arithmetic."""
     x, w, y = _head()

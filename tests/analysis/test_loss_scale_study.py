@@ -48,7 +48,7 @@ def test_the_autocast_baseline_is_what_torch_autocast_computes():
 
 
 def test_without_headroom_is_lces_arithmetic_before_it():
-    """lce.testing.without_headroom runs lce as it was before lce.headroom: its weight gradient is the head-only
+    """lce.testing.without_headroom runs lce as it was before lce.passes.headroom: its weight gradient is the head-only
     study's restatement of that arithmetic (up to fp32 summation order), and it loses entries lce now keeps."""
     g = torch.Generator().manual_seed(1)
     x, w = torch.randn(512, 32, generator=g), torch.randn(2048, 32, generator=g) * 1.0

@@ -11,8 +11,8 @@ from analysis.core import problem
 from analysis.core.results_io import NOISE, load_kind
 from analysis.judge import rule
 from analysis.paths import RESULTS_DIR
-from lce.memory_model import chunk_peak_bytes
-from lce.policies import AUTO_TABLE
+from lce.planning.memory_model import chunk_peak_bytes
+from lce.planning.policies import AUTO_TABLE
 from lce.testing import emulate_device_kind
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-import lce.cpu_gemms
+import lce.planning.cpu_gemms
 from analysis.cli import main
 from analysis.core.emulated_gemms import Fp32LowPrecisionGemms, low_precision_linear
 from analysis.core.memory import measure_peak
@@ -156,7 +156,8 @@ def test_tiny_reproduce_end_to_end(tmp_path, capsys):
 @pytest.mark.parametrize("support", ["native", "emulated"])
 def test_workers_write_the_same_rows_as_one_process(tmp_path, support):
     """Two worker processes (spawned) fill one file: every run once, the same errors and the same CPU GEMM verdict
-    as a serial sweep. The workers plan with the parent's verdict (lce.cpu_gemms.adopt), whichever it is; deciding
+    as a serial sweep. The workers plan with the parent's verdict (lce.planning.cpu_gemms.adopt), whichever it is;
+    deciding
     their own, 1-thread workers on a loaded AVX2-only CPU once disagreed with their parent (issue 29)."""
     grid = get_grid("tiny")
     with cpu_gemms(support):
@@ -179,7 +180,8 @@ def test_a_custom_measure_cannot_be_sent_to_workers(tmp_path):
 
 
 def test_on_a_cpu_that_emulates_bf16_the_peers_errors_are_measured_and_their_costs_are_not(tmp_path):
-    """lce.cpu_gemms says "emulated" (forced here): torch's op and the unfused reference run their bf16 GEMMs on
+    """lce.planning.cpu_gemms says "emulated" (forced here): torch's op and the unfused reference run their bf16 GEMMs
+    on
     fp32 copies (analysis.core.emulated_gemms), so their errors match the native run's and no time or memory is
     claimed for them; lce and the fp32 runs are measured as ever."""
     grid = get_grid("tiny")
@@ -210,14 +212,15 @@ def test_tiny_reproduce_end_to_end_where_bf16_gemms_are_emulated(tmp_path, monke
     """The whole reproduction on a CPU that emulates bf16/fp16 GEMMs (LCE_CPU_GEMMS=emulated, which the sweep's
     worker processes read too): it completes, the peers' costs are absent and said to be, and every figure draws."""
     monkeypatch.setenv("LCE_CPU_GEMMS", "emulated")
-    token = lce.cpu_gemms.CPU_GEMMS_OVERRIDE.set(None)  # this process too: lift the suite's pin (tests/conftest.py)
-    monkeypatch.setattr(lce.cpu_gemms, "_environment_setting", lambda: lce.cpu_gemms.parse_setting("emulated"))
+    gemms = lce.planning.cpu_gemms
+    token = gemms.CPU_GEMMS_OVERRIDE.set(None)  # this process too: lift the suite's pin (tests/conftest.py)
+    monkeypatch.setattr(gemms, "_environment_setting", lambda: gemms.parse_setting("emulated"))
     results, figures = tmp_path / "results", tmp_path / "figures"
     try:
         assert main(["reproduce", "--grid", "tiny", "--results", str(results), "--out", str(figures),
                      "--no-progress"]) == 0
     finally:
-        lce.cpu_gemms.CPU_GEMMS_OVERRIDE.reset(token)
+        lce.planning.cpu_gemms.CPU_GEMMS_OVERRIDE.reset(token)
     sweep = pd.read_csv(results / "tiny.csv")
     peers = sweep["op"].isin(["torch", "reference"]) & (sweep["dtype"] == "bfloat16")
     assert (sweep["status"] == "ok").all() and sweep.loc[peers, "time_median_s"].isna().all()

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from analysis.studies import time_model as study
-from lce.time_model import TimeConstants
+from lce.decide.time_model import TimeConstants
 
 TRUE = {"half_rows": 128.0, "half_features": 48.0, "bandwidth": 2e12, "elementwise_passes": 12.0,
         "launch_overhead": 3e-5, "step_overhead": 8e-4}

@@ -11,7 +11,7 @@ from analysis.judge import pareto
 from analysis.paths import FIGURES_DIR
 from analysis.report import nb04_pareto
 from analysis.report.nb02_accuracy import AT_FLOOR
-from lce.policies import AUTO_FALLBACK, AUTO_TABLE
+from lce.planning.policies import AUTO_FALLBACK, AUTO_TABLE
 
 ASPECT_RATIO = r"lce auto ar(:\d+)?"
 SAME_POLICY_ASPECT_RATIO = r"lce (auto|accurate) ar(:\d+)?( acc=fp32)?"
@@ -167,7 +167,7 @@ def test_on_cuda_the_accumulator_sum_takes_a_few_large_blocks_per_chunk_where_th
     import torch
 
     import lce
-    from lce import gemm
+    from lce.passes import gemm
     from lce.testing import emulate_device_kind
 
     calls = []

@@ -12,7 +12,7 @@ from analysis.core.results_io import FAMILY_STATS, MARGINS, RARE_ROWS, load_kind
 from analysis.judge import pareto
 from analysis.paths import RESULTS_DIR
 from analysis.report import nb05_realistic_inputs as nb05
-from lce.policies import auto_pick
+from lce.planning.policies import auto_pick
 
 
 @functools.cache

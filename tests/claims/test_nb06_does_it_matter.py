@@ -11,7 +11,7 @@ from analysis.core.results_io import NOISE, TRAINING, load_kind
 from analysis.judge import rule
 from analysis.paths import RESULTS_DIR
 from analysis.report import nb06_does_it_matter as nb06
-from lce.policies import AUTO_TABLE
+from lce.planning.policies import AUTO_TABLE
 
 
 @functools.cache

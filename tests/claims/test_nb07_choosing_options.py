@@ -13,7 +13,7 @@ from analysis.core.results_io import BUDGETS, CLASS_TILING, load_kind
 from analysis.paths import RESULTS_DIR
 from analysis.report import nb07_choosing_options as nb07
 from analysis.studies.error_model import VALIDATION_FILE, llm_predictions
-from lce.recommendation import DEFAULT_MAX_ERROR
+from lce.decide.recommendation import DEFAULT_MAX_ERROR
 
 MIDDLE, TIGHTEST = (f"{multiple:g}x gradients" for multiple in nb07.LLM_BUDGET_MULTIPLES[1:])
 

@@ -11,7 +11,7 @@ from analysis.core.results_io import CPU_GEMM_PROBE, CPU_GEMM_RATES, RECOMMEND_C
 from analysis.paths import RESULTS_DIR, ROOT
 from analysis.report import nb09_cpu_kinds as nb09
 from analysis.studies.cpu_probe import EARLIER_METHOD, THIS_METHOD
-from lce.cpu_gemms import EMULATED_SLOWDOWN
+from lce.planning.cpu_gemms import EMULATED_SLOWDOWN
 
 
 @functools.cache
@@ -49,7 +49,8 @@ def test_native_bf16_runs_several_times_fp32s_rate():
 
 
 def test_the_probe_agrees_with_the_large_gemm_rate():
-    """lce.cpu_gemms' verdict (a small probe) is what the 512x512x8192 rate says: emulated exactly where the dtype
+    """lce.planning.cpu_gemms' verdict (a small probe) is what the 512x512x8192 rate says: emulated exactly where the
+    dtype
     runs below 1/EMULATED_SLOWDOWN of fp32's rate."""
     rates = _kind(CPU_GEMM_RATES.name)
     low = rates[rates["dtype"] != "float32"]
@@ -113,7 +114,7 @@ def test_the_cpu_row_floors_stay_near_the_fastest_size_and_32_rows_are_slower_on
     from analysis.core.problem import DTYPES
     from analysis.core.provenance import cpu_kinds
     from analysis.core.results_io import BENCH, CHUNK_SWEEP, latest
-    from lce.policies import CPU_MIN_ROWS
+    from lce.planning.policies import CPU_MIN_ROWS
 
     chunks = _kind(CHUNK_SWEEP.name)
     chunks = chunks[chunks["metric"] == "time_s"]

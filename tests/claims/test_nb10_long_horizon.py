@@ -13,7 +13,7 @@ from analysis.judge import horizon, rule
 from analysis.paths import RESULTS_DIR
 from analysis.report import nb10_long_horizon as nb10
 from analysis.studies import head_training as study
-from lce.policies import AUTO_TABLE, CPU_LAYOUTS
+from lce.planning.policies import AUTO_TABLE, CPU_LAYOUTS
 
 COMPACT_BF16 = ("bf16 compact@32", "bf16 compact@64", "bf16 compact@256")
 

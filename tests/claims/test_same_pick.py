@@ -33,8 +33,8 @@ from lce.decide import (
     objective,
     rule_candidate,
 )
-from lce.options import dtype_name
-from lce.policies import AUTO_TABLE
+from lce.planning.options import dtype_name
+from lce.planning.policies import AUTO_TABLE
 from lce.testing import cpu_gemms
 
 SENTENCE = "`lce.recommend(..., memory_budget=None)` names auto's plan except where it may do what a default may not"

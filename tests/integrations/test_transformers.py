@@ -794,7 +794,8 @@ def test_the_fine_tuning_example_trains_both_models_on_the_repos_corpus(tmp_path
                                                              ("4", "heldout")]
 
 
-# ---- fp16 autocast with a loss scale (lce.headroom) -------------------------------------------------------------
+# ---- fp16 autocast with a loss scale (lce.passes.headroom)
+# -------------------------------------------------------------
 
 def _scaled_head_gradient(model, ids, mask, labels, scale: float) -> torch.Tensor:
     """lm_head's weight gradient after one fp16-autocast step whose loss is multiplied by ``scale`` (as

@@ -302,7 +302,7 @@ def module(rank: int, world: int) -> list[dict]:
 
 
 def loss_scale(rank: int, world: int) -> list[dict]:
-    """fp16 shards under a loss scale of 2**16 with an fp32 loss (lce.headroom on every rank): gradient entries
+    """fp16 shards under a loss scale of 2**16 with an fp32 loss (lce.passes.headroom on every rank): gradient entries
     lost to fp16's subnormal range, sharded and single-process, against fp64; a Zipfian prior makes most classes
     rare."""
     from lce.testing import emulate_device_kind, without_headroom

@@ -25,8 +25,8 @@ def test_no_public_name_shadows_a_submodule(name):
 
 def test_the_documented_constants_are_where_the_docs_say():
     assert lce.decide.DEFAULT_MAX_ERROR[torch.bfloat16] >= 1
-    assert importlib.import_module("lce.recommendation").Recommendation is lce.Recommendation
-    assert importlib.import_module("lce.planning").Plan is lce.Plan
+    assert importlib.import_module("lce.decide.recommendation").Recommendation is lce.Recommendation
+    assert importlib.import_module("lce.planning.plan").Plan is lce.Plan
 
 
 def _tensors():

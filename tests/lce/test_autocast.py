@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import lce
 from helpers import TORCH_HAS_OP, assert_bitwise, autocast_problem, autocast_run, needs_torch_op
-from lce.options import ACC_POLICIES
+from lce.planning.options import ACC_POLICIES
 from lce.testing import cpu_gemms, emulate_device_kind
 
 AUTOCAST_DTYPES = [torch.bfloat16, torch.float16]
@@ -164,7 +164,7 @@ def test_plan_under_autocast_is_the_plan_of_the_call_under_it(autocast, layout):
     assert planned_log_probs.input_dtype == autocast
     assert planned.layout == outside.layout and planned.acc_dtype == outside.acc_dtype
     assert planned.buffers == outside.buffers and planned.notes == outside.notes
-    assert f"under torch.autocast({lce.options.dtype_name(autocast)})" in str(planned)
+    assert f"under torch.autocast({lce.planning.options.dtype_name(autocast)})" in str(planned)
 
 
 def test_fp64_tensors_are_left_alone_and_a_mix_is_refused_by_name():

@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import lce
 from helpers import Case, assert_close_rel, lce_run, make_problem, ref_run
-from lce.options import EXPLICIT_POLICIES
+from lce.planning.options import EXPLICIT_POLICIES
 from lce.testing import emulate_device_kind
 
 POLICIES = EXPLICIT_POLICIES

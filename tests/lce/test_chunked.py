@@ -1,4 +1,4 @@
-"""The pieces of the chunk loop (lce.chunked), each against the fp64 reference formula.
+"""The pieces of the chunk loop (lce.passes.chunked), each against the fp64 reference formula.
 
 The public-API parity tests check the assembled loop; these check each piece
 on its own -- targets, one chunk's logits, losses and softmax, dz, the fp16
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import lce
 from helpers import F64, Case, make_problem, ref_run, rel_err
-from lce.chunked import (
+from lce.passes.chunked import (
     ChunkLoop,
     DzScale,
     GradientSums,
@@ -26,7 +26,7 @@ from lce.chunked import (
     chunk_loss_and_softmax_,
     grad_logits_rescale,
 )
-from lce.options import EXPLICIT_POLICIES
+from lce.planning.options import EXPLICIT_POLICIES
 from lce.testing import emulate_device_kind
 
 POLICIES = EXPLICIT_POLICIES

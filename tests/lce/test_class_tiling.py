@@ -136,8 +136,8 @@ def test_tiled_peak_is_below_untiled_and_the_plan_says_why():
 
 
 def test_error_model_predicts_the_cost_of_tiling_a_narrow_grad_input():
-    """CPU balanced rounds each class block's grad_input product to bf16; lce.error_model counts it."""
-    from lce.error_model import predict_errors
+    """CPU balanced rounds each class block's grad_input product to bf16; lce.decide.error_model counts it."""
+    from lce.decide.error_model import predict_errors
 
     case = Case(N=96, D=48, V=1000, reduction="mean", bias=True, ignore_every=11)
     exact = make_problem(case, seed=21)

@@ -1,4 +1,5 @@
-"""lce.cpu_gemms: this CPU's bf16/fp16 GEMMs native or emulated, and what plans, lce.gemm and lce.recommend do with it.
+"""lce.planning.cpu_gemms: this CPU's bf16/fp16 GEMMs native or emulated, and what plans, lce.passes.gemm and
+lce.recommend do with it.
 
 Every test plans as on a CPU with native bf16/fp16 GEMMs (tests/conftest.py), so that plans are the same on every
 CPU kind; these tests drive each branch with :func:`lce.testing.cpu_gemms` and check the probe itself.
@@ -10,10 +11,18 @@ import pytest
 import torch
 
 import lce
-import lce.cpu_gemms
+import lce.planning.cpu_gemms
 from helpers import F64, Case, make_problem, ref_run, rel_err, run
-from lce.cpu_gemms import EMULATED_SLOWDOWN, ENV_VAR, SLOW_SLOWDOWN, GemmSupport, gemm_support, parse_setting, probe
-from lce.gemm import add_mm_, in_fp32_blocks, mm
+from lce.passes.gemm import add_mm_, in_fp32_blocks, mm
+from lce.planning.cpu_gemms import (
+    EMULATED_SLOWDOWN,
+    ENV_VAR,
+    SLOW_SLOWDOWN,
+    GemmSupport,
+    gemm_support,
+    parse_setting,
+    probe,
+)
 from lce.testing import cpu_gemms
 
 GEMMS = ("logits", "grad_input", "grad_weight")
@@ -58,45 +67,47 @@ def test_the_probe_decides_once_per_process_by_the_flags_or_a_timed_check(dtype)
     (None, None, None),  # flags unknown (not x86 Linux): only a timed check can tell
 ], ids=["avx2-epyc", "avx512f-xeon", "avx512-bf16-epyc", "amx-xeon", "avx-ne-convert", "unknown"])
 def test_the_flags_rule_out_a_kernel_only_where_the_cpu_has_none_of_its_instructions(flags, bf16, fp16):
-    assert lce.cpu_gemms.flags_verdict(torch.bfloat16, flags) == bf16
-    assert lce.cpu_gemms.flags_verdict(torch.float16, flags) == fp16
+    assert lce.planning.cpu_gemms.flags_verdict(torch.bfloat16, flags) == bf16
+    assert lce.planning.cpu_gemms.flags_verdict(torch.float16, flags) == fp16
 
 
 def test_on_an_avx2_only_cpu_the_flags_decide_and_nothing_is_timed(monkeypatch):
     def no_timing(dtype):
         raise AssertionError("the flags rule the kernel out: nothing should be timed")
 
-    monkeypatch.setattr(lce.cpu_gemms, "_one_thread_slowdown", no_timing)
+    monkeypatch.setattr(lce.planning.cpu_gemms, "_one_thread_slowdown", no_timing)
     for dtype in (torch.bfloat16, torch.float16):
-        support = lce.cpu_gemms.measure(dtype, flags=AVX2_EPYC)
+        support = lce.planning.cpu_gemms.measure(dtype, flags=AVX2_EPYC)
         assert (support.support, support.source, support.slowdown) == ("emulated", "cpu flags", None)
         assert str(support) == f"{support.dtype_name} emulated (cpu flags)"
 
 
 def test_on_an_avx512f_xeon_the_flags_say_slow_bf16_and_nothing_is_timed(monkeypatch):
-    monkeypatch.setattr(lce.cpu_gemms, "_one_thread_slowdown", lambda dtype: pytest.fail("nothing should be timed"))
-    support = lce.cpu_gemms.measure(torch.bfloat16, flags=AVX512F_XEON)
+    monkeypatch.setattr(lce.planning.cpu_gemms, "_one_thread_slowdown", lambda dtype: pytest.fail("nothing should be "
+                                                                                                  "timed"))
+    support = lce.planning.cpu_gemms.measure(torch.bfloat16, flags=AVX512F_XEON)
     assert (support.support, support.source, support.slowdown) == ("slow", "cpu flags", None)
     assert support.slower_than_fp32 and not support.emulated
-    assert lce.cpu_gemms.rate_vs_fp32(support, AVX512F_XEON) == lce.cpu_gemms.FLAGGED_SLOW_RATE
+    assert lce.planning.cpu_gemms.rate_vs_fp32(support, AVX512F_XEON) == lce.planning.cpu_gemms.FLAGGED_SLOW_RATE
 
 
 @pytest.mark.parametrize(("slowdown", "expected"), [(0.8, "native"), (1.7, "native"), (4.5, "slow"), (11.0, "slow"),
                                                     (23.0, "emulated")])
 def test_where_the_flags_allow_a_kernel_the_timed_check_decides(monkeypatch, slowdown, expected):
-    monkeypatch.setattr(lce.cpu_gemms, "_one_thread_slowdown", lambda dtype: slowdown)
-    support = lce.cpu_gemms.measure(torch.bfloat16, flags=AMX_XEON)
+    monkeypatch.setattr(lce.planning.cpu_gemms, "_one_thread_slowdown", lambda dtype: slowdown)
+    support = lce.planning.cpu_gemms.measure(torch.bfloat16, flags=AMX_XEON)
     assert (support.support, support.source, support.slowdown) == (expected, "measured", slowdown)
 
 
 def test_the_timed_check_runs_on_one_thread_and_restores_the_thread_count(monkeypatch):
     seen = []
-    real = lce.cpu_gemms._seconds
-    monkeypatch.setattr(lce.cpu_gemms, "_seconds", lambda a, b: (seen.append(torch.get_num_threads()), real(a, b))[1])
+    real = lce.planning.cpu_gemms._seconds
+    monkeypatch.setattr(lce.planning.cpu_gemms, "_seconds",
+                        lambda a, b: (seen.append(torch.get_num_threads()), real(a, b))[1])
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        lce.cpu_gemms.measure(torch.bfloat16, flags=None)
+        lce.planning.cpu_gemms.measure(torch.bfloat16, flags=None)
         assert set(seen) == {1} and len(seen) >= 6  # at least three interleaved rounds
         assert torch.get_num_threads() == 2
     finally:
@@ -115,35 +126,35 @@ def test_the_timed_check_runs_on_one_thread_and_restores_the_thread_count(monkey
     (GemmSupport(torch.bfloat16, "native", "LCE_CPU_GEMMS"), None, 2.0),
 ])
 def test_the_rate_over_fp32_is_continuous_from_the_check_or_the_flags(support, flags, rate):
-    assert lce.cpu_gemms.rate_vs_fp32(support, flags) == pytest.approx(rate)
+    assert lce.planning.cpu_gemms.rate_vs_fp32(support, flags) == pytest.approx(rate)
 
 
 def test_measure_rejects_a_dtype_that_is_never_emulated():
     with pytest.raises(ValueError, match=r"dtype must be one of .*got torch.float32"):
-        lce.cpu_gemms.measure(torch.float32)
+        lce.planning.cpu_gemms.measure(torch.float32)
 
 
 def test_a_worker_adopts_its_parents_verdicts_below_the_override(monkeypatch):
-    monkeypatch.setattr(lce.cpu_gemms, "_ADOPTED", {})
-    monkeypatch.setattr(lce.cpu_gemms, "_environment_setting", lambda: parse_setting("native"))
-    parent = {torch.bfloat16: lce.cpu_gemms.GemmSupport(torch.bfloat16, "emulated", "measured", 24.0),
-              torch.float16: lce.cpu_gemms.GemmSupport(torch.float16, "emulated", "cpu flags")}
-    token = lce.cpu_gemms.CPU_GEMMS_OVERRIDE.set(None)  # lift the suite's own pin (tests/conftest.py)
+    monkeypatch.setattr(lce.planning.cpu_gemms, "_ADOPTED", {})
+    monkeypatch.setattr(lce.planning.cpu_gemms, "_environment_setting", lambda: parse_setting("native"))
+    parent = {torch.bfloat16: lce.planning.cpu_gemms.GemmSupport(torch.bfloat16, "emulated", "measured", 24.0),
+              torch.float16: lce.planning.cpu_gemms.GemmSupport(torch.float16, "emulated", "cpu flags")}
+    token = lce.planning.cpu_gemms.CPU_GEMMS_OVERRIDE.set(None)  # lift the suite's own pin (tests/conftest.py)
     try:
-        lce.cpu_gemms.adopt(parent)
-        assert lce.cpu_gemms.verdicts() == parent  # above the environment's "native"
-        assert lce.cpu_gemms.describe() == "bfloat16 emulated, float16 emulated (cpu flags)"
+        lce.planning.cpu_gemms.adopt(parent)
+        assert lce.planning.cpu_gemms.verdicts() == parent  # above the environment's "native"
+        assert lce.planning.cpu_gemms.describe() == "bfloat16 emulated, float16 emulated (cpu flags)"
         with cpu_gemms("native"):
             assert not gemm_support(torch.bfloat16).emulated
     finally:
-        lce.cpu_gemms.CPU_GEMMS_OVERRIDE.reset(token)
+        lce.planning.cpu_gemms.CPU_GEMMS_OVERRIDE.reset(token)
 
 
 @pytest.mark.parametrize("verdicts", [{torch.float32: None}, {torch.bfloat16: "emulated"},
-                                      {torch.bfloat16: lce.cpu_gemms.GemmSupport(torch.float16, "native", "x")}])
+                                      {torch.bfloat16: GemmSupport(torch.float16, "native", "x")}])
 def test_adopt_rejects_what_verdicts_cannot_have_returned(verdicts):
     with pytest.raises(ValueError, match="parent_verdicts must map each of"):
-        lce.cpu_gemms.adopt(verdicts)
+        lce.planning.cpu_gemms.adopt(verdicts)
 
 
 def test_fp32_and_fp64_gemms_are_native_without_a_probe():
@@ -169,8 +180,8 @@ def test_a_bad_environment_setting_names_the_variable_and_the_choices(text):
 
 
 def test_the_environment_variable_decides_unless_the_override_is_set(monkeypatch):
-    monkeypatch.setattr(lce.cpu_gemms, "_environment_setting", lambda: parse_setting("bfloat16=emulated"))
-    token = lce.cpu_gemms.CPU_GEMMS_OVERRIDE.set(None)  # lift the suite's own pin (tests/conftest.py)
+    monkeypatch.setattr(lce.planning.cpu_gemms, "_environment_setting", lambda: parse_setting("bfloat16=emulated"))
+    token = lce.planning.cpu_gemms.CPU_GEMMS_OVERRIDE.set(None)  # lift the suite's own pin (tests/conftest.py)
     try:
         assert gemm_support(torch.bfloat16).support == "emulated" and gemm_support(torch.bfloat16).source == ENV_VAR
         # not named: lce decides, by the CPU's flags where they rule a kernel out (AVX2-only parts), else timed
@@ -183,7 +194,7 @@ def test_the_environment_variable_decides_unless_the_override_is_set(monkeypatch
             assert not gemm_support(torch.bfloat16).emulated
         assert gemm_support(torch.bfloat16).emulated
     finally:
-        lce.cpu_gemms.CPU_GEMMS_OVERRIDE.reset(token)
+        lce.planning.cpu_gemms.CPU_GEMMS_OVERRIDE.reset(token)
 
 
 @pytest.mark.parametrize("support", ["fast", {torch.float32: "native"}, {torch.bfloat16: "sluggish"}])
@@ -194,7 +205,7 @@ def test_the_override_rejects_what_it_cannot_mean(support):
 
 def test_provenance_describes_both_dtypes():
     with cpu_gemms({torch.bfloat16: "emulated", torch.float16: "native"}):
-        assert lce.cpu_gemms.describe() == ("bfloat16 emulated (lce.testing.cpu_gemms), "
+        assert lce.planning.cpu_gemms.describe() == ("bfloat16 emulated (lce.testing.cpu_gemms), "
                                             "float16 native (lce.testing.cpu_gemms)")
 
 
@@ -263,7 +274,7 @@ def test_fp32_input_and_meta_tensors_have_no_cpu_gemms_line():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_gemm_in_fp32_is_the_exact_product_rounded_once(monkeypatch, m, k, n, dtype):
     """Each block's products are exact in fp32; only the fp32 summation order and the one rounding remain."""
-    monkeypatch.setattr(lce.gemm, "_BLOCK_ELEMENTS", 64 * 28)  # several blocks along either axis
+    monkeypatch.setattr(lce.passes.gemm, "_BLOCK_ELEMENTS", 64 * 28)  # several blocks along either axis
     g = torch.Generator().manual_seed(1)
     a, b = torch.randn(m, k, generator=g).to(dtype), torch.randn(k, n, generator=g).to(dtype)
     exact = a.double() @ b.double()

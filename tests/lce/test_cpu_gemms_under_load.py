@@ -1,4 +1,5 @@
-"""lce.cpu_gemms' verdict in fresh processes at 1, 2 and all threads, with the other cores idle and with every core
+"""lce.planning.cpu_gemms' verdict in fresh processes at 1, 2 and all threads, with the other cores idle and with every
+core
 busy, natively and under the AVX2 stand-in (oneDNN, MKL and ATen capped at AVX2, so this CPU emulates bf16 and
 fp16 GEMMs as an AVX2-only one does).
 
@@ -20,14 +21,14 @@ import pytest
 
 from analysis.studies.cpu_kinds import AVX2_STAND_IN, AVX512F_STAND_IN
 from analysis.studies.cpu_probe import every_core_busy
-from lce.cpu_gemms import EMULATED_SLOWDOWN, SLOW_SLOWDOWN
+from lce.planning.cpu_gemms import EMULATED_SLOWDOWN, SLOW_SLOWDOWN
 
 pytestmark = pytest.mark.slow
 
 # In a fresh interpreter: the uncached decision at each thread count, then the issue's plan (bf16 4096x512x32768,
 # balanced with an fp32 accumulator) at 2 threads through the cached path lce.plan uses.
 _SCRIPT = """
-import json, os, torch, lce, lce.cpu_gemms as c
+import json, os, torch, lce, lce.planning.cpu_gemms as c
 rows = []
 for threads in sorted({1, 2, os.cpu_count()}):
     torch.set_num_threads(threads)
@@ -109,7 +110,7 @@ def test_under_the_avx2_stand_in_bf16_and_fp16_are_emulated_at_every_thread_coun
 
 
 def _has_avx512bw() -> bool:
-    from lce.cpu_gemms import cpu_flags
+    from lce.planning.cpu_gemms import cpu_flags
 
     flags = cpu_flags()
     return flags is not None and "avx512bw" in flags

@@ -18,7 +18,7 @@ from helpers import (
     ref_run,
     rel_err,
 )
-from lce.options import ACC_POLICIES, EXPLICIT_POLICIES
+from lce.planning.options import ACC_POLICIES, EXPLICIT_POLICIES
 
 pytestmark = [
     pytest.mark.cuda,
@@ -176,11 +176,11 @@ def test_ops_under_cuda_autocast_equal_the_calls_on_cast_tensors(autocast, polic
 
 @pytest.mark.parametrize("policy", ["balanced", "compact"])
 def test_the_mixed_precision_addmm_path_on_cuda_gives_the_blocked_paths_numbers(policy):
-    """Where this CUDA build sums bf16 products into fp32 by one ``addmm`` (lce.gemm.mixed_addmm_supported), the
+    """Where this CUDA build sums bf16 products into fp32 by one ``addmm`` (lce.passes.gemm.mixed_addmm_supported), the
     weight gradient's accumulator and a class-tiled chunk's input sum take it; the numbers are the blocked path's
     to fp32 summation order."""
-    from lce import planning as lce_planning
-    from lce.gemm import mixed_addmm_supported
+    from lce.passes.gemm import mixed_addmm_supported
+    from lce.planning import plan as lce_planning
 
     if not mixed_addmm_supported(torch.device("cuda")):
         pytest.skip("this torch build has no mixed-precision addmm with out=")

@@ -21,7 +21,7 @@ from lce.decide import (
     derive_auto,
     training_fault,
 )
-from lce.policies import AUTO_TABLE
+from lce.planning.policies import AUTO_TABLE
 from lce.testing import emulate_device_kind
 
 
@@ -137,4 +137,4 @@ def test_the_conditions_and_limits_are_stated_once():
     from analysis.judge import rule
 
     assert rule.BIAS_LIMIT is decide.BIAS_LIMIT and rule.ERROR_LIMIT is decide.NOISE_ERROR_LIMIT
-    assert sys.modules["lce.recommendation"].DEFAULT_MAX_ERROR is decide.DEFAULT_MAX_ERROR
+    assert sys.modules["lce.decide.recommendation"].DEFAULT_MAX_ERROR is decide.DEFAULT_MAX_ERROR

@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.slow,  # every test spawns a process group
 
 @pytest.fixture(autouse=True)
 def _native_cpu_gemms_in_the_ranks(monkeypatch):
-    """The ranks are new processes, which would decide lce.cpu_gemms' verdict each on its own; the environment pins
+    """The ranks are new processes, which would decide lce.planning.cpu_gemms' verdict each on its own; the environment
+    pins
     it in every rank, as the tests' fixture pins it in-process, so that the expectations hold on every CPU kind."""
     monkeypatch.setenv("LCE_CPU_GEMMS", "native")
 

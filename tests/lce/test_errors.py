@@ -10,7 +10,7 @@ import torch
 
 import lce
 from helpers import F64, Case, lce_run, make_problem, ref_run, reference_loss, same_nonfinite
-from lce.options import ACC_POLICIES
+from lce.planning.options import ACC_POLICIES
 
 N, D, V = 6, 4, 5
 PATHS = {"reference": None, "chunked": lce.LinearCrossEntropyOptions(batch_chunk_size=4)}

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import lce
 from helpers import GRAD_NAMES, Case, assert_parity, make_options, make_problem, needs_torch_op, run
-from lce.options import EXPLICIT_POLICIES
+from lce.planning.options import EXPLICIT_POLICIES
 from lce.testing import emulate_device_kind
 
 F64 = torch.float64

@@ -1,4 +1,5 @@
-"""A loss scale protects lce's fp16 gradients (lce.headroom): against fp64, under scales of 2**12 and 2**16, lce loses
+"""A loss scale protects lce's fp16 gradients (lce.passes.headroom): against fp64, under scales of 2**12 and 2**16, lce
+loses
 no more gradient entries to fp16's subnormal range than the unfused op under fp16 autocast does (logits in fp16,
 cross_entropy in fp32, as autocast runs it), on every policy, layout and reduction."""
 
@@ -173,7 +174,7 @@ def test_the_module_passes_loss_dtype_and_a_scale_of_2_16_through():
 
 @pytest.mark.parametrize("kind", ["cpu", "cuda"])
 def test_without_a_loss_scale_only_subnormal_entries_are_rounded_twice(kind):
-    """The headroom's price, as lce.headroom states it: with an incoming gradient of 1 (no loss scale) the stored
+    """The headroom's price, as lce.passes.headroom states it: with an incoming gradient of 1 (no loss scale) the stored
     scaled gradient and the unscaling multiply are two roundings. Where the result is a normal fp16 number they
     agree with one (within half an ulp of fp64 on the same fp16 inputs); below fp16's normal range the second
     rounding can add a quarter of the subnormal step (the stored value carries 11 bits, the subnormal grid at most
@@ -197,4 +198,4 @@ def test_without_a_loss_scale_only_subnormal_entries_are_rounded_twice(kind):
         assert bool((error[normal] <= half_ulp[normal] * 1.002).all())  # fp32 sums: a tie may tip
         assert bool((error[~normal] <= 0.75 * step * 1.002).all())
         missed += int((error[~normal] > 0.5 * step * 1.002).sum())
-    assert missed > 0  # the second rounding shows (lce.headroom); without the headroom none would
+    assert missed > 0  # the second rounding shows (lce.passes.headroom); without the headroom none would

@@ -38,7 +38,7 @@ from helpers import (
     torch_options,
     within_one_ulp,
 )
-from lce.options import EXPLICIT_POLICIES
+from lce.planning.options import EXPLICIT_POLICIES
 
 DTYPES = [torch.bfloat16, torch.float16]
 SHAPE = dict(N=256, D=64, V=512)

@@ -1,4 +1,4 @@
-"""The memory model (lce.memory_model) against the allocations the chunk loop really makes.
+"""The memory model (lce.planning.memory_model) against the allocations the chunk loop really makes.
 
 The model lists buffers by reading the plan; the loop allocates by running.
 Nothing but this test ties the two, so it runs the op (forward and backward)
@@ -13,7 +13,7 @@ with its shape in memory order, dtype, size, pass and chunk, and checks:
   exactly the plan's chunk peak, the term the predicted peak is built from.
 
 The CUDA layouts run on CPU tensors (lce.testing.emulate_device_kind). There,
-lce.gemm's exact stand-in for CUDA's mixed-precision GEMM counts as one
+lce.passes.gemm's exact stand-in for CUDA's mixed-precision GEMM counts as one
 allocation, its result, and fp16 GEMMs run natively, as they do on a GPU: the
 temporaries of the CPU emulation are not the CUDA op's. What kernels allocate
 inside themselves (workspaces, packed operands) is invisible here; the
@@ -33,14 +33,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lce
-import lce.chunked
-import lce.gemm
-import lce.logprob_passes
-from lce.memory_model import chunk_peak_bytes
-from lce.options import EXPLICIT_POLICIES, dtype_name
+import lce.passes.chunked
+import lce.passes.gemm
+import lce.passes.logprob_passes
+from lce.planning.memory_model import chunk_peak_bytes
+from lce.planning.options import EXPLICIT_POLICIES, dtype_name
 from lce.testing import cpu_gemms, emulate_device_kind
 
-PLAN_MODULE = importlib.import_module("lce.planning")
+PLAN_MODULE = importlib.import_module("lce.planning.plan")
 
 N, D, C, ROWS = 80, 28, 320, 24  # three full chunks of 24 rows and one of 8; (C, D) > (ROWS, C)
 BLOCK_ELEMENTS = 64 * D  # weight blocks of 64 rows: the blocked upcasts are visible at this size
@@ -102,11 +102,12 @@ class _Recorder(TorchDispatchMode):
 @pytest.fixture
 def recorder(monkeypatch):
     recorder = _Recorder()
-    monkeypatch.setattr(lce.gemm, "_BLOCK_ELEMENTS", BLOCK_ELEMENTS)
+    monkeypatch.setattr(lce.passes.gemm, "_BLOCK_ELEMENTS", BLOCK_ELEMENTS)
     for name in CHUNK_FUNCTIONS:
-        monkeypatch.setattr(lce.chunked, name, _marking_chunks(getattr(lce.chunked, name), recorder))
+        monkeypatch.setattr(lce.passes.chunked, name, _marking_chunks(getattr(lce.passes.chunked, name), recorder))
     for name in TOKEN_CHUNK_FUNCTIONS:
-        monkeypatch.setattr(lce.logprob_passes, name, _marking_chunks(getattr(lce.logprob_passes, name), recorder))
+        passes = lce.passes.logprob_passes
+        monkeypatch.setattr(passes, name, _marking_chunks(getattr(passes, name), recorder))
     return recorder
 
 
@@ -122,7 +123,7 @@ def _marking_chunks(chunk_function, recorder: _Recorder):
 
 
 def _emulate_cuda_gemms(monkeypatch, recorder: _Recorder) -> None:
-    exact_stand_in = lce.gemm._mm_via_upcast
+    exact_stand_in = lce.passes.gemm._mm_via_upcast
 
     def mixed_precision_mm(*args):
         recorder.paused += 1
@@ -133,7 +134,7 @@ def _emulate_cuda_gemms(monkeypatch, recorder: _Recorder) -> None:
         recorder.note(result)
         return result
 
-    monkeypatch.setattr(lce.gemm, "_mm_via_upcast", mixed_precision_mm)
+    monkeypatch.setattr(lce.passes.gemm, "_mm_via_upcast", mixed_precision_mm)
     # narrow GEMMs run natively, as a GPU runs them: not on fp32 copies, as lce does on a CPU without fast ones
     monkeypatch.setattr(PLAN_MODULE.Plan, "narrow_gemms_in_fp32", property(lambda plan: False))
 
@@ -286,8 +287,8 @@ def test_soft_capped_buffers_are_the_allocations_made(recorder, monkeypatch, kin
                            f"acc={acc_dtype}")
 
 
-# A CPU whose bf16 GEMMs are emulated (lce.cpu_gemms): balanced's and compact's bf16 GEMMs run in acc_dtype,
-# and with acc_dtype = bf16 every GEMM runs on fp32 copies of blocks of its operands (lce.gemm).
+# A CPU whose bf16 GEMMs are emulated (lce.planning.cpu_gemms): balanced's and compact's bf16 GEMMs run in acc_dtype,
+# and with acc_dtype = bf16 every GEMM runs on fp32 copies of blocks of its operands (lce.passes.gemm).
 EMULATED_GRID = list(itertools.product(EXPLICIT_POLICIES, ["mean", "none"], [None, torch.float32], [None, CLASS_BLOCK]))
 
 

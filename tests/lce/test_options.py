@@ -2,7 +2,7 @@
 
 torch's ``LinearCrossEntropyOptions`` (construction, and ``_adjust`` for the
 call-time resolution on a CPU device) is the oracle, except where lce documents a
-difference: "auto" chunking on CPU (lce.policies.CPU_MIN_ROWS, and a CPU fp32 entry).
+difference: "auto" chunking on CPU (lce.planning.policies.CPU_MIN_ROWS, and a CPU fp32 entry).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 import lce
 from helpers import F64, TORCH_HAS_OP, needs_torch_op
-from lce.policies import AUTO_TABLE
+from lce.planning.policies import AUTO_TABLE
 
 TorchOptions = getattr(torch.nn, "LinearCrossEntropyOptions", None)  # torch >= 2.13
 POLICIES = ("auto", "accurate", "balanced", "compact")

@@ -28,7 +28,7 @@ from helpers import (
     ref_run,
     torch_options,
 )
-from lce.options import ACC_POLICIES
+from lce.planning.options import ACC_POLICIES
 
 POLICIES = ACC_POLICIES
 TOL = 1e-12

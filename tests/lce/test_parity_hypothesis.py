@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import lce
 from helpers import Case, assert_parity, lce_run, make_problem, ref_run
-from lce.options import ACC_POLICIES
+from lce.planning.options import ACC_POLICIES
 
 TOL = 1e-12
 

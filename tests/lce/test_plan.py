@@ -10,8 +10,8 @@ import torch
 
 import lce
 from helpers import Case, assert_parity, lce_run, make_problem, ref_run, rel_err
-from lce.options import dtype_name
-from lce.policies import (
+from lce.planning.options import dtype_name
+from lce.planning.policies import (
     AUTO_FALLBACK,
     AUTO_TABLE,
     CPU_LAYOUTS,
@@ -189,7 +189,7 @@ def test_chunking_classes_sizes_the_row_chunks_and_nothing_else():
     planned with chunking_classes=36 walks the rows of a 36-class head, and keeps its own class count."""
     kw = dict(num_rows=29, in_features=8, dtype=torch.float64, device=torch.device("cpu"))
     options = lce.LinearCrossEntropyOptions(class_chunk_size=3)
-    from lce.planning import make_plan
+    from lce.planning.plan import make_plan
 
     big = make_plan(options, num_classes=36, **kw)
     small_alone = make_plan(options, num_classes=1, **kw)

@@ -13,7 +13,7 @@ from analysis.judge.rule import BIAS_LIMIT, ERROR_LIMIT
 from analysis.paths import RESULTS_DIR
 from helpers import rel_err, round_trip
 from lce.decide import TIME_FACTOR, faults, training_fault
-from lce.recommendation import DEFAULT_MAX_ERROR, RecommendationWarning, candidates
+from lce.decide.recommendation import DEFAULT_MAX_ERROR, RecommendationWarning, candidates
 
 MiB = 2**20
 LLM_HEADS = [(16384, 4096, 128256), (8192, 2304, 256000), (65536, 8192, 152064)]

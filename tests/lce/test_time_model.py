@@ -1,4 +1,4 @@
-"""lce.time_model: the terms it counts for a plan are the GEMMs, bytes, launches and steps the chunk loop makes,
+"""lce.decide.time_model: the terms it counts for a plan are the GEMMs, bytes, launches and steps the chunk loop makes,
 counted independently here; the seconds are those terms weighed by the constants; the shipped constants say what
 they were fitted to and how well they predicted runs held out."""
 
@@ -11,10 +11,7 @@ import pytest
 import torch
 
 import lce
-from lce import gemm
-from lce.planning import make_plan
-from lce.testing import cpu_gemms, emulate_device_kind
-from lce.time_model import (
+from lce.decide.time_model import (
     CONSTANTS,
     FIT,
     TIME_SOURCE,
@@ -24,6 +21,9 @@ from lce.time_model import (
     gemm_names,
     time_terms,
 )
+from lce.passes import gemm
+from lce.planning.plan import make_plan
+from lce.testing import cpu_gemms, emulate_device_kind
 
 N, D, C = 4096, 4096, 128256
 

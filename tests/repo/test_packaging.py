@@ -20,7 +20,7 @@ def test_the_wheel_holds_the_library_alone(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"lce"}, top
-    assert "lce/py.typed" in names and "lce/error_model.json" in names
+    assert "lce/py.typed" in names and "lce/decide/error_model.json" in names
     assert "lce/integrations/transformers.py" in names
 
 

@@ -13,7 +13,7 @@ What this checks, and what it cannot:
   pass, their comparisons with torch's op skipping.
 
 It cannot see a name that is missing from :data:`NEWER_NAMES`, a keyword argument or behaviour an older torch
-lacks (``torch.mm(out_dtype=...)`` is one: lce.gemm falls back when it raises), nor run the suite on a real
+lacks (``torch.mm(out_dtype=...)`` is one: lce.passes.gemm falls back when it raises), nor run the suite on a real
 torch 2.11; the GPU check (python -m analysis gpu-check) runs lce there.
 """
 

@@ -3,16 +3,16 @@
 A class-tiled plan (``class_chunk_size`` below C) has the same buffers with a
 block of classes in place of the whole vocabulary, plus the input gradient of
 its rows summed over the blocks. Soft-capping adds one workspace of
-:attr:`~lce.planning.Plan.workspace_columns` columns beside a chunk's logits
+:attr:`~lce.planning.plan.Plan.workspace_columns` columns beside a chunk's logits
 (step "workspace"); a z-loss adds per-row values only; ``return_lse`` adds the
 returned ``(N,)`` fp32 log-sum-exp. The per-token log-probabilities
-(``plan.op == "log_probs"``, :mod:`lce.logprob_passes`) run as reduction "none"
+(``plan.op == "log_probs"``, :mod:`lce.passes.logprob_passes`) run as reduction "none"
 does, with per-row outputs and saved statistics and workspaces of their own
 (:func:`_token_workspaces`).
 
-:func:`plan_buffers` follows the chunk loop of :mod:`lce.chunked` and the GEMMs
-of :mod:`lce.gemm` and lists what they allocate, with the shapes and dtypes the
-:class:`~lce.planning.Plan` gives them: the buffers made once per pass, those remade
+:func:`plan_buffers` follows the chunk loop of :mod:`lce.passes.chunked` and the GEMMs
+of :mod:`lce.passes.gemm` and lists what they allocate, with the shapes and dtypes the
+:class:`~lce.planning.plan.Plan` gives them: the buffers made once per pass, those remade
 per chunk, and the gradients rounded after the loop. A chunk buffer also says
 through which steps of the chunk it lives (the logits GEMM, the conversion to
 the stats dtype, the backward GEMMs, ...), so :func:`chunk_peak_bytes` is what a
@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from .gemm import TARGET_ROWS_PER_GEMM, in_fp32_blocks, rows_per_block
+from ..passes.gemm import TARGET_ROWS_PER_GEMM, in_fp32_blocks, rows_per_block
 
 if TYPE_CHECKING:
-    from .planning import GemmName, Plan
+    from .plan import GemmName, Plan
 
 __all__ = ["Buffer", "Stage", "Span", "Step", "plan_buffers", "chunk_peak_bytes", "peak_extra_bytes"]
 
@@ -111,8 +111,8 @@ def _stages(plan: Plan) -> tuple[Stage, ...]:
 
 
 def _in_fp32(plan: Plan, gemm: GemmName) -> bool:
-    """Whether :mod:`lce.gemm` computes this GEMM on fp32 copies of blocks of its operands
-    (:attr:`~lce.planning.Plan.narrow_gemms_in_fp32`; CPU layouts only: the CUDA layouts model the GPU's kernels).
+    """Whether :mod:`lce.passes.gemm` computes this GEMM on fp32 copies of blocks of its operands
+    (:attr:`~lce.planning.plan.Plan.narrow_gemms_in_fp32`; CPU layouts only: the CUDA layouts model the GPU's kernels).
 
     For the weight gradient, only when it adds straight into a sum of its own dtype, the one case
     the CPU layouts produce (a narrow product for a wider sum makes these layouts run in acc_dtype).
@@ -252,12 +252,13 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
             first = "grad_weight_target" if gemm == "grad_weight" and "grad_weight_target" in steps else gemm
             add("grad_logits_narrow" if dtype == in_dt else "grad_logits_in_acc", (rows, c), dtype,
                 backward_steps[backward_steps.index(first):], "dz rounded to a backward GEMM's operand dtype")
-    # lce.chunked.TargetResidual: the rounding residual of each row's target entry, times the target's weight row
+    # lce.passes.chunked.TargetResidual: the rounding residual of each row's target entry, times the target's weight row
     # (added in the input gradient's GEMM) and times the row's input (added to a wider weight-gradient sum)
     if "grad_input" in steps and plan.gemm_dtypes("grad_input").operands != stats_dt:
         add("target_input_correction", (rows, d), in_dt, ("grad_input",),
             "the target entries' rounding residual times their weight rows, added in the GEMM's sum")
-    if "grad_weight_target" in steps:  # lce.chunked.TargetResidual.add_to_weight_rows_, a block of rows at a time
+    # lce.passes.chunked.TargetResidual.add_to_weight_rows_, a block of rows at a time
+    if "grad_weight_target" in steps:
         block = min(rows, TARGET_ROWS_PER_GEMM)
         add("target_products", (block, d), torch.float32, ("grad_weight_target",),
             "the target entries' rounding residual times the rows' input")
@@ -279,7 +280,7 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
         add("grad_input_chunk", (rows, d), grad_input_dt, ("grad_input",),
             "grad_input of one chunk before rounding")
     weight_gemm = plan.gemm_dtypes("grad_weight")
-    # (lce.headroom's bounds, a (rows,) or (C,) fp32 sum of |dz|, are made and freed before the step's GEMM)
+    # (lce.passes.headroom's bounds, a (rows,) or (C,) fp32 sum of |dz|, are made and freed before the step's GEMM)
     summed_in_place = (weight_gemm.operands == weight_gemm.result == plan.weight_grad_sum_dtype
                        or (plan.mixed_addmm and weight_gemm.result == plan.weight_grad_sum_dtype))
     if "grad_weight" in steps and not summed_in_place:
@@ -297,7 +298,7 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
 
 
 def _in_fp32_buffers(plan: Plan, stage: Stage, steps: tuple[Step, ...], rows: int) -> list[Buffer]:
-    """The fp32 temporaries of the GEMMs :mod:`lce.gemm` computes on fp32 copies of their operands' blocks."""
+    """The fp32 temporaries of the GEMMs :mod:`lce.passes.gemm` computes on fp32 copies of their operands' blocks."""
     d, c = plan.in_features, plan.class_chunk_size
     out: list[Buffer] = []
 
@@ -306,7 +307,7 @@ def _in_fp32_buffers(plan: Plan, stage: Stage, steps: tuple[Step, ...], rows: in
                           purpose + " (this CPU has no fast GEMM in the input dtype)", (step,)))
 
     def product(step: Step, m: int, k: int, n: int, names: tuple[str, str, str], b_is_weight_t: bool) -> None:
-        """(m, k) @ (k, n) cut as lce.gemm.in_fp32_blocks cuts it; ``names``: the operands and the result.
+        """(m, k) @ (k, n) cut as lce.passes.gemm.in_fp32_blocks cuts it; ``names``: the operands and the result.
         Shapes in memory order: a block of columns of ``W.T`` (the logits' ``b``) is a block of rows of W."""
         a, b, result = names
         blocks = in_fp32_blocks(m, k, n)

@@ -1,11 +1,11 @@
 """Resolve options against one call into a :class:`Plan`: what will actually run.
 
 The plan fixes the chunk size and count, ``acc_dtype`` and the precision
-layout (from :mod:`lce.policies`), and answers every dtype question the chunk
-loop (:mod:`lce.chunked`) asks: each GEMM's operand and result dtype, the dtype
+layout (from :mod:`lce.planning.policies`), and answers every dtype question the chunk
+loop (:mod:`lce.passes.chunked`) asks: each GEMM's operand and result dtype, the dtype
 of the softmax statistics and of the gradient sums, which operands are upcast.
 What those choices allocate, and the predicted peak, is the memory model's
-(:mod:`lce.memory_model`); ``plan.buffers`` and ``plan.peak_extra_bytes`` ask it.
+(:mod:`lce.planning.memory_model`); ``plan.buffers`` and ``plan.peak_extra_bytes`` ask it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from . import kernels, memory_model
+from .. import kernels
+from ..passes.gemm import block_elements, mixed_addmm_supported, mixed_mm_supported
+from ..passes.headroom import HEADROOM_OFF
+from . import memory_model
 from .cpu_gemms import LOW_PRECISION, GemmSupport, gemm_support
 from .device import device_kind_of, has_mixed_precision_mm
-from .gemm import block_elements, mixed_addmm_supported, mixed_mm_supported
-from .headroom import HEADROOM_OFF
 from .memory_model import Buffer
 from .options import LinearCrossEntropyOptions, dtype_name, parse_chunking_method
 from .policies import COMPACT_ON_CPU_NOTE, LAYOUTS, Gemm, Layout, Role, auto_pick
@@ -102,14 +103,14 @@ class Plan:
     loss_dtype: torch.dtype | None = None
     """The returned loss's dtype (lce only); None: the input dtype, as torch's op."""
     cpu_gemms: GemmSupport | None = None
-    """How the CPU the call runs on does GEMMs in the input dtype (:mod:`lce.cpu_gemms`); None off the CPU
+    """How the CPU the call runs on does GEMMs in the input dtype (:mod:`lce.planning.cpu_gemms`); None off the CPU
     and for fp32/fp64 input. Recorded when the plan is made, so the loop and the memory model agree with it."""
     op: Op = "cross_entropy"
     returns_entropy: bool = False
     """For ``op="log_probs"``: whether the entropy is computed (and its gradient formed in backward)."""
     gradient_headroom: bool = False
     """Whether the gradients are formed scaled by powers of two that keep them in fp16's normal range
-    (:mod:`lce.headroom`): fp16 input, unless the plan was made under :func:`lce.testing.without_headroom`.
+    (:mod:`lce.passes.headroom`): fp16 input, unless the plan was made under :func:`lce.testing.without_headroom`.
     Recorded when the plan is made, so forward and a recomputing backward agree."""
     fused_passes: bool = False
     """Whether a chunk's elementwise passes (row statistics, then dz in place) run as :mod:`lce.kernels`' Triton
@@ -120,11 +121,12 @@ class Plan:
     their triton, or the PyTorch ops and what keeps the kernels out (:func:`lce.kernels.unavailable_reason`)."""
     mixed_addmm: bool = False
     """Whether a low-precision weight-gradient product is summed into its fp32 accumulator by one GEMM per chunk
-    (``torch.addmm`` with ``out_dtype``, where this CUDA build has it: :func:`lce.gemm.mixed_addmm_supported`);
-    otherwise its product is formed a block of classes at a time and added (:func:`lce.gemm.add_mm_`)."""
+    (``torch.addmm`` with ``out_dtype``, where this CUDA build has it: :func:`lce.passes.gemm.mixed_addmm_supported`);
+    otherwise its product is formed a block of classes at a time and added (:func:`lce.passes.gemm.add_mm_`)."""
     cuda_gemms: str = ""
-    """On CUDA, how the mixed-precision GEMMs run, in words: probed on the device (:func:`lce.gemm.mixed_mm_supported`,
-    :func:`lce.gemm.mixed_addmm_supported`) or assumed without a GPU; empty off CUDA."""
+    """On CUDA, how the mixed-precision GEMMs run, in words: probed on the device
+    (:func:`lce.passes.gemm.mixed_mm_supported`,
+    :func:`lce.passes.gemm.mixed_addmm_supported`) or assumed without a GPU; empty off CUDA."""
     autocast: torch.dtype | None = None
     """The dtype of the ``torch.autocast`` enabled when the plan was made (None: none), in which the head's
     fp32/bf16/fp16 tensors are taken (:mod:`lce.autocasting`); the plan's own dtypes then hold with autocast off."""
@@ -155,7 +157,7 @@ class Plan:
         """Where the weight gradient is summed over chunks (the gradient itself when it is the input dtype). With
         one chunk of rows there is no sum over chunks: each class's product is complete once formed, and is
         rounded straight into the gradient, so no (C, D) accumulator is made (the layout's sum, rounded once,
-        would give the same numbers) -- except in fp16 under :mod:`lce.headroom`, whose power-of-two scale is
+        would give the same numbers) -- except in fp16 under :mod:`lce.passes.headroom`, whose power-of-two scale is
         chosen from the finished sum."""
         if self.num_chunks == 1 and not (self.input_dtype == torch.float16 and self.gradient_headroom):
             return self.input_dtype
@@ -164,9 +166,10 @@ class Plan:
     @property
     def target_residual_to_weight(self) -> bool:
         """Whether the rounding residual of each row's target entry of dz goes to that target's weight-gradient row
-        (:class:`lce.chunked.TargetResidual`): where dz is rounded for the weight-gradient GEMM and the gradient is
+        (:class:`lce.passes.chunked.TargetResidual`): where dz is rounded for the weight-gradient GEMM and the gradient
+        is
         summed wider than that rounding (an accumulator), or formed in one chunk of rows from a product wider than
-        it; never into fp16 running sums (:mod:`lce.headroom`), nor into a sum of the operands' own width."""
+        it; never into fp16 running sums (:mod:`lce.passes.headroom`), nor into a sum of the operands' own width."""
         operands, product = self.gemm_dtypes("grad_weight")
         if operands == self.stats_dtype or (self.weight_grad_sum_dtype == torch.float16 and self.gradient_headroom):
             return False
@@ -222,7 +225,7 @@ class Plan:
     @property
     def narrow_gemms_in_fp32(self) -> bool:
         """Whether GEMMs on input-dtype operands are computed on fp32 copies of them (a block at a time) and
-        rounded once, by :mod:`lce.gemm`, instead of by the CPU's own kernel: the same arithmetic (fp32 sums,
+        rounded once, by :mod:`lce.passes.gemm`, instead of by the CPU's own kernel: the same arithmetic (fp32 sums,
         one rounding), at fp32's speed. On CPU tensors for fp16 always (no CPU measured runs fp16 GEMMs faster
         than fp32: emulated, or about fp32's rate with AVX512-FP16) and for bf16 where its kernel is slower than
         fp32's (slow or emulated)."""
@@ -230,7 +233,7 @@ class Plan:
         return support is not None and (support.slower_than_fp32 or support.dtype == torch.float16)
 
     def gemm_in_fp32(self, name: GemmName) -> bool:
-        """Whether the named GEMM goes through fp32 copies of its operands' blocks (:mod:`lce.gemm`): every GEMM
+        """Whether the named GEMM goes through fp32 copies of its operands' blocks (:mod:`lce.passes.gemm`): every GEMM
         on input-dtype operands where :attr:`narrow_gemms_in_fp32`, and, on the CPU layouts, the weight gradient's
         GEMM when it adds into a sum of the input dtype (compact without a wider ``acc_dtype``): a CPU without
         native bf16 accumulation (no AVX512-BF16 or AMX) makes an fp32 copy of the whole (C, D) target inside its
@@ -247,7 +250,7 @@ class Plan:
     def upcasts_weight_for(self, gemm_name: Literal["logits", "grad_input"]) -> bool:
         """Whether the named GEMM reads the weight upcast to acc_dtype.
 
-        The upcast happens a block of rows at a time (:func:`lce.gemm.rows_per_block`),
+        The upcast happens a block of rows at a time (:func:`lce.passes.gemm.rows_per_block`),
         so no ``(C, D)`` acc_dtype copy of the weight ever exists.
         """
         if gemm_name == "grad_input" and not self.needs_grad.input:
@@ -266,7 +269,7 @@ class Plan:
     @property
     def rescales_grad_logits(self) -> bool:
         """Whether dz is rounded to fp16 for a backward GEMM, and so needs a power-of-two rescale to stay in
-        fp16's normal range (see lce.chunked.grad_logits_rescale).
+        fp16's normal range (see lce.passes.chunked.grad_logits_rescale).
 
         Decided by the dtype dz is rounded to, whichever layout role ("input" or "acc") names it: fp16
         input under an explicit policy without ``acc_dtype`` rounds dz to an fp16 "acc" operand too.
@@ -275,7 +278,7 @@ class Plan:
         operand_dtypes = {self.gemm_dtypes(name).operands for name, needed in wanted if needed}
         return any(torch.finfo(dtype).max < 1e6 for dtype in operand_dtypes - {self.stats_dtype})
 
-    # ---- memory (lce.memory_model) ----------------------------------------
+    # ---- memory (lce.planning.memory_model) ----------------------------------------
     @functools.cached_property
     def buffers(self) -> tuple[Buffer, ...]:
         """Every allocation of one forward + backward, in the order the loop makes them."""
@@ -369,7 +372,7 @@ def make_plan(
 ) -> Plan:
     """Resolve ``options`` for one call (the rules of the options contract).
 
-    * ``"auto"`` policy/chunking come from :func:`lce.policies.auto_pick` for
+    * ``"auto"`` policy/chunking come from :func:`lce.planning.policies.auto_pick` for
       (device kind, dtype); an explicit ``batch_chunk_size`` switches "auto"
       chunking off;
     * an explicit chunking method decides the size; a ``batch_chunk_size``
@@ -437,7 +440,8 @@ def make_plan(
         elif support.slower_than_fp32 and acc_dtype != dtype and layout != _all_gemms_in_acc(layout):
             layout = _all_gemms_in_acc(layout)
             how = "emulated on this CPU" if support.emulated else "slower than fp32's on this CPU"
-            notes.append(f"{dtype_name(dtype)} GEMMs are {how} ({support.source}: lce.cpu_gemms): this layout's "
+            notes.append(f"{dtype_name(dtype)} GEMMs are {how} ({support.source}: lce.planning.cpu_gemms): this "
+                         f"layout's "
                          f"{dtype_name(dtype)} GEMMs run in acc_dtype instead (exact upcasts: the same or less "
                          "error, at fp32's speed)")
 

@@ -1,6 +1,6 @@
 """The user-facing options of the chunked path: fields, defaults, validation.
 
-Nothing here depends on a device or a call; :mod:`lce.planning` resolves the
+Nothing here depends on a device or a call; :mod:`lce.planning.plan` resolves the
 ``"auto"`` sentinels and the chunk size against one concrete call.
 """
 
@@ -67,7 +67,7 @@ class LinearCrossEntropyOptions:
             heuristic off; combining it with an explicit method that yields a
             different size is a ``ValueError`` at call time.
         chunking_method: ``"auto"`` (a per-(device, dtype) pick, see
-            :data:`lce.policies.AUTO_TABLE`), ``"aspect_ratio"`` (a chunk's
+            :data:`lce.planning.policies.AUTO_TABLE`), ``"aspect_ratio"`` (a chunk's
             ``(rows, C)`` logits take about as many elements as the whole
             ``(N, D)`` input: rows = next power of two of
             ``ceil(N / ceil(C / D))``), ``"aspect_ratio:N"`` (that size divided
@@ -75,7 +75,7 @@ class LinearCrossEntropyOptions:
         acc_policy: which buffers use :attr:`acc_dtype` and whether a
             ``(C, D)`` weight-gradient accumulator is kept; one of
             ``"auto"``, ``"accurate"``, ``"balanced"``, ``"compact"``. The
-            layouts are tabulated in :mod:`lce.policies`.
+            layouts are tabulated in :mod:`lce.planning.policies`.
         acc_dtype: dtype of the accumulations. ``None`` resolves per call:
             fp32 for fp16/bf16 input when ``acc_policy="auto"`` and the device
             has a mixed-precision matmul (CPU, CUDA sm70+/sm80+), otherwise

@@ -8,7 +8,7 @@ tensors' device:
   fp16/bf16 on both oneDNN and cuBLAS, one rounding of the result);
 * the same, where the operands' dtype has no fast GEMM on this CPU
   (``in_fp32``, which the plan decides: fp16 on every CPU, bf16 where
-  :mod:`lce.cpu_gemms` finds it emulated, about 80x slower than fp32 on an
+  :mod:`lce.planning.cpu_gemms` finds it emulated, about 80x slower than fp32 on an
   AVX2-only CPU): fp32 copies of the operands a block at a time, fp32 sums,
   one rounding of the result -- the arithmetic of the native kernel at fp32's
   speed, and no fp32 copy of a whole (C, D) weight (:func:`in_fp32_blocks`
@@ -83,7 +83,7 @@ unfused op (``analysis/results/gpu_bench.csv``)."""
 
 
 TARGET_ROWS_PER_GEMM = 2048
-"""Rows of a chunk whose target-entry residuals :meth:`lce.chunked.TargetResidual.add_to_weight_rows_` sums per
+"""Rows of a chunk whose target-entry residuals :meth:`lce.passes.chunked.TargetResidual.add_to_weight_rows_` sums per
 target class in one fp32 GEMM against their indicator matrix: that work grows as the square of the rows, so a chunk
 of more rows is taken in blocks of this many (CUDA's chunks of 2048 rows in one)."""
 
@@ -246,7 +246,7 @@ def add_mm_(target: torch.Tensor, a: torch.Tensor, b: torch.Tensor, product_dtyp
     # A product in another dtype than the target is formed a block of target rows at a time and added
     # at once, so no (C, D) temporary ever exists: the peak is the target plus one block. A product
     # narrower than the target is converted before the add, spelled out so that the memory-model test
-    # sees the temporary (the CPU kernel would make the same one, unseen): lce.memory_model lists both.
+    # sees the temporary (the CPU kernel would make the same one, unseen): lce.planning.memory_model lists both.
     common = torch.promote_types(target.dtype, product_dtype)
     for start in range(0, target.shape[0], step):
         block = slice(start, start + step)

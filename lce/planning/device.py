@@ -15,7 +15,7 @@ import torch
 __all__ = ["DEVICE_KINDS", "DEVICE_KIND_OVERRIDE", "device_kind_of", "has_mixed_precision_mm"]
 
 DEVICE_KINDS: tuple[str, ...] = ("cpu", "cuda")
-"""Device kinds with a layout table of their own (:data:`lce.policies.LAYOUTS`)."""
+"""Device kinds with a layout table of their own (:data:`lce.planning.policies.LAYOUTS`)."""
 
 DEVICE_KIND_OVERRIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "lce_device_kind_override", default=None

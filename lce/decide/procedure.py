@@ -1,14 +1,16 @@
 """The decision procedure: the one place where lce's answers about options come from.
 
-``"auto"`` (:data:`lce.policies.AUTO_TABLE`), :func:`lce.recommend` and every decision table the README and the
+``"auto"`` (:data:`lce.planning.policies.AUTO_TABLE`), :func:`lce.recommend` and every decision table the README and the
 notebooks print are this procedure's output, so they cannot disagree:
 
 1. **Candidates.** Option sets: a policy, rows per chunk (or a chunking rule), classes per block.
-2. **Memory.** Each candidate's plan and its predicted peak extra bytes (:mod:`lce.memory_model`).
-3. **Errors.** The predicted Frobenius error of each gradient in floors of the input dtype (:mod:`lce.error_model`).
-4. **Time.** lce's time model (:mod:`lce.time_model`): GEMMs at this CPU's rates on a CPU, an H200's on CUDA, with
+2. **Memory.** Each candidate's plan and its predicted peak extra bytes (:mod:`lce.planning.memory_model`).
+3. **Errors.** The predicted Frobenius error of each gradient in floors of the input dtype
+(:mod:`lce.decide.error_model`).
+4. **Time.** lce's time model (:mod:`lce.decide.time_model`): GEMMs at this CPU's rates on a CPU, an H200's on CUDA,
+with
    traffic, launches and steps at constants fitted to the committed timed runs, so a CUDA choice that turns on time
-   rests on a prediction (:data:`lce.time_model.TIME_SOURCE`).
+   rests on a prediction (:data:`lce.decide.time_model.TIME_SOURCE`).
 5. **The rule's conditions** (:data:`CONDITIONS`), each with the data that decides it:
 
    * *error*: the predicted error at most :data:`DEFAULT_MAX_ERROR` floors. The limits translate the error/noise
@@ -42,7 +44,7 @@ to that shape; where that buys less memory than auto's rule, recommend says so (
 plan).
 
 Beside each pick the procedure reports two more predictions (:attr:`Candidate.details`, validated held-out with
-the Frobenius model, :data:`lce.error_model.DETAIL_ACCURACY`): an upper bound on the weight gradient's bias (its
+the Frobenius model, :data:`lce.decide.error_model.DETAIL_ACCURACY`): an upper bound on the weight gradient's bias (its
 error along the exact gradient) and the worst class row's error, both in floors. Neither is a condition of its
 own: the rule judges a bias against one batch's sampling noise, which depends on the batch and which no model
 here predicts at LLM batch sizes (notebook 06 measures it at N=1024; larger batches have less noise, by at most
@@ -60,10 +62,10 @@ from typing import NamedTuple
 
 import torch
 
+from ..planning.options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dtype_name
+from ..planning.plan import Plan, aspect_ratio_chunk_size, make_plan
+from ..planning.policies import CPU_MIN_ROWS, auto_pick
 from .error_model import predict_errors, predict_weight_details
-from .options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dtype_name
-from .planning import Plan, aspect_ratio_chunk_size, make_plan
-from .policies import CPU_MIN_ROWS, auto_pick
 from .time_model import estimated_seconds
 
 __all__ = ["Candidate", "Head", "REFERENCE_HEADS", "DEFAULT_MAX_ERROR", "BIAS_LIMIT", "NOISE_ERROR_LIMIT",
@@ -137,10 +139,10 @@ AUTO_CHUNKINGS: tuple[str, ...] = ("aspect_ratio", "aspect_ratio:2", "aspect_rat
 
 CUDA_ROW_FLOORS: tuple[int, ...] = (1, 256, 512, 1024, 2048)
 """The floors on rows per chunk a CUDA "auto" rule may keep (with one of :data:`AUTO_CHUNKINGS`): every step of the
-chunk loop costs the GPU a fixed time (launches, the Python around them: :mod:`lce.time_model`), which the aspect
+chunk loop costs the GPU a fixed time (launches, the Python around them: :mod:`lce.decide.time_model`), which the aspect
 ratio's chunks of a few dozen rows at a small head pay hundreds of times. The largest floor offered, 2048 rows, keeps
 a chunk's fp32 logits at most 2 GiB at a 256000-class head: above it chunking would stop saving memory. On a CPU
-the floor is fixed per dtype (:data:`lce.policies.CPU_MIN_ROWS`, from its chunk sweep)."""
+the floor is fixed per dtype (:data:`lce.planning.policies.CPU_MIN_ROWS`, from its chunk sweep)."""
 
 TORCH_DEFAULTS: dict[tuple[str, torch.dtype], tuple[str, str]] = {
     ("cuda", torch.bfloat16): ("compact", "aspect_ratio:2"),
@@ -172,7 +174,7 @@ REFERENCE_CPU_KINDS: dict[str, tuple[str, float]] = {
     "AVX2 EPYC": ("emulated", 1 / 80),
 }
 """The CPU kinds a CPU "auto" entry must suit: each kind's bf16 GEMM support and rate over fp32's
-(``analysis/results/cpu_gemm_rates.csv``; :data:`lce.cpu_gemms.NATIVE_RATES`)."""
+(``analysis/results/cpu_gemm_rates.csv``; :data:`lce.planning.cpu_gemms.NATIVE_RATES`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +188,7 @@ class Candidate:
     seconds: float
     details: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """The weight gradient's predicted ``"weight_bias"`` bound and ``"worst_row"`` error, in floors
-    (:func:`lce.error_model.predict_weight_details`); reported beside each pick, no condition of their own."""
+    (:func:`lce.decide.error_model.predict_weight_details`); reported beside each pick, no condition of their own."""
 
     @property
     def error(self) -> float:
@@ -327,7 +329,8 @@ def rule_candidate(policy: str, chunking: str, head: Head, dtype: torch.dtype, d
                    cpu_rate: float | None = None, min_rows: bool | int = True) -> Candidate:
     """The candidate that the "auto" rule ``(policy, chunking)`` resolves to at ``head``: fp32 ``acc_dtype`` for
     bf16/fp16 input, and at least ``min_rows`` rows per chunk (``True``: the floor the auto table keeps for
-    ``device_kind`` and ``dtype``, :attr:`lce.policies.AutoPick.min_rows`; ``False``: torch's chunking, without a
+    ``device_kind`` and ``dtype``, :attr:`lce.planning.policies.AutoPick.min_rows`; ``False``: torch's chunking,
+    without a
     floor). For what the default options run, use :func:`default_candidate`."""
     rows = aspect_ratio_chunk_size(head.N, head.D, head.C, int(chunking.partition(":")[2] or 1))
     floor = min_rows if not isinstance(min_rows, bool) else (auto_pick(device_kind, dtype).min_rows if min_rows
@@ -349,7 +352,7 @@ def default_candidate(head: Head, dtype: torch.dtype, device_kind: str, cpu_rate
 def _evaluate_on(device_kind: str, options: LinearCrossEntropyOptions, head: Head, dtype: torch.dtype,
                  cpu_rate: float | None) -> Candidate:
     """:func:`evaluate` as planned on ``device_kind`` (CPU tensors, or meta tensors planned as CUDA ones)."""
-    from .testing import emulate_device_kind
+    from ..testing import emulate_device_kind
 
     device = torch.device("cpu" if device_kind == "cpu" else "meta")
     with emulate_device_kind(device_kind):
@@ -393,7 +396,7 @@ def derive_auto(device_kind: str, dtype: torch.dtype, heads: Sequence[Head] = RE
     the contexts (memory and time each relative to the best rule there); a tie keeps torch's policy."""
     import contextlib
 
-    from .testing import cpu_gemms
+    from ..testing import cpu_gemms
 
     limit = DEFAULT_MAX_ERROR.get(dtype, math.inf)
     rules = [(policy, chunking, floor) for policy in EXPLICIT_POLICIES for chunking in AUTO_CHUNKINGS

@@ -39,7 +39,7 @@ pass is given and hands each chunk (:class:`HeadTensors`, :class:`Targets`,
 :class:`RowScales`), the soft-capped forms of the statistics and of dz, and last
 :meth:`GradientSums.add_chunk` (the three products, summed over chunks and
 rounded once by :meth:`GradientSums.finish`). Every dtype comes from the
-:class:`~lce.planning.Plan`; the GEMMs run through :mod:`lce.gemm`. Each pass runs a
+:class:`~lce.planning.plan.Plan`; the GEMMs run through :mod:`lce.passes.gemm`. Each pass runs a
 chunk inside a function of its own, so a chunk's buffers are freed before the
 next chunk allocates its own.
 
@@ -59,10 +59,10 @@ from typing import Protocol
 
 import torch
 
-from . import kernels
+from .. import kernels
+from ..planning.plan import LOSS_SUM_DTYPE, Plan
 from .gemm import TARGET_ROWS_PER_GEMM, add_mm_, mm, mm_upcast_weight, mm_upcast_weight_t
 from .headroom import STORE_LIMIT, RunningSum, largest_entry, power_of_two_under, scale_to_fit
-from .planning import LOSS_SUM_DTYPE, Plan
 
 __all__ = [
     "scalar_loss_and_grads", "per_row_loss", "per_row_grads", "HeadTensors", "Targets", "GroupReduction",
@@ -97,7 +97,7 @@ def _torch_ops_if_kernels_fail(run_pass):
 def scalar_loss_and_grads(plan: Plan, head: HeadTensors, targets: Targets, group: GroupReduction | None = None,
                           ) -> tuple[torch.Tensor, Gradients, torch.Tensor | None]:
     """Loss for "mean"/"sum" and, as the plan requests, its gradients (already scaled for the reduction; in fp16
-    also by the powers of two in their :class:`GradientScales`, :mod:`lce.headroom`), and the per-row log-sum-exp
+    also by the powers of two in their :class:`GradientScales`, :mod:`lce.passes.headroom`), and the per-row log-sum-exp
     in fp32 when the plan returns it (else None)."""
     n, device = head.input.shape[0], head.input.device
     sums = (GradientSums(plan, head, wide_input_partials=group is not None, scaled_output=True)
@@ -124,7 +124,7 @@ def per_row_loss(plan: Plan, head: HeadTensors, targets: Targets, group: GroupRe
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-row losses for reduction="none" (input dtype, z-loss included) and what backward reuses: the
     log-sum-exp rows and ``1 - p_y`` where backward never sees every class of a row at once (None otherwise):
-    where the plan :attr:`~lce.planning.Plan.saves_other_prob`, and under a group."""
+    where the plan :attr:`~lce.planning.plan.Plan.saves_other_prob`, and under a group."""
     n, device = head.input.shape[0], head.input.device
     losses = torch.empty(n, dtype=plan.output_loss_dtype, device=device)
     lse = torch.empty(n, dtype=plan.stats_dtype, device=device)
@@ -350,7 +350,7 @@ class GroupReduction(Protocol):
         """The statistics of the chunk's rows over the whole vocabulary, from this process's over its shard."""
 
     def reduce_token_statistics(self, stats):
-        """The same for the per-token log-probabilities' :class:`lce.logprob_passes.TokenStatistics`."""
+        """The same for the per-token log-probabilities' :class:`lce.passes.logprob_passes.TokenStatistics`."""
 
     def complete_input_sum(self, input_sum: torch.Tensor) -> None:
         """Add the other processes' input-gradient products of the chunk (rows, D) to ``input_sum``, in place."""
@@ -371,7 +371,7 @@ class ChunkLoop:
     scales: RowScales | None = None
     group: GroupReduction | None = None
     uses_kernels: bool = False
-    """Whether the chunk passes run as lce.kernels' Triton kernels (:attr:`~lce.planning.Plan.fused_passes`)."""
+    """Whether the chunk passes run as lce.kernels' Triton kernels (:attr:`~lce.planning.plan.Plan.fused_passes`)."""
 
     @classmethod
     def of(cls, plan: Plan, head: HeadTensors, targets: Targets, *, sums: GradientSums | None = None,
@@ -396,7 +396,7 @@ class ChunkLoop:
 class Chunk:
     """One chunk of rows and what its pieces read: the pass's plan, head, bias for the logits and targets
     (see :class:`ChunkLoop`), the chunk's ``rows`` and ``x_in_acc``, its input upcast to acc_dtype (for the
-    logits GEMM or the weight-gradient one; None unless :attr:`~lce.planning.Plan.input_chunk_in_acc`)."""
+    logits GEMM or the weight-gradient one; None unless :attr:`~lce.planning.plan.Plan.input_chunk_in_acc`)."""
 
     plan: Plan
     head: HeadTensors
@@ -432,7 +432,7 @@ class Gradients:
 
 @dataclasses.dataclass(frozen=True)
 class GradientScales:
-    """The powers of two a scalar reduction's fp16 gradients are stored scaled by (:mod:`lce.headroom`):
+    """The powers of two a scalar reduction's fp16 gradients are stored scaled by (:mod:`lce.passes.headroom`):
     ``input`` as runs of rows ``(rows, scale)``, ``weight`` and ``bias`` one each. Backward divides them out."""
 
     input: tuple[tuple[slice, float], ...] = ()
@@ -898,7 +898,7 @@ class GradientSums:
         self.input = torch.empty(n, d, dtype=plan.input_dtype, device=device) if wanted.input else None
         self.weight = torch.zeros(c, d, dtype=plan.weight_grad_sum_dtype, device=device) if wanted.weight else None
         self.bias = torch.zeros(c, dtype=plan.stats_dtype, device=device) if wanted.bias else None
-        # fp16 headroom (lce.headroom): running fp16 sums always; scaled outputs where backward unscales them
+        # fp16 headroom (lce.passes.headroom): running fp16 sums always; scaled outputs where backward unscales them
         self.headroom = plan.gradient_headroom
         self.scaled_output = scaled_output and self.headroom
         narrow_sum = self.weight is not None and self.weight.dtype == torch.float16 and self.headroom
@@ -950,7 +950,7 @@ class GradientSums:
                 else:
                     mm(dz_as(operands), weight, result, out=self.input[rows], alpha=rescale * scale,
                        in_fp32=plan.gemm_in_fp32("grad_input"), addend=correction)
-            del correction  # freed before the weight gradient's step, as lce.memory_model says
+            del correction  # freed before the weight gradient's step, as lce.planning.memory_model says
         if self.weight is not None:
             operands, product = plan.gemm_dtypes("grad_weight")
             x = head.input[rows] if operands == plan.input_dtype else chunk.x_in_acc
@@ -1076,7 +1076,7 @@ class TargetResidual:
         matter (``index_copy_`` with repeated indices, repeated values). Each product ``residual_i * x_i`` and
         each sum is fp32, added to the sum's row and rounded once to its dtype. Cost: ``2 b^2 D`` flops per block
         of ``b`` rows (``b / 1.5 C`` of the chunk's three GEMMs at C classes), and an fp32 ``(b, b)`` matrix and
-        two ``(b, D)`` ones besides (:mod:`lce.memory_model`'s ``grad_weight_target`` step)."""
+        two ``(b, D)`` ones besides (:mod:`lce.planning.memory_model`'s ``grad_weight_target`` step)."""
         if self.residual is None:
             return False
         for start in range(0, x.shape[0], TARGET_ROWS_PER_GEMM):

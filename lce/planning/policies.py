@@ -16,7 +16,7 @@ The three GEMMs, for one chunk of rows ``x_c`` (rows, D) against ``W`` (C, D):
 
 where ``dz`` is softmax(z) minus the (smoothed, class-weighted) target
 distribution, scaled for the reduction. The softmax statistics and the loss
-always use at least fp32 (see :mod:`lce.planning`).
+always use at least fp32 (see :mod:`lce.planning.plan`).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ CUDA_LAYOUTS: dict[str, Layout] = {
 # their result to bf16, so a fp32 result needs fp32 operands (an exact upcast).
 # bf16 GEMMs are the fast ones on AVX512-BF16/AMX parts, so "balanced" keeps
 # its two backward GEMMs narrow and sums their products in a fp32 accumulator.
-# Where the CPU emulates bf16 GEMMs (lce.cpu_gemms; AVX2-only parts), lce.plan
+# Where the CPU emulates bf16 GEMMs (lce.planning.cpu_gemms; AVX2-only parts), lce.plan
 # runs those narrow GEMMs in acc_dtype instead: the fast ones there.
 CPU_LAYOUTS: dict[str, Layout] = {
     "accurate": Layout(_WIDE, _WIDE, _WIDE, _ACC),  # every GEMM in acc_dtype
@@ -113,7 +113,7 @@ class AutoPick:
 
 CUDA_MIN_ROWS = 2048
 """Floor on "auto" chunk rows on CUDA: the decision procedure's pick among lce.decide.CUDA_ROW_FLOORS (each step
-costs a GPU a fixed time; lce.time_model)."""
+costs a GPU a fixed time; lce.decide.time_model)."""
 
 CPU_MIN_ROWS = {torch.float32: 512, torch.bfloat16: 256, torch.float16: 256}
 """Floor on "auto" chunk rows on CPU, per input dtype. At LLM-like aspect ratios torch's
@@ -136,7 +136,8 @@ AUTO_TABLE: dict[tuple[str, torch.dtype], AutoPick] = {
     ("cuda", torch.bfloat16): AutoPick(
         "balanced", "aspect_ratio",
         "at least CUDA_MIN_ROWS rows per chunk: each step of the chunk loop costs an H200 about a millisecond of "
-        "launches and Python (lce.time_model, fitted to the H200's runs: the cuda grid's 2048x128x16384 head took "
+        "launches and Python (lce.decide.time_model, fitted to the H200's runs: the cuda grid's 2048x128x16384 head "
+        "took "
         "0.1-0.3 s at the aspect ratio's 8-16-row chunks, the unfused op 1 ms), so the aspect ratio's chunks of a "
         "few hundred rows at the LLM heads were predicted 1.5-1.8x slower than 2048-row ones. "
         "balanced sums the weight gradient in an fp32 (C, D) buffer, so its error stays near the rounding floor at "
@@ -169,7 +170,8 @@ AUTO_TABLE: dict[tuple[str, torch.dtype], AutoPick] = {
         "every GEMM in fp32: the lowest gradient error. balanced would be faster where bf16 GEMMs are native "
         "(AVX512-BF16, AMX) and within the error limit, but its input gradient is predicted less accurate than "
         "torch 2.13's default (accurate), which a default must not be (the drop-in condition of lce.decide); on "
-        "CPUs whose bf16 GEMMs are slow or emulated (lce.cpu_gemms) fp32 GEMMs are the fast ones, so the pick is "
+        "CPUs whose bf16 GEMMs are slow or emulated (lce.planning.cpu_gemms) fp32 GEMMs are the fast ones, so the "
+        "pick is "
         "also the fastest there. Chunks of at least CPU_MIN_ROWS rows. Meets the error/noise rule "
         "(analysis.judge.rule, notebook 06)",
         evidence=("error_vs_memory_cpu", "chunk_sweep", "cpu_gemm_rates"),

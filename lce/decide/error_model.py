@@ -9,7 +9,7 @@ in *squared* floors::
 
 The 1 is the unavoidable final rounding of each gradient. Each ``f_s`` comes from one rounding the
 plan's layout performs, propagated to the gradient to first order, and ``c_s`` is a constant fitted
-on committed measurements (``lce/error_model.json``; ``python -m analysis error-model`` refits it).
+on committed measurements (``lce/decide/error_model.json``; ``python -m analysis error-model`` refits it).
 
 Notation: ``g_i = dz_i x_i^T`` is row i's contribution to the weight gradient ``G = sum_i g_i``;
 with ``rho = ||E g||^2 / E||g||^2`` (the signal fraction, :class:`InputStats`), a sum of ``m`` rows
@@ -73,7 +73,7 @@ from importlib import resources
 
 import torch
 
-from .planning import Plan
+from ..planning.plan import Plan
 
 __all__ = ["InputStats", "WORST_COMMITTED_STATS", "ACCURACY", "Constants", "load_constants", "constants_from_json",
            "source_terms",
@@ -151,8 +151,8 @@ class Constants:
 
 @functools.cache
 def load_constants() -> Constants:
-    """The constants in ``lce/error_model.json`` (read once)."""
-    text = resources.files("lce").joinpath(_CONSTANTS_FILE).read_text(encoding="utf-8")
+    """The constants in ``lce/decide/error_model.json`` (read once)."""
+    text = resources.files(__package__).joinpath(_CONSTANTS_FILE).read_text(encoding="utf-8")
     return constants_from_json(json.loads(text))
 
 
@@ -176,10 +176,10 @@ def constants_from_json(data: dict) -> Constants:
 
 
 ACCURACY: str = load_constants().accuracy
-"""How close the model came on held-out data (as the last fit measured it; ``lce/error_model.json``)."""
+"""How close the model came on held-out data (as the last fit measured it; ``lce/decide/error_model.json``)."""
 
 DETAIL_ACCURACY: dict[str, str] = load_constants().detail_accuracy
-"""How close :func:`predict_weight_details` came on held-out data, per detail (``lce/error_model.json``)."""
+"""How close :func:`predict_weight_details` came on held-out data, per detail (``lce/decide/error_model.json``)."""
 
 WORST_COMMITTED_STATS: InputStats = load_constants().worst_stats
 """The conservative default of :func:`predict_errors`: the committed input family (and shape) whose statistics
@@ -258,7 +258,7 @@ def predict_errors(plan: Plan, stats: InputStats | None = None) -> dict[str, flo
     :data:`WORST_COMMITTED_STATS`, the committed input family with the largest predicted errors.
     """
     if not isinstance(plan, Plan):
-        raise TypeError(f"plan must be an lce.Plan (lce.planning.make_plan), got {type(plan).__name__}")
+        raise TypeError(f"plan must be an lce.Plan (lce.planning.plan.make_plan), got {type(plan).__name__}")
     if stats is not None and not isinstance(stats, InputStats):
         raise TypeError(f"stats must be an InputStats or None, got {type(stats).__name__}")
     constants = load_constants()
@@ -272,7 +272,7 @@ def predict_weight_details(plan: Plan, stats: InputStats | None = None) -> dict[
     the exact gradient, in Frobenius floors) and ``"worst_row"`` (the worst class row's error, in its own floors).
     ``stats`` as for :func:`predict_errors`. Both are ``nan`` where the plan computes no weight gradient."""
     if not isinstance(plan, Plan):
-        raise TypeError(f"plan must be an lce.Plan (lce.planning.make_plan), got {type(plan).__name__}")
+        raise TypeError(f"plan must be an lce.Plan (lce.planning.plan.make_plan), got {type(plan).__name__}")
     if stats is not None and not isinstance(stats, InputStats):
         raise TypeError(f"stats must be an InputStats or None, got {type(stats).__name__}")
     constants = load_constants()

@@ -13,7 +13,7 @@ AVX512F Xeon it would still run about 4-5x slower. Three verdicts, then: *native
 fp32's rate), *slow* (a kernel, but more than :data:`SLOW_SLOWDOWN` times fp32's time: it converts to fp32
 inside; ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` on an AMX Xeon, the *AVX512F stand-in*, measures 4.5-4.8x; on an
 AVX512-BF16 EPYC the same cap gives 2.3-2.7x, either side of the threshold) and
-*emulated*. lce's plans run the GEMMs of a slow or emulated dtype on fp32 copies (:mod:`lce.gemm`): the same
+*emulated*. lce's plans run the GEMMs of a slow or emulated dtype on fp32 copies (:mod:`lce.passes.gemm`): the same
 arithmetic at fp32's speed.
 
 Method, in two steps; neither depends on what else the machine runs or on torch's thread count.
@@ -217,7 +217,7 @@ def adopt(parent_verdicts: Mapping[torch.dtype, GemmSupport]) -> None:
     for dtype, support in parent_verdicts.items():
         if dtype not in LOW_PRECISION or not isinstance(support, GemmSupport) or support.dtype != dtype:
             raise ValueError(f"parent_verdicts must map each of {LOW_PRECISION} to its GemmSupport, as "
-                             f"lce.cpu_gemms.verdicts() returns; got {dtype!r}: {support!r}")
+                             f"lce.planning.cpu_gemms.verdicts() returns; got {dtype!r}: {support!r}")
     _ADOPTED.update(parent_verdicts)
 
 

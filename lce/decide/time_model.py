@@ -9,14 +9,15 @@ device kind (:class:`TimeConstants`):
   for little work);
 * **memory traffic**, at ``bandwidth``: the weight read once per GEMM and row chunk; a weight-gradient accumulator
   read and written once per row chunk, and the product blocks added into it where no single kernel does both
-  (:func:`lce.gemm.add_mm_`); the fp32 copies of GEMMs run on fp32 copies (:mod:`lce.cpu_gemms`); and
+  (:func:`lce.passes.gemm.add_mm_`); the fp32 copies of GEMMs run on fp32 copies (:mod:`lce.planning.cpu_gemms`); and
   ``elementwise_passes`` passes over the logits (max, exponentials, sums, the softmax and dz, their rounding);
 * **launches**: every GEMM call a step makes (a blocked sum or upcast makes many), at ``launch_overhead`` each;
 * **steps**: every (row chunk x class block) step at ``step_overhead`` (the Python and small ops around them).
 
 The constants are data (``time_model.json`` beside this module), fitted by ``python -m analysis time-model`` to the
 committed measurements of each device kind, which also reports how well the fit predicts times it was not fitted to
-(:data:`FIT`). GEMM rates come from the CPU a plan is made on (:func:`lce.cpu_gemms.rate_vs_fp32` for low-precision
+(:data:`FIT`). GEMM rates come from the CPU a plan is made on (:func:`lce.planning.cpu_gemms.rate_vs_fp32` for
+low-precision
 GEMMs) or, on CUDA, from the fitted device's; :data:`TIME_SOURCE` says, per device kind, what the predictions rest
 on.
 
@@ -35,9 +36,9 @@ from typing import NamedTuple
 
 import torch
 
-from .cpu_gemms import rate_vs_fp32
-from .gemm import rows_per_block
-from .planning import Plan
+from ..passes.gemm import rows_per_block
+from ..planning.cpu_gemms import rate_vs_fp32
+from ..planning.plan import Plan
 
 __all__ = ["TimeConstants", "TimeTerms", "CONSTANTS", "FIT", "TIME_SOURCE", "CONSTANTS_FILE", "load_constants",
            "time_terms", "estimated_seconds", "gemm_flops", "gemm_compute_dtype", "gemm_names"]
@@ -162,7 +163,7 @@ def gemm_flops(plan: Plan, name: str, cpu_rate: float | None = None, constants: 
                fp32_flops: float | None = None) -> float:
     """Sustained FLOP/s of the named GEMM of ``plan``: its compute dtype's rate (``constants.flops``); on a CPU a
     low-precision GEMM runs at fp32's rate times this CPU's measured rate for the dtype
-    (:func:`lce.cpu_gemms.rate_vs_fp32`), not a fixed ratio; ``cpu_rate`` stands in for that rate (another CPU
+    (:func:`lce.planning.cpu_gemms.rate_vs_fp32`), not a fixed ratio; ``cpu_rate`` stands in for that rate (another CPU
     kind's) and ``fp32_flops`` for fp32's."""
     constants = constants or CONSTANTS[plan.device_kind]
     dtype = gemm_compute_dtype(plan, name)
@@ -177,6 +178,7 @@ def gemm_flops(plan: Plan, name: str, cpu_rate: float | None = None, constants: 
 
 def gemm_compute_dtype(plan: Plan, name: str) -> torch.dtype:
     """The dtype a GEMM of ``plan`` really computes in: its operands' dtype, or fp32 where the plan runs it on fp32
-    copies because the CPU's own kernel for that dtype is slow (:attr:`~lce.planning.Plan.narrow_gemms_in_fp32`)."""
+    copies because the CPU's own kernel for that dtype is slow
+    (:attr:`~lce.planning.plan.Plan.narrow_gemms_in_fp32`)."""
     return torch.float32 if plan.gemm_in_fp32(name) else plan.gemm_dtypes(name).operands
 

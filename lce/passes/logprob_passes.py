@@ -12,7 +12,7 @@ and with ``g`` and ``h`` the incoming gradients of ``log p_y`` and ``H``:
 (times ``1 - tanh(z / cap)**2`` through a soft cap). Forward gathers four statistics per row, a block of classes
 at a time with the row maximum ``m`` kept current (:class:`TokenStatistics`):
 
-    other  = sum over c != y of exp(u_c - m)      (the target left out, as in :mod:`lce.chunked`)
+    other  = sum over c != y of exp(u_c - m)      (the target left out, as in :mod:`lce.passes.chunked`)
     spread = sum over c of exp(u_c - m) (m - u_c)  (every term >= 0; only with the entropy)
 
 and the target's ``u_y``. With ``S = other + exp(u_y - m)`` every output is a sum of terms of one sign:
@@ -27,9 +27,9 @@ log-probability, its ``1 - p_y`` and its entropy, where ``lse - u_y`` or ``lse -
 Backward recomputes the logits chunk by chunk, as reduction "none" does, and forms ``dL/dz`` in place, a
 workspace of columns at a time, from the saved ``lse``, ``H``, ``-log p_y``, ``1 - p_y`` and ``H - (-log p_y)``
 (the target's entry uses those, not a difference of rounded probabilities). The products with the weight and
-the input are :class:`lce.chunked.GradientSums`'s, in the plan's precision; a group of processes holding
+the input are :class:`lce.passes.chunked.GradientSums`'s, in the plan's precision; a group of processes holding
 shards of the vocabulary completes the statistics and the input gradient through its
-:class:`lce.chunked.GroupReduction` (``reduce_token_statistics``, ``complete_input_sum``).
+:class:`lce.passes.chunked.GroupReduction` (``reduce_token_statistics``, ``complete_input_sum``).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import math
 
 import torch
 
+from ..planning.plan import Plan
 from .chunked import (
     Chunk,
     ChunkLoop,
@@ -53,7 +54,6 @@ from .chunked import (
     column_blocks,
     grad_logits_rescale_for,
 )
-from .planning import Plan
 
 __all__ = ["TokenStatistics", "TokenRows", "token_statistics", "token_gradients", "tempered_block_logits_"]
 
@@ -211,7 +211,7 @@ class _Coefficients:
     """What turns a block's log-probabilities into ``dL/dz / rescale``: ``logp`` and ``entropy`` are the incoming
     gradients ``g`` and ``h`` divided by ``T * rescale`` (0 for ignored rows; ``entropy`` None when no gradient
     reaches the entropy), ``rescale`` the power of two that keeps fp16's dz normal
-    (:func:`lce.chunked.grad_logits_rescale`)."""
+    (:func:`lce.passes.chunked.grad_logits_rescale`)."""
 
     logp: torch.Tensor
     entropy: torch.Tensor | None

@@ -2,8 +2,9 @@
 
 Nothing is run by default. Every candidate -- a policy, a number of rows per chunk and, where memory needs it, a
 number of classes per block (:func:`candidates`) -- is planned and judged by :mod:`lce.decide`, the procedure
-"auto" and every decision table come from: predicted memory (:mod:`lce.memory_model`), predicted errors
-(:mod:`lce.error_model`), predicted time (:mod:`lce.time_model`: this CPU's GEMM rates, or a GPU's datasheet
+"auto" and every decision table come from: predicted memory (:mod:`lce.planning.memory_model`), predicted errors
+(:mod:`lce.decide.error_model`), predicted time (:mod:`lce.decide.time_model`: this CPU's GEMM rates, or a GPU's
+datasheet
 rates), the rule's conditions (error limit, training evidence) and one objective (:data:`lce.decide.OBJECTIVE`).
 ``measure=True`` times the finalists on the device instead of trusting the time model.
 
@@ -23,7 +24,11 @@ from collections.abc import Mapping
 
 import torch
 
-from .decide import (
+from ..functional import linear_cross_entropy
+from ..planning.options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dtype_name
+from ..planning.plan import Plan
+from .error_model import ACCURACY
+from .procedure import (
     DEFAULT_MAX_ERROR,
     MEMORY_TIE,
     OBJECTIVE,
@@ -34,10 +39,6 @@ from .decide import (
     faults,
     objective,
 )
-from .error_model import ACCURACY
-from .functional import linear_cross_entropy
-from .options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dtype_name
-from .planning import Plan
 from .time_model import CONSTANTS, TIME_SOURCE, TimeConstants, estimated_seconds, gemm_compute_dtype, gemm_flops
 
 __all__ = ["Recommendation", "RecommendationWarning", "Candidate", "recommend", "candidates", "estimated_seconds",
@@ -134,10 +135,11 @@ class Recommendation:
                                                                                c.error, c.seconds))
                 lines.append(f"  vs {policy:<8} {best.label()}: {self._why_not(best, fastest)} "
                              f"(peak {_mib(best.peak_bytes)}, error {best.error:.3g}, ~{best.seconds * 1e3:.3g} ms)")
-        time_model = f"time: lce.time_model, {TIME_SOURCE[p.device_kind]}"
+        time_model = f"time: lce.decide.time_model, {TIME_SOURCE[p.device_kind]}"
         if p.cpu_gemms is not None:
             time_model += f" ({p.cpu_gemms.dtype_name} GEMMs {p.cpu_gemms.support} on this CPU)"
-        lines.append(f"  models     memory: lce.memory_model; error: lce.error_model ({ACCURACY}); {time_model}")
+        lines.append(f"  models     memory: lce.planning.memory_model; error: lce.decide.error_model ({ACCURACY}); "
+                     f"{time_model}")
         lines.extend(f"  note: {note}" for note in p.notes)
         return "\n".join(lines)
 
