@@ -62,7 +62,7 @@ from .passes.chunked import (
 from .passes.logprob_passes import TokenStatistics
 from .planning.device import device_kind_of, has_mixed_precision_mm
 from .planning.options import LinearCrossEntropyOptions, dtype_name
-from .planning.plan import make_plan
+from .planning.resolve import make_plan
 from .unfused import DEFAULT_IGNORE_INDEX
 
 __all__ = ["vocab_parallel_linear_cross_entropy", "VocabParallelLinearCrossEntropyLoss", "ShardLayout",
@@ -193,7 +193,8 @@ def _description(input, weight_shard, target, linear_bias, weight, call: tuple, 
 
 
 def _plan_inputs(input: torch.Tensor, weight_shard: torch.Tensor, linear_bias: torch.Tensor | None) -> dict:
-    """What :func:`~lce.planning.plan.make_plan` reads from this rank's tensors and device beyond the agreed shapes and
+    """What :func:`~lce.planning.resolve.make_plan` reads from this rank's tensors and device beyond the agreed shapes
+    and
     options: the layout table, the "auto" ``acc_dtype`` rule's answer, which gradients are needed. With these
     agreed, every rank resolves the same row chunks, dtypes and gradient passes, so the same collectives."""
     kind = device_kind_of(input.device)

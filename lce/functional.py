@@ -13,7 +13,8 @@ from .checks import require
 from .compiler import graph_break
 from .errors import ArgumentTypeError, ArgumentValueError, TargetIndexError, TargetKindError
 from .planning.options import LinearCrossEntropyOptions
-from .planning.plan import Plan, make_plan
+from .planning.plan import Plan
+from .planning.resolve import make_plan
 from .unfused import DEFAULT_IGNORE_INDEX, unfused_linear_cross_entropy
 
 __all__ = ["linear_cross_entropy", "plan", "check_arguments", "check_settings", "check_class_weight", "check_features",

@@ -23,7 +23,8 @@ from .functional import check_features, first_out_of_range, grads_needed
 from .passes.chunked import GroupReduction, HeadTensors, Targets
 from .passes.logprob_passes import TokenRows, token_gradients, token_statistics
 from .planning.options import LinearCrossEntropyOptions
-from .planning.plan import Plan, make_plan
+from .planning.plan import Plan
+from .planning.resolve import make_plan
 from .unfused import DEFAULT_IGNORE_INDEX
 
 __all__ = ["linear_log_probs", "log_probs_plan", "check_log_probs_arguments", "temperature_per_row",

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import torch
 
-from .passes.headroom import HEADROOM_OFF
-from .planning.cpu_gemms import CPU_GEMMS_OVERRIDE, LOW_PRECISION, SUPPORTS, Support
-from .planning.device import DEVICE_KIND_OVERRIDE, DEVICE_KINDS
+from .planning.cpu_gemms import Support, assumed_support
+from .planning.device import planned_as
+from .planning.plan import HEADROOM_OFF
 
 __all__ = ["emulate_device_kind", "cpu_gemms", "without_headroom", "interpreted_kernels"]
 
@@ -23,13 +23,8 @@ def emulate_device_kind(kind: str) -> Iterator[None]:
     the CUDA kernels produce up to summation order. CUDA is assumed to be
     sm80 or newer (bf16 and fp16 mixed-precision GEMMs available).
     """
-    if kind not in DEVICE_KINDS:
-        raise ValueError(f"kind must be one of {DEVICE_KINDS}, got {kind!r}")
-    token = DEVICE_KIND_OVERRIDE.set(kind)
-    try:
+    with planned_as(kind):
         yield
-    finally:
-        DEVICE_KIND_OVERRIDE.reset(token)
 
 
 @contextlib.contextmanager
@@ -40,16 +35,8 @@ def cpu_gemms(support: Support | dict[torch.dtype, Support]) -> Iterator[None]:
     Wins over the ``LCE_CPU_GEMMS`` environment variable. Plans record what they were made under, so
     a plan made inside the context runs the same way outside it (reduction="none"'s backward).
     """
-    setting = dict.fromkeys(LOW_PRECISION, support) if isinstance(support, str) else dict(support)
-    for dtype, value in setting.items():
-        if dtype not in LOW_PRECISION or value not in SUPPORTS:
-            raise ValueError(f"support must be one of {SUPPORTS}, or a dict from {LOW_PRECISION} to one of them; "
-                             f"got {support!r}")
-    token = CPU_GEMMS_OVERRIDE.set(setting)
-    try:
+    with assumed_support(support):
         yield
-    finally:
-        CPU_GEMMS_OVERRIDE.reset(token)
 
 
 @contextlib.contextmanager

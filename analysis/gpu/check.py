@@ -278,7 +278,7 @@ def _kernels_status() -> str:
 
 def _mixed_gemms_status() -> str:
     """The probes of lce.passes.gemm on this machine's GPU: torch.mm(out_dtype) and torch.addmm(out_dtype, out=)."""
-    from lce.passes.gemm import mixed_addmm_supported, mixed_mm_supported
+    from lce.planning.device import mixed_addmm_supported, mixed_mm_supported
 
     if not torch.cuda.is_available():
         return "not probed (no GPU)"

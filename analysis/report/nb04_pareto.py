@@ -525,7 +525,7 @@ def todays_pick(costs: pd.DataFrame) -> pd.DataFrame:
 
     import lce
     from lce.decide.time_model import estimated_seconds
-    from lce.planning.plan import make_plan
+    from lce.planning.resolve import make_plan
     from lce.testing import emulate_device_kind
 
     rows = []

@@ -39,7 +39,7 @@ from analysis.paths import RESULTS_DIR, ROOT
 from lce.decide import error_model
 from lce.decide.error_model import OUTPUTS, TERMS, InputStats, measure_input_stats
 from lce.planning.options import EXPLICIT_POLICIES, LinearCrossEntropyOptions
-from lce.planning.plan import make_plan
+from lce.planning.resolve import make_plan
 from lce.testing import cpu_gemms, emulate_device_kind
 
 __all__ = ["stats_pairs", "DETAIL_VALIDATION_FILE", "DETAIL_COLUMNS", "DETAIL_MIN", "GRID_FILES", "NOISE_FILES",

@@ -53,8 +53,8 @@ from lce.decide.time_model import (
     gemm_names,
     time_terms,
 )
-from lce.passes import gemm
-from lce.planning.plan import make_plan
+from lce.planning import blocks
+from lce.planning.resolve import make_plan
 from lce.testing import cpu_gemms, emulate_device_kind
 
 __all__ = ["Sample", "BLOCKED_SUM_UNTIL", "TOLERANCE", "REFERENCE_MACHINE", "as_run_options",
@@ -113,12 +113,12 @@ def _era(kind: str, date: str) -> Iterator[None]:
     if kind != "cuda" or str(date) >= BLOCKED_SUM_UNTIL:
         yield
         return
-    saved = gemm._CUDA_BLOCK_ELEMENTS
-    gemm._CUDA_BLOCK_ELEMENTS = gemm._BLOCK_ELEMENTS
+    saved = blocks._CUDA_BLOCK_ELEMENTS
+    blocks._CUDA_BLOCK_ELEMENTS = blocks._BLOCK_ELEMENTS
     try:
         yield
     finally:
-        gemm._CUDA_BLOCK_ELEMENTS = saved
+        blocks._CUDA_BLOCK_ELEMENTS = saved
 
 
 def _sample(kind: str, machine: str, options: lce.LinearCrossEntropyOptions, n: int, d: int, c: int, dtype: str,

@@ -31,7 +31,7 @@ from analysis.core.problem import DTYPES
 from analysis.core.provenance import git_revision
 from analysis.core.results_io import write_csv_atomically
 from analysis.core.run_config import RunConfig
-from lce.planning.plan import make_plan
+from lce.planning.resolve import make_plan
 from lce.testing import emulate_device_kind
 
 __all__ = ["modeled_peak", "measured_peak", "stale_rows", "remeasure", "current_plan", "changed_plan_rows",

@@ -258,7 +258,7 @@ def predict_errors(plan: Plan, stats: InputStats | None = None) -> dict[str, flo
     :data:`WORST_COMMITTED_STATS`, the committed input family with the largest predicted errors.
     """
     if not isinstance(plan, Plan):
-        raise TypeError(f"plan must be an lce.Plan (lce.planning.plan.make_plan), got {type(plan).__name__}")
+        raise TypeError(f"plan must be an lce.Plan (lce.planning.resolve.make_plan), got {type(plan).__name__}")
     if stats is not None and not isinstance(stats, InputStats):
         raise TypeError(f"stats must be an InputStats or None, got {type(stats).__name__}")
     constants = load_constants()
@@ -272,7 +272,7 @@ def predict_weight_details(plan: Plan, stats: InputStats | None = None) -> dict[
     the exact gradient, in Frobenius floors) and ``"worst_row"`` (the worst class row's error, in its own floors).
     ``stats`` as for :func:`predict_errors`. Both are ``nan`` where the plan computes no weight gradient."""
     if not isinstance(plan, Plan):
-        raise TypeError(f"plan must be an lce.Plan (lce.planning.plan.make_plan), got {type(plan).__name__}")
+        raise TypeError(f"plan must be an lce.Plan (lce.planning.resolve.make_plan), got {type(plan).__name__}")
     if stats is not None and not isinstance(stats, InputStats):
         raise TypeError(f"stats must be an InputStats or None, got {type(stats).__name__}")
     constants = load_constants()

@@ -62,9 +62,12 @@ from typing import NamedTuple
 
 import torch
 
+from ..planning.cpu_gemms import assumed_support
+from ..planning.device import planned_as
 from ..planning.options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dtype_name
-from ..planning.plan import Plan, aspect_ratio_chunk_size, make_plan
+from ..planning.plan import Plan, aspect_ratio_chunk_size
 from ..planning.policies import CPU_MIN_ROWS, auto_pick
+from ..planning.resolve import make_plan
 from .error_model import predict_errors, predict_weight_details
 from .time_model import estimated_seconds
 
@@ -352,10 +355,8 @@ def default_candidate(head: Head, dtype: torch.dtype, device_kind: str, cpu_rate
 def _evaluate_on(device_kind: str, options: LinearCrossEntropyOptions, head: Head, dtype: torch.dtype,
                  cpu_rate: float | None) -> Candidate:
     """:func:`evaluate` as planned on ``device_kind`` (CPU tensors, or meta tensors planned as CUDA ones)."""
-    from ..testing import emulate_device_kind
-
     device = torch.device("cpu" if device_kind == "cpu" else "meta")
-    with emulate_device_kind(device_kind):
+    with planned_as(device_kind):
         return evaluate(options, head.N, head.D, head.C, dtype, device, cpu_rate)
 
 
@@ -396,8 +397,6 @@ def derive_auto(device_kind: str, dtype: torch.dtype, heads: Sequence[Head] = RE
     the contexts (memory and time each relative to the best rule there); a tie keeps torch's policy."""
     import contextlib
 
-    from ..testing import cpu_gemms
-
     limit = DEFAULT_MAX_ERROR.get(dtype, math.inf)
     rules = [(policy, chunking, floor) for policy in EXPLICIT_POLICIES for chunking in AUTO_CHUNKINGS
              for floor in auto_floors(device_kind, dtype)]
@@ -406,7 +405,7 @@ def derive_auto(device_kind: str, dtype: torch.dtype, heads: Sequence[Head] = RE
     table: dict[tuple[str, str, int], dict[str, Candidate]] = {rule: {} for rule in rules}
     torch_default: dict[str, Candidate] = {}
     for name, head, support, rate in contexts:
-        with contextlib.nullcontext() if support is None else cpu_gemms(support):
+        with contextlib.nullcontext() if support is None else assumed_support(support):
             for policy, chunking, floor in rules:
                 table[(policy, chunking, floor)][name] = rule_candidate(policy, chunking, head, dtype, device_kind,
                                                                         rate, min_rows=floor)

@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..passes.gemm import rows_per_block
+from ..planning.blocks import rows_per_block
 from ..planning.cpu_gemms import rate_vs_fp32
 from ..planning.plan import Plan
 

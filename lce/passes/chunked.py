@@ -60,8 +60,9 @@ from typing import Protocol
 import torch
 
 from .. import kernels
+from ..planning.blocks import TARGET_ROWS_PER_GEMM
 from ..planning.plan import LOSS_SUM_DTYPE, Plan
-from .gemm import TARGET_ROWS_PER_GEMM, add_mm_, mm, mm_upcast_weight, mm_upcast_weight_t
+from .gemm import add_mm_, mm, mm_upcast_weight, mm_upcast_weight_t
 from .headroom import STORE_LIMIT, RunningSum, largest_entry, power_of_two_under, scale_to_fit
 
 __all__ = [

@@ -24,10 +24,10 @@ tensors' device:
 
 from __future__ import annotations
 
-import functools
-from typing import NamedTuple
-
 import torch
+
+from ..planning.blocks import in_fp32_blocks, rows_per_block
+from ..planning.device import mixed_mm_supported
 
 
 def mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None = None,
@@ -68,95 +68,6 @@ def _mm_via_upcast(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, alp
     result = a.to(wide) @ b.to(wide)
     result = result if addend is None else result.add_(addend)
     return (result.mul_(alpha) if alpha != 1.0 else result).to(out_dtype)
-
-
-_BLOCK_ELEMENTS = 1 << 20
-"""Rows of a (C, D) target are updated in blocks of about this many elements when a
-dtype conversion is involved, so the products and converted temporaries stay ~4 MiB, not (C, D)-sized."""
-
-_CUDA_BLOCK_ELEMENTS = 1 << 26
-"""The same on CUDA, for the weight-gradient product added into its accumulator where the device has no
-mixed-precision ``addmm`` (:func:`mixed_addmm_supported`): 256 MiB of fp32 per block, so a 256000 x 2304 head
-takes 9 GEMMs a chunk, each large enough to run at the GEMM's rate. Blocks of a million elements (the CPU's size,
-chosen for its caches) cost an H200 over 500 small GEMMs a chunk: 1.6 s a step at that head, against 49 ms for the
-unfused op (``analysis/results/gpu_bench.csv``)."""
-
-
-TARGET_ROWS_PER_GEMM = 2048
-"""Rows of a chunk whose target-entry residuals :meth:`lce.passes.chunked.TargetResidual.add_to_weight_rows_` sums per
-target class in one fp32 GEMM against their indicator matrix: that work grows as the square of the rows, so a chunk
-of more rows is taken in blocks of this many (CUDA's chunks of 2048 rows in one)."""
-
-
-def block_elements(device_kind: str) -> int:
-    """Elements of a (C, D) target updated at a time on ``device_kind`` ("cpu" or "cuda")."""
-    return _CUDA_BLOCK_ELEMENTS if device_kind == "cuda" else _BLOCK_ELEMENTS
-
-
-def rows_per_block(cols: int, device_kind: str = "cpu") -> int:
-    """Rows of a ``(rows, cols)`` matrix converted at a time (:func:`block_elements`): the weight upcast by
-    the ``*_upcast_weight`` GEMMs and the weight-gradient target updated by :func:`add_mm_`."""
-    return max(1, block_elements(device_kind) // max(cols, 1))
-
-
-_PROBE_ERRORS = (TypeError, RuntimeError, NotImplementedError)
-"""What a build without a mixed-precision kernel raises for it (a probe on tiny tensors: never out of memory)."""
-
-
-def _probe_operands(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``a @ b`` is ``1 + 2^-8``: exact in an fp32 sum, 1 in a bf16 one."""
-    a = torch.tensor([[1.0, 2.0 ** -8]], dtype=torch.bfloat16, device=device)
-    b = torch.tensor([[1.0], [1.0]], dtype=torch.bfloat16, device=device)
-    return a, b
-
-
-@functools.cache
-def mixed_mm_supported(device: torch.device) -> bool:
-    """Whether ``torch.mm(a, b, out_dtype=torch.float32)`` multiplies bf16/fp16 operands with fp32 accumulation and
-    an fp32 result on ``device``: probed once per device on tiny tensors. Where not, :func:`mm` upcasts the operands
-    to fp32 first (the same numbers, a full fp32 copy of each operand). False off CUDA and without a GPU."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return False
-    a, b = _probe_operands(device)
-    try:
-        product = torch.mm(a, b, out_dtype=torch.float32)
-        return product.dtype == torch.float32 and float(product) == 1.0 + 2.0 ** -8
-    except _PROBE_ERRORS:
-        return False
-
-
-@functools.cache
-def mixed_addmm_supported(device: torch.device) -> bool:
-    """Whether ``torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)`` sums bf16/fp16 operands' product straight
-    into an fp32 ``acc`` on ``device``, in one GEMM with fp32 accumulation: probed once per device on tiny tensors
-    (CUDA builds before it rejected ``out=`` with ``out_dtype``, pytorch issue 154086; CPUs have no such kernel).
-    Where not, :func:`add_mm_` adds the product in blocks of :func:`block_elements` rows."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return False  # predictions for a GPU made without one assume the blocked sum (the larger peak)
-    a, b = _probe_operands(device)
-    try:
-        acc = torch.ones(1, 1, dtype=torch.float32, device=device)
-        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-        return float(acc) == 2.0 + 2.0 ** -8  # an fp32 sum: a bf16 one would lose the 2^-8
-    except _PROBE_ERRORS:
-        return False
-
-
-class Fp32Blocks(NamedTuple):
-    """How :func:`mm` cuts an ``in_fp32`` product ``(m, k) @ (k, n)``: along ``n`` (columns of ``b``, each
-    block's fp32 product rounded into its columns of the result) when ``n > k`` -- the logits, ``x @ W.T`` --
-    else along ``k`` (the summed dimension, the block products added into one fp32 ``(m, n)`` total,
-    rounded at the end) -- the input gradient, ``dz @ W``. ``size`` is the block's extent on that axis."""
-
-    axis: str  # "n" or "k"
-    size: int
-
-
-def in_fp32_blocks(m: int, k: int, n: int) -> Fp32Blocks:
-    """The blocks of an ``in_fp32`` product (see :class:`Fp32Blocks`): ~:data:`_BLOCK_ELEMENTS` elements of ``b``."""
-    if n > k:
-        return Fp32Blocks("n", min(rows_per_block(k), n))
-    return Fp32Blocks("k", min(rows_per_block(n), k))
 
 
 def _mm_in_fp32(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, alpha: float,

@@ -33,17 +33,12 @@ propagate: a loss scale too large for the gradients overflows in that product, a
 
 from __future__ import annotations
 
-import contextvars
 import math
 
 import torch
 
-__all__ = ["STORE_LIMIT", "SUM_LIMIT", "HEADROOM_OFF", "power_of_two_under", "largest_entry", "scale_to_fit",
+__all__ = ["STORE_LIMIT", "SUM_LIMIT", "power_of_two_under", "largest_entry", "scale_to_fit",
            "RunningSum"]
-
-HEADROOM_OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("lce_headroom_off", default=False)
-"""Set by :func:`lce.testing.without_headroom`: plans made while it is true form fp16 gradients at their true size
-(lce's arithmetic before this module), for studies that measure what the headroom changes."""
 
 STORE_LIMIT = 2.0 ** 15
 """The largest entry a scaled fp16 gradient is stored at (fp16's largest finite number is 65504)."""

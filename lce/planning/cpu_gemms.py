@@ -55,13 +55,14 @@ runs the check.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Literal
 
 import torch
@@ -71,7 +72,7 @@ __all__ = ["Support", "GemmSupport", "ENV_VAR", "EMULATED_SLOWDOWN", "SLOW_SLOWD
            "REFERENCE_NATIVE_RATE", "PROBE_ROUNDS",
            "rate_vs_fp32",
            "gemm_support", "probe", "measure", "cpu_flags", "flags_verdict", "describe", "parse_setting", "verdicts",
-           "adopt", "CPU_GEMMS_OVERRIDE"]
+           "adopt", "CPU_GEMMS_OVERRIDE", "assumed_support"]
 
 Support = Literal["native", "slow", "emulated"]
 SUPPORTS: tuple[Support, ...] = ("native", "slow", "emulated")
@@ -164,6 +165,24 @@ class GemmSupport:
         if self.slowdown is not None:
             return f"{self.dtype_name} {self.support} ({self.source}: {self.slowdown:.2g}x fp32's time)"
         return f"{self.dtype_name} {self.support} ({self.source})"
+
+
+@contextlib.contextmanager
+def assumed_support(support: Support | Mapping[torch.dtype, Support]) -> Iterator[None]:
+    """Inside it, plans are made (and run) as on a CPU whose bf16 and fp16 GEMMs are ``support`` ("native", "slow" or
+    "emulated"), or per dtype (``{torch.bfloat16: "emulated"}``), whatever this CPU measures; it wins over
+    :data:`ENV_VAR`. The decision procedure plans for other CPU kinds with it; :func:`lce.testing.cpu_gemms` is the
+    same for tests."""
+    setting = dict.fromkeys(LOW_PRECISION, support) if isinstance(support, str) else dict(support)
+    for dtype, value in setting.items():
+        if dtype not in LOW_PRECISION or value not in SUPPORTS:
+            raise ValueError(f"support must be one of {SUPPORTS}, or a dict from {LOW_PRECISION} to one of them; "
+                             f"got {support!r}")
+    token = CPU_GEMMS_OVERRIDE.set(setting)
+    try:
+        yield
+    finally:
+        CPU_GEMMS_OVERRIDE.reset(token)
 
 
 def parse_setting(text: str) -> dict[torch.dtype, Support]:

@@ -17,7 +17,7 @@ per chunk, and the gradients rounded after the loop. A chunk buffer also says
 through which steps of the chunk it lives (the logits GEMM, the conversion to
 the stats dtype, the backward GEMMs, ...), so :func:`chunk_peak_bytes` is what a
 chunk really holds at once, not the sum of everything it ever makes.
-:func:`peak_extra_bytes` builds the predicted peak from those.
+:mod:`lce.planning.buffers` builds the predicted peak from those.
 
 Nothing here reads the loop's code, so two tests tie them together:
 ``tests/lce/test_memory_model.py`` runs the op for every policy x device kind x
@@ -30,54 +30,15 @@ one measured by the allocator (which also sees the kernels' own workspaces).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from ..passes.gemm import TARGET_ROWS_PER_GEMM, in_fp32_blocks, rows_per_block
+from .blocks import TARGET_ROWS_PER_GEMM, in_fp32_blocks, rows_per_block
+from .buffers import Buffer, Span, Stage, Step
+from .plan import GemmName, Plan
 
-if TYPE_CHECKING:
-    from .plan import GemmName, Plan
-
-__all__ = ["Buffer", "Stage", "Span", "Step", "plan_buffers", "chunk_peak_bytes", "peak_extra_bytes"]
-
-Stage = Literal["forward", "backward"]
-Span = Literal["call", "chunk", "final", "kept"]
-Step = Literal["logits", "to_stats", "workspace", "grad_input", "grad_weight_target", "grad_weight", "grad_bias"]
-"""The steps of one chunk: the logits GEMM, the logits' conversion to the stats dtype (when it
-differs), the statistics and dz formed a workspace of columns at a time (soft-capped logits, and every block of
-the per-token log-probabilities), the two backward GEMMs and the bias-gradient sum."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Buffer:
-    """One allocation the op makes: its purpose, shape, dtype and when it is alive.
-
-    ``stage`` is the pass that allocates it. ``span`` is "call" (made before
-    the chunk loop, freed when the pass returns), "chunk" (remade per chunk,
-    one generation alive at a time), "final" (made after the loop, when the
-    chunk buffers are gone: a gradient rounded from its accumulator) or "kept"
-    (outlives the pass: returned gradients and what forward saves for backward).
-    A "chunk" buffer lives through the chunk ``steps`` listed; the others have none.
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    stage: Stage
-    span: Span
-    purpose: str
-    steps: tuple[Step, ...] = ()
-
-    @property
-    def nbytes(self) -> int:
-        count = 1
-        for size in self.shape:
-            count *= size
-        return count * self.dtype.itemsize
-
+__all__ = ["plan_buffers"]
 
 def plan_buffers(plan: Plan) -> tuple[Buffer, ...]:
     """Every allocation of one forward + backward under ``plan``, in the order the loop makes them."""
@@ -307,7 +268,7 @@ def _in_fp32_buffers(plan: Plan, stage: Stage, steps: tuple[Step, ...], rows: in
                           purpose + " (this CPU has no fast GEMM in the input dtype)", (step,)))
 
     def product(step: Step, m: int, k: int, n: int, names: tuple[str, str, str], b_is_weight_t: bool) -> None:
-        """(m, k) @ (k, n) cut as lce.passes.gemm.in_fp32_blocks cuts it; ``names``: the operands and the result.
+        """(m, k) @ (k, n) cut as lce.planning.blocks.in_fp32_blocks cuts it; ``names``: the operands and the result.
         Shapes in memory order: a block of columns of ``W.T`` (the logits' ``b``) is a block of rows of W."""
         a, b, result = names
         blocks = in_fp32_blocks(m, k, n)
@@ -331,32 +292,3 @@ def _in_fp32_buffers(plan: Plan, stage: Stage, steps: tuple[Step, ...], rows: in
         add("weight_grad_block_fp32", (block, d), "grad_weight", "a block of the weight gradient in fp32")
         add("grad_logits_block_fp32", (rows, block), "grad_weight", "the matching columns of dz in fp32")
     return out
-
-
-def chunk_peak_bytes(plan: Plan, stage: Stage) -> int:
-    """The most bytes one chunk of a pass holds at once: the largest total over its steps."""
-    chunk = [b for b in plan.buffers if b.stage == stage and b.span == "chunk"]
-    return max((sum(b.nbytes for b in chunk if step in b.steps) for step in _steps(plan, stage)), default=0)
-
-
-def peak_extra_bytes(plan: Plan) -> int:
-    """Predicted peak of bytes allocated by one forward + backward, beyond the inputs.
-
-    In each pass the peak is what that pass keeps from earlier, plus its
-    call-long buffers, plus the larger of one chunk's peak
-    (:func:`chunk_peak_bytes`) and the buffers made after the loop. For the
-    scalar reductions backward only scales the kept gradients, in place, or --
-    with ``allow_retain_graph`` -- into fresh copies, which then coexist with
-    the kept ones.
-    """
-    buffers = plan.buffers
-
-    def total(stage: Stage, span: Span) -> int:
-        return sum(b.nbytes for b in buffers if b.stage == stage and b.span == span)
-
-    forward = total("forward", "call") + max(chunk_peak_bytes(plan, "forward"), total("forward", "final"))
-    kept = total("forward", "kept") + total("forward", "final")
-    backward = kept + total("backward", "call") + max(chunk_peak_bytes(plan, "backward"), total("backward", "final"))
-    if plan.reduction != "none" and plan.allow_retain_graph:
-        backward = 2 * kept
-    return max(forward + total("forward", "kept"), backward)

@@ -1,39 +1,40 @@
-"""Resolve options against one call into a :class:`Plan`: what will actually run.
+"""The :class:`Plan`: what one call will run, as :func:`lce.planning.resolve.make_plan` resolved it.
 
-The plan fixes the chunk size and count, ``acc_dtype`` and the precision
-layout (from :mod:`lce.planning.policies`), and answers every dtype question the chunk
-loop (:mod:`lce.passes.chunked`) asks: each GEMM's operand and result dtype, the dtype
-of the softmax statistics and of the gradient sums, which operands are upcast.
-What those choices allocate, and the predicted peak, is the memory model's
-(:mod:`lce.planning.memory_model`); ``plan.buffers`` and ``plan.peak_extra_bytes`` ask it.
+The plan fixes the chunk size and count, ``acc_dtype``, the precision layout (a row of
+:mod:`lce.planning.policies`' table), the backend of the elementwise passes, and answers every dtype question the
+chunk loop (:mod:`lce.passes`) asks: each GEMM's operand and result dtype, the dtype of the softmax statistics and
+of the gradient sums, which operands are upcast. It carries the buffers those choices allocate
+(:mod:`lce.planning.memory_model` lists them) and so knows its predicted peak.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
-import functools
 from collections.abc import Iterator
 from typing import Literal, NamedTuple
 
 import torch
 
-from .. import kernels
-from ..passes.gemm import block_elements, mixed_addmm_supported, mixed_mm_supported
-from ..passes.headroom import HEADROOM_OFF
-from . import memory_model
-from .cpu_gemms import LOW_PRECISION, GemmSupport, gemm_support
-from .device import device_kind_of, has_mixed_precision_mm
-from .memory_model import Buffer
-from .options import LinearCrossEntropyOptions, dtype_name, parse_chunking_method
-from .policies import COMPACT_ON_CPU_NOTE, LAYOUTS, Gemm, Layout, Role, auto_pick
+from . import buffers as memory
+from .buffers import Buffer
+from .cpu_gemms import GemmSupport
+from .options import dtype_name
+from .policies import Gemm, Layout, Role
 
-__all__ = ["Plan", "GradsNeeded", "GemmDtypes", "LOSS_SUM_DTYPE", "make_plan"]
+__all__ = ["Plan", "GradsNeeded", "GemmDtypes", "GemmName", "Op", "LOSS_SUM_DTYPE", "HEADROOM_OFF",
+           "aspect_ratio_chunk_size"]
 
 GemmName = Literal["logits", "grad_input", "grad_weight"]
 Op = Literal["cross_entropy", "log_probs"]
 """What a plan computes: the loss of :func:`lce.linear_cross_entropy`, or the per-token log-probabilities (and
 entropy) of :func:`lce.linear_log_probs`, which run as reduction "none" does (a forward of row statistics, a
 backward that recomputes the logits chunk by chunk)."""
+
+HEADROOM_OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("lce_headroom_off", default=False)
+"""Set by :func:`lce.testing.without_headroom`: plans made while it is true form fp16 gradients at their true size
+(:attr:`Plan.gradient_headroom` False; :mod:`lce.passes.headroom` says what the headroom does), for studies that
+measure what it changes."""
 
 LOSS_SUM_DTYPE = torch.float64
 """The cross-chunk loss total: fp64, so the loss never drifts with the chunk count."""
@@ -121,15 +122,19 @@ class Plan:
     their triton, or the PyTorch ops and what keeps the kernels out (:func:`lce.kernels.unavailable_reason`)."""
     mixed_addmm: bool = False
     """Whether a low-precision weight-gradient product is summed into its fp32 accumulator by one GEMM per chunk
-    (``torch.addmm`` with ``out_dtype``, where this CUDA build has it: :func:`lce.passes.gemm.mixed_addmm_supported`);
+    (``torch.addmm`` with ``out_dtype``, where this CUDA build has it:
+    :func:`lce.planning.device.mixed_addmm_supported`);
     otherwise its product is formed a block of classes at a time and added (:func:`lce.passes.gemm.add_mm_`)."""
     cuda_gemms: str = ""
     """On CUDA, how the mixed-precision GEMMs run, in words: probed on the device
-    (:func:`lce.passes.gemm.mixed_mm_supported`,
-    :func:`lce.passes.gemm.mixed_addmm_supported`) or assumed without a GPU; empty off CUDA."""
+    (:func:`lce.planning.device.mixed_mm_supported`,
+    :func:`lce.planning.device.mixed_addmm_supported`) or assumed without a GPU; empty off CUDA."""
     autocast: torch.dtype | None = None
     """The dtype of the ``torch.autocast`` enabled when the plan was made (None: none), in which the head's
     fp32/bf16/fp16 tensors are taken (:mod:`lce.autocasting`); the plan's own dtypes then hold with autocast off."""
+    buffers: tuple[Buffer, ...] = dataclasses.field(default=(), repr=False, compare=False)
+    """Every allocation of one forward + backward, in the order the loop makes them (:mod:`lce.planning.memory_model`
+    lists them when the plan is resolved)."""
 
     # ---- what the chunk loop asks ------------------------------------------
     @property
@@ -250,7 +255,7 @@ class Plan:
     def upcasts_weight_for(self, gemm_name: Literal["logits", "grad_input"]) -> bool:
         """Whether the named GEMM reads the weight upcast to acc_dtype.
 
-        The upcast happens a block of rows at a time (:func:`lce.passes.gemm.rows_per_block`),
+        The upcast happens a block of rows at a time (:func:`lce.planning.blocks.rows_per_block`),
         so no ``(C, D)`` acc_dtype copy of the weight ever exists.
         """
         if gemm_name == "grad_input" and not self.needs_grad.input:
@@ -278,16 +283,12 @@ class Plan:
         operand_dtypes = {self.gemm_dtypes(name).operands for name, needed in wanted if needed}
         return any(torch.finfo(dtype).max < 1e6 for dtype in operand_dtypes - {self.stats_dtype})
 
-    # ---- memory (lce.planning.memory_model) ----------------------------------------
-    @functools.cached_property
-    def buffers(self) -> tuple[Buffer, ...]:
-        """Every allocation of one forward + backward, in the order the loop makes them."""
-        return memory_model.plan_buffers(self)
-
+    # ---- memory ---------------------------------------------------------------
     @property
     def peak_extra_bytes(self) -> int:
         """Predicted peak of bytes allocated by one forward + backward, beyond the inputs."""
-        return memory_model.peak_extra_bytes(self)
+        return memory.peak_extra_bytes(self.buffers,
+                                       backward_copies_kept=self.reduction != "none" and self.allow_retain_graph)
 
     def __str__(self) -> str:
         lines = [
@@ -312,7 +313,7 @@ class Plan:
             lines.append(f"    {b.name:<24} {str(b.shape):<16} {dtype_name(b.dtype):<9} {b.stage:<8} {b.span:<5} "
                          f"{b.nbytes / 2**20:10.2f} MiB  {' '.join(b.steps)}".rstrip())
         stages = dict.fromkeys(b.stage for b in self.buffers)
-        chunk_peaks = ", ".join(f"{stage} {memory_model.chunk_peak_bytes(self, stage) / 2**20:.2f} MiB"
+        chunk_peaks = ", ".join(f"{stage} {memory.chunk_peak_bytes(self.buffers, stage) / 2**20:.2f} MiB"
                                 for stage in stages)
         lines.append(f"  chunk peak {chunk_peaks} (its largest step)")
         lines.append(f"  predicted peak extra memory: {self.peak_extra_bytes / 2**20:.2f} MiB")
@@ -349,163 +350,3 @@ class Plan:
     def _gemm_text(self, name: GemmName) -> str:
         operands, result = (dtype_name(dtype) for dtype in self.gemm_dtypes(name))
         return operands if operands == result else f"{operands}->{result}"
-
-
-def make_plan(
-    options: LinearCrossEntropyOptions,
-    *,
-    num_rows: int,
-    in_features: int,
-    num_classes: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    reduction: str = "mean",
-    needs_grad: tuple[bool, bool, bool] = (True, True, False),
-    softcap: float | None = None,
-    z_loss: float = 0.0,
-    return_lse: bool = False,
-    chunking_classes: int | None = None,
-    loss_dtype: torch.dtype | None = None,
-    op: Op = "cross_entropy",
-    returns_entropy: bool = False,
-    autocast: torch.dtype | None = None,
-) -> Plan:
-    """Resolve ``options`` for one call (the rules of the options contract).
-
-    * ``"auto"`` policy/chunking come from :func:`lce.planning.policies.auto_pick` for
-      (device kind, dtype); an explicit ``batch_chunk_size`` switches "auto"
-      chunking off;
-    * an explicit chunking method decides the size; a ``batch_chunk_size``
-      that disagrees with it is a ``ValueError``;
-    * ``acc_dtype=None`` becomes fp32 for fp16/bf16 input under the "auto"
-      policy where a mixed-precision GEMM exists, else the input dtype.
-
-    ``softcap``, ``z_loss`` and ``return_lse`` are lce's features beyond torch's
-    op (see :func:`lce.linear_cross_entropy`); they change what the loop
-    computes and keeps, not the chunking or the precision layout.
-
-    ``op="log_probs"`` plans :func:`lce.linear_log_probs` (``reduction`` must then be "none", its per-row
-    structure; ``returns_entropy`` says whether the entropy is computed).
-
-    ``chunking_classes`` (default ``num_classes``) is the class count the row
-    chunking is sized for. :mod:`lce.distributed` passes the largest shard of
-    its group, so that every rank walks the same row chunks, and so issues the
-    same collectives in the same order, whatever the size of its own shard.
-    """
-    if op == "log_probs" and (reduction != "none" or z_loss or return_lse or loss_dtype is not None):
-        raise ValueError("a log_probs plan has per-row outputs (reduction 'none') and none of the loss's features "
-                         f"(z_loss, return_lse, loss_dtype); got reduction={reduction!r}, z_loss={z_loss!r}, "
-                         f"return_lse={return_lse!r}, loss_dtype={loss_dtype!r}")
-    sizing_classes = num_classes if chunking_classes is None else chunking_classes
-    kind = device_kind_of(device)
-    pick = auto_pick(kind, dtype)
-    policy = pick.acc_policy if options.acc_policy == "auto" else options.acc_policy
-    method = options.chunking_method
-    if method == "auto":
-        method = None if options.batch_chunk_size is not None else pick.chunking_method
-
-    notes: list[str] = []
-    if method is None:
-        chunk = num_rows if options.batch_chunk_size is None else min(options.batch_chunk_size, num_rows)
-    else:
-        chunk = aspect_ratio_chunk_size(num_rows, in_features, sizing_classes, parse_chunking_method(method))
-        if options.batch_chunk_size is not None and options.batch_chunk_size != chunk:
-            raise ValueError(
-                f"batch_chunk_size={options.batch_chunk_size} disagrees with chunking_method="
-                f"{method!r}, which gives {chunk} rows for N={num_rows}, D={in_features}, "
-                f"C={sizing_classes}; pass only one of them"
-            )
-        if options.chunking_method == "auto" and chunk < min(pick.min_rows, num_rows):
-            chunk = min(pick.min_rows, num_rows)
-            why = "each step's fixed cost" if kind == "cuda" else "GEMM efficiency"
-            notes.append(f"auto chunking on {kind} keeps at least {pick.min_rows} rows per chunk ({why})")
-    chunk = max(1, chunk)
-
-    acc_dtype = options.acc_dtype
-    if acc_dtype is None:
-        use_fp32 = options.acc_policy == "auto" and has_mixed_precision_mm(device, kind, dtype)
-        acc_dtype = torch.float32 if use_fp32 else dtype
-
-    layout_policy = policy
-    if kind == "cpu" and policy == "compact" and acc_dtype != dtype:
-        layout_policy = "balanced"
-        notes.append(COMPACT_ON_CPU_NOTE)
-    layout = LAYOUTS[kind][layout_policy]
-    support = gemm_support(dtype) if device.type == "cpu" and dtype in LOW_PRECISION else None
-    if kind == "cpu" and support is not None:
-        if dtype == torch.float16 and acc_dtype != dtype:
-            layout = _all_gemms_in_acc(layout)
-            notes.append("fp16 GEMMs run in acc_dtype on CPU: no CPU measured runs them faster than fp32 "
-                         "(emulated, or at about fp32's rate), so narrow ones would only lose precision")
-        elif support.slower_than_fp32 and acc_dtype != dtype and layout != _all_gemms_in_acc(layout):
-            layout = _all_gemms_in_acc(layout)
-            how = "emulated on this CPU" if support.emulated else "slower than fp32's on this CPU"
-            notes.append(f"{dtype_name(dtype)} GEMMs are {how} ({support.source}: lce.planning.cpu_gemms): this "
-                         f"layout's "
-                         f"{dtype_name(dtype)} GEMMs run in acc_dtype instead (exact upcasts: the same or less "
-                         "error, at fp32's speed)")
-
-    passes = _passes_backend(op, device, torch.float64 if dtype == torch.float64 else torch.float32, softcap)
-    return Plan(
-        device_kind=kind,
-        input_dtype=dtype,
-        acc_dtype=acc_dtype,
-        acc_policy=policy,
-        chunking_method=method,
-        batch_chunk_size=chunk,
-        class_chunk_size=max(1, min(options.class_chunk_size or num_classes, num_classes)),
-        num_rows=num_rows,
-        in_features=in_features,
-        num_classes=num_classes,
-        reduction=reduction,
-        layout=layout,
-        needs_grad=GradsNeeded(*needs_grad),
-        allow_retain_graph=options.allow_retain_graph,
-        notes=tuple(notes),
-        softcap=None if softcap is None else float(softcap),
-        z_loss=float(z_loss),
-        return_lse=bool(return_lse),
-        loss_dtype=loss_dtype,
-        cpu_gemms=support,
-        op=op,
-        returns_entropy=bool(returns_entropy) and op == "log_probs",
-        gradient_headroom=dtype == torch.float16 and not HEADROOM_OFF.get(),
-        fused_passes=passes[0],
-        passes_reason=passes[1],
-        mixed_addmm=kind == "cuda" and mixed_addmm_supported(device),
-        cuda_gemms=_cuda_gemms_text(device) if kind == "cuda" else "",
-        autocast=autocast,
-    )
-
-
-def _passes_backend(op: Op, device: torch.device, stats_dtype: torch.dtype, softcap: float | None,
-                    ) -> tuple[bool, str]:
-    """Whether the elementwise passes run as :mod:`lce.kernels`' Triton kernels, and why (or why not), in words."""
-    if op != "cross_entropy":
-        return False, "PyTorch ops (the per-token log-probabilities' passes have no kernels)"
-    if not kernels.available(device):
-        return False, f"PyTorch ops ({kernels.unavailable_reason(device) or 'the kernels switched off'})"
-    reason = kernels.uncovered(stats_dtype=stats_dtype, softcap=softcap)
-    if reason is not None:
-        return False, f"PyTorch ops ({reason})"
-    how = "interpreted" if device.type == "cpu" else "compiled"
-    return True, (f"two fused Triton kernels per step (lce.kernels: statistics, then dz in place; triton "
-                  f"{kernels.triton_version()}, {how})")
-
-
-def _cuda_gemms_text(device: torch.device) -> str:
-    """How a CUDA plan's mixed-precision GEMMs run on ``device``, in words (see :attr:`Plan.cuda_gemms`)."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return ("not probed (no GPU): low-precision products with an fp32 result planned as torch.mm(out_dtype), "
-                f"the weight-gradient sum as blocks of {block_elements('cuda'):,} elements")
-    mm = ("torch.mm(out_dtype=float32)" if mixed_mm_supported(device)
-          else "operands upcast to fp32 first (this build has no torch.mm(out_dtype): a full fp32 copy of each "
-               "operand beside the GEMM, which the predicted peak does not count)")
-    addmm = ("one torch.addmm(out_dtype=float32, out=) per chunk" if mixed_addmm_supported(device)
-             else f"blocks of {block_elements('cuda'):,} elements (this build has no torch.addmm(out_dtype, out=))")
-    return f"probed on {device}: low-precision products with an fp32 result by {mm}; the weight-gradient sum by {addmm}"
-
-
-def _all_gemms_in_acc(layout: Layout) -> Layout:
-    wide = Gemm(operands="acc", result="acc")
-    return dataclasses.replace(layout, logits=wide, grad_input=wide, grad_weight=wide)

@@ -74,23 +74,42 @@ CUDA_LAYOUTS: dict[str, Layout] = {
 # their result to bf16, so a fp32 result needs fp32 operands (an exact upcast).
 # bf16 GEMMs are the fast ones on AVX512-BF16/AMX parts, so "balanced" keeps
 # its two backward GEMMs narrow and sums their products in a fp32 accumulator.
-# Where the CPU emulates bf16 GEMMs (lce.planning.cpu_gemms; AVX2-only parts), lce.plan
-# runs those narrow GEMMs in acc_dtype instead: the fast ones there.
+# compact is balanced's row, as the options contract specifies off CUDA: with
+# acc_dtype == input dtype its "acc" sum is the gradient itself (the
+# accumulator-free layout), with a wider acc_dtype it is balanced.
 CPU_LAYOUTS: dict[str, Layout] = {
     "accurate": Layout(_WIDE, _WIDE, _WIDE, _ACC),  # every GEMM in acc_dtype
     "balanced": Layout(_WIDE, _NARROW, _NARROW, _ACC),  # fp32 logits, fast bf16 backward, fp32 sum
-    # With acc_dtype == input dtype this is the accumulator-free layout; with a
-    # wider acc_dtype, lce.plan substitutes "balanced" (see COMPACT_ON_CPU_NOTE).
-    "compact": Layout(_WIDE, _NARROW, _NARROW, _IN),
+    "compact": Layout(_WIDE, _NARROW, _NARROW, _ACC),  # balanced's (see above)
+}
+
+# Where the input dtype's GEMMs are not the fast ones on this CPU -- fp16 on every
+# CPU measured, bf16 where lce.planning.cpu_gemms finds it slow or emulated
+# (AVX2-only and AVX512F-only parts) -- every GEMM runs in acc_dtype: exact
+# upcasts, the same or less error, at fp32's speed.
+CPU_LAYOUTS_WITHOUT_FAST_NARROW_GEMMS: dict[str, Layout] = {
+    "accurate": Layout(_WIDE, _WIDE, _WIDE, _ACC),
+    "balanced": Layout(_WIDE, _WIDE, _WIDE, _ACC),
+    "compact": Layout(_WIDE, _WIDE, _WIDE, _ACC),
 }
 
 LAYOUTS: dict[str, dict[str, Layout]] = {"cuda": CUDA_LAYOUTS, "cpu": CPU_LAYOUTS}
+"""The layout tables of the devices whose input-dtype GEMMs are fast (every CUDA device; a CPU with native bf16)."""
+
+
+def layout_of(device_kind: str, policy: str, narrow_gemms_fast: bool = True) -> Layout:
+    """The layout ``policy`` runs on ``device_kind``: its row of :data:`LAYOUTS`, or of
+    :data:`CPU_LAYOUTS_WITHOUT_FAST_NARROW_GEMMS` on a CPU whose input-dtype GEMMs are slower than fp32's."""
+    if device_kind == "cpu" and not narrow_gemms_fast:
+        return CPU_LAYOUTS_WITHOUT_FAST_NARROW_GEMMS[policy]
+    return LAYOUTS[device_kind][policy]
 
 COMPACT_ON_CPU_NOTE = (
     "compact with acc_dtype wider than the input runs the balanced layout off CUDA, "
     "as the options contract specifies; pass acc_dtype equal to the input dtype for "
     "the accumulator-free layout"
 )
+"""The note a CPU plan of compact with a wider ``acc_dtype`` carries (its layout is balanced's row)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,10 +229,12 @@ def auto_pick(device_kind: str, dtype: torch.dtype) -> AutoPick:
     return AUTO_TABLE.get((device_kind, dtype), AUTO_FALLBACK)
 
 
-def format_layout_table(device_kind: str) -> str:
-    """The policy table of one device kind as aligned text (used by the README and plans)."""
+def format_layout_table(device_kind: str, narrow_gemms_fast: bool = True) -> str:
+    """The policy table of one device kind (and, on a CPU, of its narrow GEMMs' speed) as aligned text (the policies
+    page shows each)."""
     rows = [("policy", "logits", "grad_input", "grad_weight", "weight-grad sum")]
-    for name, layout in LAYOUTS[device_kind].items():
+    for name in LAYOUTS[device_kind]:
+        layout = layout_of(device_kind, name, narrow_gemms_fast)
         rows.append((name, str(layout.logits), str(layout.grad_input), str(layout.grad_weight),
                      layout.weight_grad_sum))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

@@ -14,7 +14,7 @@ from analysis.studies import error_model as error_model_fit
 from lce.decide import error_model
 from lce.decide.error_model import InputStats, measure_input_stats, predict_errors
 from lce.planning.options import LinearCrossEntropyOptions
-from lce.planning.plan import make_plan
+from lce.planning.resolve import make_plan
 from lce.testing import cpu_gemms, emulate_device_kind
 
 

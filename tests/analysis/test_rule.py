@@ -11,7 +11,7 @@ from analysis.core import problem
 from analysis.core.results_io import NOISE, load_kind
 from analysis.judge import rule
 from analysis.paths import RESULTS_DIR
-from lce.planning.memory_model import chunk_peak_bytes
+from lce.planning.buffers import chunk_peak_bytes
 from lce.planning.policies import AUTO_TABLE
 from lce.testing import emulate_device_kind
 
@@ -64,7 +64,7 @@ def test_compact_saves_the_fp32_weight_gradient_sum_less_one_chunk_at_llm_shapes
         options = lce.LinearCrossEntropyOptions(acc_policy="compact", chunking_method="aspect_ratio:2",
                                                 acc_dtype=torch.float32)
         with emulate_device_kind("cuda"):
-            chunk = chunk_peak_bytes(lce.plan(x, w, options=options), "forward")
+            chunk = chunk_peak_bytes(lce.plan(x, w, options=options).buffers, "forward")
         fp32_sum = 4 * shape.C * shape.D
         assert fp32_sum - chunk <= row.compact_saves_vs_balanced_gib * 2**30 <= fp32_sum
         assert row.compact_gib < min(row.accurate_gib, row.balanced_gib)

@@ -168,6 +168,7 @@ def test_on_cuda_the_accumulator_sum_takes_a_few_large_blocks_per_chunk_where_th
 
     import lce
     from lce.passes import gemm
+    from lce.planning import blocks
     from lce.testing import emulate_device_kind
 
     calls = []
@@ -178,7 +179,7 @@ def test_on_cuda_the_accumulator_sum_takes_a_few_large_blocks_per_chunk_where_th
         return original(a, b, out_dtype, *args, **kwargs)
 
     monkeypatch.setattr(gemm, "mm", counted)
-    monkeypatch.setattr(gemm, "_CUDA_BLOCK_ELEMENTS", 1 << 12)  # the same cut at a test's size: 64 of 512 rows
+    monkeypatch.setattr(blocks, "_CUDA_BLOCK_ELEMENTS", 1 << 12)  # the same cut at a test's size: 64 of 512 rows
     n, d, c = 64, 64, 512
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(n, d, generator=generator).bfloat16().requires_grad_()
@@ -189,9 +190,9 @@ def test_on_cuda_the_accumulator_sum_takes_a_few_large_blocks_per_chunk_where_th
     with emulate_device_kind("cuda"):
         plan = lce.plan(x, weight, options=options)
         lce.linear_cross_entropy(x, weight, target, options=options).backward()
-    rows = gemm.rows_per_block(d, "cuda")
-    blocks = [call for call in calls if call[2] == torch.float32 and call[0][0] == rows]
-    assert plan.num_chunks == 4 and not plan.mixed_addmm and len(blocks) == plan.num_chunks * (c // rows)
+    rows = blocks.rows_per_block(d, "cuda")
+    products = [call for call in calls if call[2] == torch.float32 and call[0][0] == rows]
+    assert plan.num_chunks == 4 and not plan.mixed_addmm and len(products) == plan.num_chunks * (c // rows)
     at_the_head = {size: -(-256000 // max(1, size // 2304)) for size in (1 << 20, 1 << 26)}
     assert at_the_head[1 << 20] > 500 and at_the_head[1 << 26] == 9
 

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 import lce
+import lce.planning.blocks
 import lce.planning.cpu_gemms
 from helpers import F64, Case, make_problem, ref_run, rel_err, run
-from lce.passes.gemm import add_mm_, in_fp32_blocks, mm
+from lce.passes.gemm import add_mm_, mm
+from lce.planning.blocks import in_fp32_blocks
 from lce.planning.cpu_gemms import (
     EMULATED_SLOWDOWN,
     ENV_VAR,
@@ -274,7 +276,7 @@ def test_fp32_input_and_meta_tensors_have_no_cpu_gemms_line():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_gemm_in_fp32_is_the_exact_product_rounded_once(monkeypatch, m, k, n, dtype):
     """Each block's products are exact in fp32; only the fp32 summation order and the one rounding remain."""
-    monkeypatch.setattr(lce.passes.gemm, "_BLOCK_ELEMENTS", 64 * 28)  # several blocks along either axis
+    monkeypatch.setattr(lce.planning.blocks, "_BLOCK_ELEMENTS", 64 * 28)  # several blocks along either axis
     g = torch.Generator().manual_seed(1)
     a, b = torch.randn(m, k, generator=g).to(dtype), torch.randn(k, n, generator=g).to(dtype)
     exact = a.double() @ b.double()

@@ -176,11 +176,12 @@ def test_ops_under_cuda_autocast_equal_the_calls_on_cast_tensors(autocast, polic
 
 @pytest.mark.parametrize("policy", ["balanced", "compact"])
 def test_the_mixed_precision_addmm_path_on_cuda_gives_the_blocked_paths_numbers(policy):
-    """Where this CUDA build sums bf16 products into fp32 by one ``addmm`` (lce.passes.gemm.mixed_addmm_supported), the
+    """Where this CUDA build sums bf16 products into fp32 by one ``addmm`` (lce.planning.device.mixed_addmm_supported),
+    the
     weight gradient's accumulator and a class-tiled chunk's input sum take it; the numbers are the blocked path's
     to fp32 summation order."""
-    from lce.passes.gemm import mixed_addmm_supported
-    from lce.planning import plan as lce_planning
+    from lce.planning import resolve as lce_planning
+    from lce.planning.device import mixed_addmm_supported
 
     if not mixed_addmm_supported(torch.device("cuda")):
         pytest.skip("this torch build has no mixed-precision addmm with out=")

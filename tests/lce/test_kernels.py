@@ -60,7 +60,7 @@ from lce.passes.chunked import (
     chunk_softmax_from_lse_,
     chunk_statistics_,
 )
-from lce.planning.plan import make_plan
+from lce.planning.resolve import make_plan
 from lce.testing import emulate_device_kind, interpreted_kernels
 
 PASSES = "lce.kernels.softmax_passes"

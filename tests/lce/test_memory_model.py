@@ -36,7 +36,8 @@ import lce
 import lce.passes.chunked
 import lce.passes.gemm
 import lce.passes.logprob_passes
-from lce.planning.memory_model import chunk_peak_bytes
+import lce.planning.blocks
+from lce.planning.buffers import chunk_peak_bytes
 from lce.planning.options import EXPLICIT_POLICIES, dtype_name
 from lce.testing import cpu_gemms, emulate_device_kind
 
@@ -102,7 +103,7 @@ class _Recorder(TorchDispatchMode):
 @pytest.fixture
 def recorder(monkeypatch):
     recorder = _Recorder()
-    monkeypatch.setattr(lce.passes.gemm, "_BLOCK_ELEMENTS", BLOCK_ELEMENTS)
+    monkeypatch.setattr(lce.planning.blocks, "_BLOCK_ELEMENTS", BLOCK_ELEMENTS)
     for name in CHUNK_FUNCTIONS:
         monkeypatch.setattr(lce.passes.chunked, name, _marking_chunks(getattr(lce.passes.chunked, name), recorder))
     for name in TOKEN_CHUNK_FUNCTIONS:
@@ -187,7 +188,7 @@ def _check(plan, recorder: _Recorder, label: str) -> None:
                 f"{label}: unplanned allocation {text(k)} of {a.nbytes} bytes; a chunk of logits is {logits_bytes}")
 
     for stage in ("forward", "backward"):
-        held, modeled = recorder.peak_chunk_bytes.get(stage, 0), chunk_peak_bytes(plan, stage)
+        held, modeled = recorder.peak_chunk_bytes.get(stage, 0), chunk_peak_bytes(plan.buffers, stage)
         assert held == modeled, f"{label}: a {stage} chunk held {held} bytes at once, the plan says {modeled}"
 
 

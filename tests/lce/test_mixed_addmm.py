@@ -1,4 +1,4 @@
-"""The paths a CUDA build with a mixed-precision ``addmm`` takes (lce.passes.gemm.mixed_addmm_supported): the weight
+"""The paths a CUDA build with a mixed-precision ``addmm`` takes (lce.planning.device.mixed_addmm_supported): the weight
 gradient summed into its fp32 accumulator, and a class-tiled chunk's input-gradient blocks into their fp32 sum, each
 by one GEMM with no product of its own. Run here on CPU tensors planned as CUDA, with ``torch.addmm``'s
 ``out_dtype`` stood in by an exact upcast (CPUs have no such kernel), against the blocked path; the memory model
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import lce
-import lce.planning.plan
+import lce.planning.resolve
 from helpers import loss_and_grads
 from lce.testing import emulate_device_kind
 
@@ -26,7 +26,7 @@ def _addmm_with_out_dtype(input, a, b, *, out_dtype=None, alpha=1.0, beta=1.0, o
 
 @pytest.fixture
 def mixed_addmm(monkeypatch):
-    monkeypatch.setattr(lce.planning.plan, "mixed_addmm_supported", lambda device: True)
+    monkeypatch.setattr(lce.planning.resolve, "mixed_addmm_supported", lambda device: True)
     monkeypatch.setattr(torch, "addmm", _addmm_with_out_dtype)
 
 
@@ -49,7 +49,7 @@ def test_the_in_place_sums_give_the_blocked_paths_numbers(mixed_addmm, policy, c
             assert plan.sums_input_blocks_in_place and "grad_input_chunk" not in names
         fused = loss_and_grads(options, x, w, y)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(lce.planning.plan, "mixed_addmm_supported", lambda device: False)
+            patch.setattr(lce.planning.resolve, "mixed_addmm_supported", lambda device: False)
             assert not lce.plan(x, w, options=options).mixed_addmm
             blocked = loss_and_grads(options, x, w, y)
     for got, expected in zip(fused, blocked, strict=True):

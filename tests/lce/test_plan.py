@@ -179,6 +179,7 @@ def test_the_policies_page_shows_the_layout_tables_and_auto_picks_from_the_code(
     page = (Path(__file__).resolve().parents[2] / "docs" / "policies.md").read_text()
     for kind in LAYOUTS:
         assert format_layout_table(kind) in page, f"docs/policies.md's {kind} policy table is out of date"
+    assert format_layout_table("cpu", narrow_gemms_fast=False) in page, "the slow-GEMM CPU table is out of date"
     for (kind, dtype), pick in AUTO_TABLE.items():
         row = f"| {kind} | {dtype_name(dtype)} | {pick.acc_policy} | {pick.chunking_method} |"
         assert row in page, f"docs/policies.md lacks the auto row {row}"
@@ -189,7 +190,7 @@ def test_chunking_classes_sizes_the_row_chunks_and_nothing_else():
     planned with chunking_classes=36 walks the rows of a 36-class head, and keeps its own class count."""
     kw = dict(num_rows=29, in_features=8, dtype=torch.float64, device=torch.device("cpu"))
     options = lce.LinearCrossEntropyOptions(class_chunk_size=3)
-    from lce.planning.plan import make_plan
+    from lce.planning.resolve import make_plan
 
     big = make_plan(options, num_classes=36, **kw)
     small_alone = make_plan(options, num_classes=1, **kw)

@@ -21,8 +21,8 @@ from lce.decide.time_model import (
     gemm_names,
     time_terms,
 )
-from lce.passes import gemm
-from lce.planning.plan import make_plan
+from lce.planning import blocks as planning_blocks
+from lce.planning.resolve import make_plan
 from lce.testing import cpu_gemms, emulate_device_kind
 
 N, D, C = 4096, 4096, 128256
@@ -48,7 +48,7 @@ def test_a_balanced_cuda_plan_counts_its_gemms_traffic_launches_and_steps():
     assert (plan.num_chunks, plan.num_class_chunks, plan.mixed_addmm) == (4, 1, False)
     assert gemm_names(plan) == ["logits", "grad_input", "grad_weight"]
     blocks = math.ceil(C / (2**26 // D))
-    assert blocks == 8 and gemm.rows_per_block(D, "cuda") == 2**26 // D
+    assert blocks == 8 and planning_blocks.rows_per_block(D, "cuda") == 2**26 // D
     terms = time_terms(plan, UNIT)
     weight = C * D * 2
     assert terms.gemm_seconds == pytest.approx(3 * 2.0 * N * C * D)  # unit rates, no row or feature stretch
