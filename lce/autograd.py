@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from .autocasting import outside_autocast
-from .passes.chunked import HeadTensors, Targets, per_row_grads, per_row_loss, scalar_loss_and_grads
+from .passes.chunk import HeadTensors, Targets
+from .passes.loss import per_row_grads, per_row_loss, scalar_loss_and_grads
 from .planning.plan import Plan
 
 __all__ = ["ScalarReductionLoss", "PerRowLoss", "keep_gradients", "hand_out_gradients"]

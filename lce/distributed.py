@@ -50,16 +50,11 @@ from .autocasting import autocast_dtype, autocast_off, loss_dtype_under, outside
 from .autograd import hand_out_gradients, keep_gradients
 from .functional import check_arguments, check_features, check_settings, first_out_of_range, grads_needed
 from .logprobs import TokenCall, TokenLogProbs, check_log_probs_arguments, log_probs_plan, temperature_per_row
-from .passes.chunked import (
-    GroupReduction,
-    HeadTensors,
-    RowStatistics,
-    Targets,
-    per_row_grads,
-    per_row_loss,
-    scalar_loss_and_grads,
-)
+from .passes.chunk import HeadTensors, Targets
 from .passes.logprob_passes import TokenStatistics
+from .passes.loop import GroupReduction
+from .passes.loss import per_row_grads, per_row_loss, scalar_loss_and_grads
+from .passes.statistics import RowStatistics, carry_factor
 from .planning.device import device_kind_of, has_mixed_precision_mm
 from .planning.options import LinearCrossEntropyOptions, dtype_name
 from .planning.resolve import make_plan
@@ -89,7 +84,7 @@ class ShardLayout(GroupReduction):
     """Where this rank's classes lie among the group's: ``start`` (its first global class), ``size`` and
     ``num_classes`` (the sum of every rank's shard), and the group the statistics are reduced over.
 
-    It is the chunk passes' :class:`~lce.passes.chunked.GroupReduction`: the one-device passes of
+    It is the chunk passes' :class:`~lce.passes.loop.GroupReduction`: the one-device passes of
     :mod:`lce.passes.chunked`
     run on this rank's shard and call it once per chunk of rows.
     """
@@ -107,7 +102,7 @@ class ShardLayout(GroupReduction):
         """The statistics of the whole vocabulary from each rank's: O(rows) values per rank, in the stats dtype."""
         maxima = self.all_reduce_(torch.stack([stats.row_max, stats.target_logit], 1), dist.ReduceOp.MAX)
         row_max, target_logit = maxima[:, 0], maxima[:, 1]
-        carried = (stats.row_max - row_max).exp().nan_to_num_(0.0)
+        carried = carry_factor(stats.row_max, row_max)
         columns = [stats.other * carried] + ([stats.weighted_logit_sum] if stats.weighted_logit_sum is not None else [])
         sums = self.all_reduce_(torch.stack(columns, 1))
         return RowStatistics(row_max.contiguous(), sums[:, 0].contiguous(), target_logit.contiguous(),
@@ -233,7 +228,7 @@ def _agree(descriptions: list[dict], num_classes: int | None) -> list[int]:
 
 def _shard_targets(target: torch.Tensor, class_weight: torch.Tensor | None, ignore_index: int, label_smoothing: float,
                    z_loss: float, layout: ShardLayout, stats_dtype: torch.dtype) -> Targets:
-    """The :class:`~lce.passes.chunked.Targets` of this rank's classes in local indices, with the global row weights,
+    """The :class:`~lce.passes.chunk.Targets` of this rank's classes in local indices, with the global row weights,
     class count, weight sum and largest class weight."""
     valid = target != ignore_index
     local_target = torch.where(valid, target, 0) - layout.start  # outside [0, size): another rank's class

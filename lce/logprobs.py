@@ -2,7 +2,7 @@
 chunked head, for RL fine-tuning (PPO, GRPO), with their gradients; argument checks and autograd wiring.
 
 The passes are :mod:`lce.passes.logprob_passes`'s; the plan, the precision policies and the gradient products are the
-loss's (:mod:`lce.planning.plan`, :mod:`lce.planning.policies`, :class:`lce.passes.chunked.GradientSums`), so every
+loss's (:mod:`lce.planning.plan`, :mod:`lce.planning.policies`, :class:`lce.passes.gradients.GradientSums`), so every
 policy, chunking and
 class tiling applies, and :mod:`lce.distributed` runs the same passes on shards of the vocabulary.
 """
@@ -20,8 +20,9 @@ from .checks import require
 from .compiler import graph_break
 from .errors import ArgumentTypeError, ArgumentValueError, TargetIndexError
 from .functional import check_features, first_out_of_range, grads_needed
-from .passes.chunked import GroupReduction, HeadTensors, Targets
+from .passes.chunk import HeadTensors, Targets
 from .passes.logprob_passes import TokenRows, token_gradients, token_statistics
+from .passes.loop import GroupReduction
 from .planning.options import LinearCrossEntropyOptions
 from .planning.plan import Plan
 from .planning.resolve import make_plan
@@ -31,10 +32,6 @@ __all__ = ["linear_log_probs", "log_probs_plan", "check_log_probs_arguments", "t
            "TokenLogProbs", "TokenCall", "raise_on_bad_rows"]
 
 _WHO = "lce.linear_log_probs"
-
-
-def _shape(t: torch.Tensor) -> tuple[int, ...]:
-    return tuple(t.shape)
 
 
 def check_log_probs_arguments(input, linear_weight, target, linear_bias, temperature, return_entropy, softcap,
@@ -48,28 +45,28 @@ def check_log_probs_arguments(input, linear_weight, target, linear_bias, tempera
         raise ArgumentTypeError(f"{who}: linear_bias must be a torch.Tensor or None, got {type(linear_bias).__name__}")
     if input.dim() < 1 or not input.is_floating_point():
         raise ArgumentTypeError(f"{who}: input must be a floating-point tensor of shape (..., in_features), got "
-                                f"{input.dtype} of shape {_shape(input)}")
+                                f"{input.dtype} of shape {tuple(input.shape)}")
     if linear_weight.dim() != 2 or linear_weight.shape[1] != input.shape[-1]:
         raise ArgumentValueError(f"{who}: linear_weight must have shape (C, {input.shape[-1]}) to match input's last "
-                                 f"dimension, got {_shape(linear_weight)}")
+                                 f"dimension, got {tuple(linear_weight.shape)}")
     if linear_weight.shape[0] < 1:
         raise ArgumentValueError(f"{who}: linear_weight must hold at least one class, got shape "
-                                 f"{_shape(linear_weight)}")
+                                 f"{tuple(linear_weight.shape)}")
     if linear_weight.dtype != input.dtype:
         raise ArgumentTypeError(f"{who}: linear_weight must have input's dtype {input.dtype}, got "
                                 f"{linear_weight.dtype}")
     if linear_bias is not None:
-        if _shape(linear_bias) != (linear_weight.shape[0],):
+        if tuple(linear_bias.shape) != (linear_weight.shape[0],):
             raise ArgumentValueError(f"{who}: linear_bias must have shape ({linear_weight.shape[0]},), got "
-                                     f"{_shape(linear_bias)}")
+                                     f"{tuple(linear_bias.shape)}")
         if linear_bias.dtype != input.dtype:
             raise ArgumentTypeError(f"{who}: linear_bias must have input's dtype {input.dtype}, got "
                                     f"{linear_bias.dtype}")
     if target.dtype != torch.int64:
         raise ArgumentTypeError(f"{who}: target must hold int64 class indices, got {target.dtype}")
-    if _shape(target) != _shape(input)[:-1]:
-        raise ArgumentValueError(f"{who}: target must have shape {_shape(input)[:-1]} (input's without "
-                                 f"in_features), got {_shape(target)}")
+    if tuple(target.shape) != tuple(input.shape)[:-1]:
+        raise ArgumentValueError(f"{who}: target must have shape {tuple(input.shape)[:-1]} (input's without "
+                                 f"in_features), got {tuple(target.shape)}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise ArgumentTypeError(f"{who}: ignore_index must be an int, got {ignore_index!r}")
     if not isinstance(return_entropy, bool):
@@ -87,9 +84,9 @@ def _check_temperature(temperature, target: torch.Tensor, device: torch.device, 
         if not temperature.is_floating_point():
             raise ArgumentTypeError(f"{who}: temperature must be a float > 0 or a floating-point tensor, got a "
                                     f"tensor of {temperature.dtype}")
-        if temperature.dim() and _shape(temperature) != _shape(target):
+        if temperature.dim() and tuple(temperature.shape) != tuple(target.shape):
             raise ArgumentValueError(f"{who}: a temperature tensor must be 0-dim or have target's shape "
-                                     f"{_shape(target)} (one per token), got {_shape(temperature)}")
+                                     f"{tuple(target.shape)} (one per token), got {tuple(temperature.shape)}")
         if temperature.requires_grad:
             raise ArgumentValueError(f"{who}: temperature receives no gradient; pass temperature.detach() (it requires "
                                      "grad)")
@@ -159,10 +156,10 @@ def raise_on_bad_rows(rows: TokenRows, target: torch.Tensor, num_classes: int, i
 
 @dataclasses.dataclass(frozen=True)
 class TokenCall:
-    """What one call of the op passes beside its tensors: the rows' :class:`~lce.passes.chunked.Targets`, the
+    """What one call of the op passes beside its tensors: the rows' :class:`~lce.passes.chunk.Targets`, the
     temperature
     (a float or an (N,) tensor in the stats dtype), the plan, the ``ignore_index`` (for messages), the
-    :class:`~lce.passes.chunked.GroupReduction` of a vocabulary sharded across processes (None on one device) and the
+    :class:`~lce.passes.loop.GroupReduction` of a vocabulary sharded across processes (None on one device) and the
     name errors are raised under."""
 
     targets: Targets

@@ -10,7 +10,7 @@ rows cut into ``num_chunks`` contiguous chunks of ``ceil(N / num_chunks)`` rows,
   ``dz = softmax(z) - onehot(y)`` in fp32;
 * ``accurate``: ``grad_W = round_t(s * dz.T @ x_t)``, one fp32 GEMM, one rounding;
 * ``balanced``: ``dz`` rounded to ``t`` first, its target entries' rounding residual added back in the fp32 sum
-  (:class:`lce.passes.chunked.TargetResidual`: the target entries count unrounded), then one rounding;
+  (:class:`lce.passes.gradients.TargetResidual`: the target entries count unrounded), then one rounding;
 * ``compact``: ``dz`` rounded to ``t``; each chunk's product ``s * dz_j.T @ x_j`` (fp32) is added to
   the gradient *in* ``t``: ``g = round_t(g + product_j)``, once per chunk, in chunk order (a sum in ``t`` takes
   no residual);

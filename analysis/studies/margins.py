@@ -4,7 +4,7 @@ When a row's target leads every other class by ``m`` nats, ``1 - p_y`` is
 about ``(C - 1) e^-m``: below fp32's epsilon from about 17 nats, below fp64's
 from about 37. An implementation that forms ``p_y - 1`` or ``lse - z_y`` as a
 difference loses every digit of the target's gradient entry and of the loss
-there; lce sums the other classes' share instead (:mod:`lce.passes.chunked`), and so
+there; lce sums the other classes' share instead (:mod:`lce.passes`), and so
 does the fp64 reference (:mod:`analysis.core.fp64`).
 
 Inputs: :func:`analysis.core.families.confident_rows` (every row confident, at

@@ -87,7 +87,8 @@ from ..decide.recommendation import recommend
 from ..functional import check_features, linear_cross_entropy
 from ..planning.options import LinearCrossEntropyOptions
 
-__all__ = ["patch", "unpatch", "is_patched", "Recommended", "LCE_KEYWORDS", "LOGITS_SETTINGS"]
+__all__ = ["patch", "unpatch", "is_patched", "Recommended", "LCE_KEYWORDS", "LOGITS_SETTINGS",
+           "exactly_scaled"]
 
 LCE_KEYWORDS: tuple[str, ...] = ("z_loss",)
 """The keywords of :func:`lce.linear_cross_entropy` that :func:`patch` passes on (the others are the model's:
@@ -371,7 +372,7 @@ class _Call:
                              f"(logits_to_keep with labels?); pass shift_labels for the positions kept")
         bias = head.bias
         if scale != 1:  # in the operands' own dtype, before autocast's cast: (S x) W^T + S b = S (x W^T + b)
-            x, bias = _scaled(x, scale), None if bias is None else _scaled(bias, scale)
+            x, bias = exactly_scaled(x, scale), None if bias is None else exactly_scaled(bias, scale)
         x, weight = (t.to(self._compute_dtype(t)) for t in (x, head.weight))
         bias = None if bias is None else bias.to(self._compute_dtype(bias))
         options = self.state.options_for(x, weight)
@@ -671,7 +672,7 @@ def _constant(value) -> Fraction | None:
     return Fraction(number) if math.isfinite(number) else None
 
 
-def _scaled(tensor: torch.Tensor, scale: Fraction) -> torch.Tensor:
+def exactly_scaled(tensor: torch.Tensor, scale: Fraction) -> torch.Tensor:
     """``tensor * scale`` in ``tensor``'s dtype, differentiably: a division by the integer when the scale is one's
     reciprocal (Granite's ``logits / 3``: one rounding, not two), else a product by the nearest float."""
     if abs(scale.numerator) == 1 and scale.denominator < 2 ** 53:

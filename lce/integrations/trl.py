@@ -83,10 +83,10 @@ import torch
 
 from ..autocasting import autocast_dtype, autocast_off, take_head
 from ..logprobs import linear_log_probs, log_probs_plan
-from ..passes.chunked import ChunkLoop, HeadTensors, Targets, block_logits, column_blocks
-from ..passes.logprob_passes import tempered_block_logits_
+from ..passes.chunk import HeadTensors, Targets
+from ..passes.logprob_passes import token_summaries
 from ..planning.options import LinearCrossEntropyOptions
-from .transformers import _scaled, is_patched
+from .transformers import exactly_scaled, is_patched
 
 __all__ = ["route", "unroute", "is_routed", "check_trl", "fused_head", "IncompatibleTRLError", "TESTED_TRL",
            "OUTPUTS", "HOOK_PARAMETERS"]
@@ -415,7 +415,7 @@ def fused_head(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         weight = weight.to(hidden.dtype)
         bias = None if bias is None else bias.to(hidden.dtype)
     if scale != 1:  # (S x) W^T + S b = S (x W^T + b), in the operands' own dtype, before any cast
-        hidden, bias = _scaled(hidden, scale), None if bias is None else _scaled(bias, scale)
+        hidden, bias = exactly_scaled(hidden, scale), None if bias is None else exactly_scaled(bias, scale)
     cap = None if softcap is None else float(softcap)
     with_entropy = "entropy" in outputs
     result = linear_log_probs(hidden, weight, targets, linear_bias=bias, temperature=temperature,
@@ -440,75 +440,18 @@ def _scale_of(logit_scale, model_name: str) -> Fraction:
     return Fraction(logit_scale)
 
 
-# ---- the metrics TRL's trainers log: one forward sweep of lce's chunk loop, no gradient ---------------------
-
-@dataclasses.dataclass
-class _Running:
-    """One chunk's running row statistics of the tempered logits ``u`` over the blocks of classes seen so far."""
-
-    row_max: torch.Tensor
-    sum_exp: torch.Tensor  # sum exp(u - row_max)
-    sum_exp2: torch.Tensor  # sum exp(2 (u - row_max))
-    sum_u: torch.Tensor
-    target: torch.Tensor  # u_y (-inf until the target's block)
-    max_before_target: torch.Tensor  # max of u_c over c < y
-
+# ---- the metrics TRL's trainers log: lce's summaries pass, no gradient ---------------------------------------
 
 @torch.no_grad()
 def _metrics(hidden, weight, bias, targets, temperature: float, softcap: float | None, names: list[str],
              options: LinearCrossEntropyOptions) -> dict[str, torch.Tensor]:
-    """``log_sum_sq_probs``, ``mean_logits`` and ``is_top1`` (those in ``names``), per row, from the tempered
-    logits lce's chunk loop forms under the plan of the log-probabilities' call (the same operands, chunks and
-    logits GEMM), a block of classes at a time, so no ``(N, C)`` buffer exists."""
+    """``log_sum_sq_probs``, ``mean_logits`` and ``is_top1`` (those in ``names``), per row: lce's summaries pass
+    (:func:`lce.passes.logprob_passes.token_summaries`) under the plan of the log-probabilities' call, so the
+    logits are the same and no ``(N, C)`` buffer exists."""
     hidden, weight, bias = take_head(_WHO, hidden, weight, bias)
     flat = hidden.reshape(-1, hidden.shape[-1])
     plan = log_probs_plan(flat, weight, linear_bias=bias, softcap=softcap, options=options)
-    rows_out = []
     with autocast_off(flat.device):
-        target = targets.reshape(-1)
-        labels = Targets.build(target, class_weight=None, ignore_index=_IGNORE, label_smoothing=0.0,
+        labels = Targets.build(targets.reshape(-1), class_weight=None, ignore_index=_IGNORE, label_smoothing=0.0,
                                num_classes=plan.num_classes, stats_dtype=plan.stats_dtype)
-        loop = ChunkLoop.of(plan, HeadTensors(flat, weight, bias), labels)
-        for rows in plan.row_chunks():
-            chunk, running = loop.chunk(rows), None
-            for cols in plan.class_chunks():
-                u = tempered_block_logits_(block_logits(chunk, cols), chunk, float(temperature))
-                running = _fold(u, labels.safe_target[rows], cols, plan, running)
-                del u
-            rows_out.append(running)
-    stats = _Running(*(torch.cat([getattr(r, f.name) for r in rows_out]) for f in dataclasses.fields(_Running)))
-    out = {}
-    if "log_sum_sq_probs" in names:  # log sum p^2 = log sum exp(2 (u - m)) - 2 log sum exp(u - m)
-        out["log_sum_sq_probs"] = stats.sum_exp2.log() - 2 * stats.sum_exp.log()
-    if "mean_logits" in names:
-        out["mean_logits"] = stats.sum_u / plan.num_classes
-    if "is_top1" in names:  # the target is the first maximum: no class before it ties, none after it exceeds it
-        out["is_top1"] = (stats.target >= stats.row_max) & (stats.target > stats.max_before_target)
-    return out
-
-
-def _fold(u: torch.Tensor, target: torch.Tensor, cols: slice, plan, previous: _Running | None) -> _Running:
-    """Fold one block of tempered logits ``u`` (rows, the classes ``cols``) into the running statistics."""
-    local = target - cols.start
-    in_block = (local >= 0) & (local < u.shape[1])
-    block_target = u.gather(1, local.clamp(0, u.shape[1] - 1)[:, None]).squeeze(1)
-    row_max = u.amax(1) if previous is None else torch.maximum(previous.row_max, u.amax(1))
-    sum_exp, sum_exp2 = torch.zeros_like(row_max), torch.zeros_like(row_max)
-    before = torch.full_like(row_max, -math.inf)
-    for classes, columns in column_blocks(plan, cols):
-        shifted = u[:, columns] - row_max[:, None]
-        terms = shifted.exp_()
-        sum_exp.add_(terms.sum(1))
-        sum_exp2.add_(terms.square_().sum(1))
-        del shifted, terms
-        index = torch.arange(classes.start, classes.stop, device=u.device)
-        earlier = u[:, columns].masked_fill(index[None, :] >= target[:, None], -math.inf)
-        before = torch.maximum(before, earlier.amax(1))
-        del earlier
-    sum_u = u.sum(1)
-    if previous is None:
-        return _Running(row_max, sum_exp, sum_exp2, sum_u, torch.where(in_block, block_target, -math.inf), before)
-    carry = torch.exp(previous.row_max - row_max)
-    return _Running(row_max, sum_exp.add_(previous.sum_exp * carry), sum_exp2.add_(previous.sum_exp2 * carry.square()),
-                    sum_u.add_(previous.sum_u), torch.where(in_block, block_target, previous.target),
-                    torch.maximum(before, previous.max_before_target))
+        return token_summaries(plan, HeadTensors(flat, weight, bias), labels, float(temperature), tuple(names))

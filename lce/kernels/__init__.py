@@ -11,21 +11,22 @@ a row) is computed by the caller with the chunk loop's own ops and handed in.
 
 What each function replaces
 ---------------------------
-:func:`row_statistics` -- one read of ``z`` (nothing written). Replaces :func:`lce.passes.chunked.chunk_statistics_`
-(target gather, ``amax``, :func:`~lce.passes.chunked._exp_apart_from_target_`'s shift, scatter of -inf, ``exp`` and
+:func:`row_statistics` -- one read of ``z`` (nothing written). Replaces :func:`lce.passes.statistics.chunk_statistics_`
+(target gather, ``amax``, :func:`~lce.passes.statistics._exp_apart_from_target_`'s shift, scatter of -inf, ``exp`` and
 sum, the smoothing's weighted logit sum) and, given ``running_max``, the same for a block of classes
-(:func:`lce.passes.chunked.block_statistics_`, whose fold with the previous blocks stays the caller's). The maximum and
+(:func:`lce.passes.statistics.block_statistics_`, whose fold with the previous blocks stays the caller's). The maximum
+and
 the sum come from one sweep: the online log-sum-exp, the sum so far rescaled by ``exp(old_max - new_max)``
 whenever a block raises the maximum. Unlike the reference it leaves ``z`` as it was (the logits), since the
 gradient pass recomputes ``exp``.
 
-:func:`sum_apart_from_target` -- one read. Replaces the sum in :func:`lce.passes.chunked.chunk_softmax_from_lse_`
+:func:`sum_apart_from_target` -- one read. Replaces the sum in :func:`lce.passes.statistics.chunk_softmax_from_lse_`
 (backward of reduction "none"): ``sum over c != y of exp(z_c - lse)``, the same sum with a fixed shift.
 
 :func:`grad_logits_` -- one read and one write, in place. Replaces the division of
-:func:`lce.passes.chunked.chunk_loss_and_softmax_` (``p = exp(z - row_max) / sum_exp``) or the ``exp`` of
-:func:`~lce.passes.chunked.chunk_softmax_from_lse_` (``p = exp(z - lse)``), followed by
-:func:`lce.passes.chunked.chunk_grad_logits_` (``dz = prob_coef * p``, the target entry, the smoothing term), for a
+:func:`lce.passes.statistics.chunk_loss_and_softmax_` (``p = exp(z - row_max) / sum_exp``) or the ``exp`` of
+:func:`~lce.passes.statistics.chunk_softmax_from_lse_` (``p = exp(z - lse)``), followed by
+:func:`lce.passes.grad_logits.chunk_grad_logits_` (``dz = prob_coef * p``, the target entry, the smoothing term), for a
 whole
 row or a block of classes.
 
@@ -56,7 +57,8 @@ timed), never on scheduling.
 
 What the kernels do not cover (the caller keeps the PyTorch ops)
 ----------------------------------------------------------------
-Soft-capping (``tanh`` and its chain rule: :func:`lce.passes.chunked.capped_grad_logits_`); stats dtypes other than fp32
+Soft-capping (``tanh`` and its chain rule: :func:`lce.passes.grad_logits.capped_grad_logits_`); stats dtypes other than
+fp32
 (fp64 inputs); logits whose columns are not contiguous; tensors off CUDA (outside the interpreter) and AMD GPUs
 (``torch.version.hip``: untested); the per-token log-probabilities' passes (:mod:`lce.passes.logprob_passes`); the
 losses, ``lse`` and the coefficients themselves (a few (rows,) ops). NaN logits: ``tl.max`` may drop a NaN that
@@ -114,7 +116,7 @@ class KernelsFallbackWarning(UserWarning):
 
 
 class Statistics(NamedTuple):
-    """A chunk's row statistics, in the field order of :class:`lce.passes.chunked.RowStatistics`
+    """A chunk's row statistics, in the field order of :class:`lce.passes.statistics.RowStatistics`
     (``RowStatistics(*s)``).
 
     All (rows,) fp32: ``row_max`` the largest logit (the running maximum's, if one was given),
@@ -258,7 +260,7 @@ def row_statistics(z: torch.Tensor, target_index: torch.Tensor, *, class_weight:
 def sum_apart_from_target(z: torch.Tensor, target_index: torch.Tensor, shift: torch.Tensor, *,
                           launch: Launch | None = None) -> torch.Tensor:
     """``sum over c != y of exp(z_c - shift)`` per row (rows,) fp32, ``z`` read once and left as it is: the sum
-    :func:`lce.passes.chunked.chunk_softmax_from_lse_` forms, with ``shift`` the rows' log-sum-exp (``1 - p_y``).
+    :func:`lce.passes.statistics.chunk_softmax_from_lse_` forms, with ``shift`` the rows' log-sum-exp (``1 - p_y``).
 
     ``target_index`` as for :func:`row_statistics`; ``shift`` (rows,) fp32.
     """
@@ -278,7 +280,7 @@ def grad_logits_(z: torch.Tensor, target_index: torch.Tensor, shift: torch.Tenso
 
     ``p = exp(z - shift)``, divided by ``divisor`` where given (forward: ``shift = row_max``,
     ``divisor = sum_exp``; backward of "none" and class blocks: ``shift = lse``, no divisor). Then, as
-    :func:`lce.passes.chunked.chunk_grad_logits_`: ``dz = prob_coef * p``; the target's entry
+    :func:`lce.passes.grad_logits.chunk_grad_logits_`: ``dz = prob_coef * p``; the target's entry
     ``(prob_coef - target_coef) * p_y - target_coef * other_prob``; plus ``smoothing_coef * w_c``
     (``smoothing_coef`` alone without ``class_weight``) on every entry, the target's included.
 

@@ -5,7 +5,7 @@ incoming gradient (a loss scale, under ``torch.amp.GradScaler``) is known; forme
 class's weight-gradient entries (about ``p / N``) fall below that range and are rounded to subnormals or zero
 before the scale could lift them, and compact's running fp16 sum loses them for good. So in fp16 every gradient is
 formed *scaled* by a power of two that puts its largest entry near the top of fp16's range, and backward folds
-the unscale into its multiply by the incoming gradient (:meth:`lce.passes.chunked.GradientScales.unscale_`: one
+the unscale into its multiply by the incoming gradient (:meth:`lce.passes.gradients.GradientScales.unscale_`: one
 multiply by a
 Python float, which torch's fp16 kernels compute in fp32 and round once, with no temporary).
 Powers of two are exact: the scaled gradient holds the same digits as the unscaled one would, without the

@@ -27,9 +27,9 @@ log-probability, its ``1 - p_y`` and its entropy, where ``lse - u_y`` or ``lse -
 Backward recomputes the logits chunk by chunk, as reduction "none" does, and forms ``dL/dz`` in place, a
 workspace of columns at a time, from the saved ``lse``, ``H``, ``-log p_y``, ``1 - p_y`` and ``H - (-log p_y)``
 (the target's entry uses those, not a difference of rounded probabilities). The products with the weight and
-the input are :class:`lce.passes.chunked.GradientSums`'s, in the plan's precision; a group of processes holding
+the input are :class:`lce.passes.gradients.GradientSums`'s, in the plan's precision; a group of processes holding
 shards of the vocabulary completes the statistics and the input gradient through its
-:class:`lce.passes.chunked.GroupReduction` (``reduce_token_statistics``, ``complete_input_sum``).
+:class:`lce.passes.loop.GroupReduction` (``reduce_token_statistics``, ``complete_input_sum``).
 """
 
 from __future__ import annotations
@@ -40,22 +40,14 @@ import math
 import torch
 
 from ..planning.plan import Plan
-from .chunked import (
-    Chunk,
-    ChunkLoop,
-    Gradients,
-    GradientSums,
-    GroupReduction,
-    HeadTensors,
-    Targets,
-    block_logits,
-    block_target_index,
-    cap_logits_,
-    column_blocks,
-    grad_logits_rescale_for,
-)
+from .chunk import Chunk, HeadTensors, Targets, block_logits, block_target_index, column_blocks
+from .grad_logits import grad_logits_rescale_for
+from .gradients import Gradients, GradientSums
+from .loop import ChunkLoop, GroupReduction
+from .statistics import cap_logits_, carry_factor
 
-__all__ = ["TokenStatistics", "TokenRows", "token_statistics", "token_gradients", "tempered_block_logits_"]
+__all__ = ["TokenStatistics", "TokenRows", "token_statistics", "token_gradients", "tempered_block_logits_",
+           "SUMMARIES", "token_summaries"]
 
 # A temperature is a float, or an (N,) tensor of one per row in the plan's stats dtype.
 
@@ -81,7 +73,7 @@ class TokenStatistics:
     def rescaled_sums(self, new_max: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``other`` and ``spread`` taken to the larger maximum ``new_max``: every term ``exp(u - m)`` times
         ``exp(m - new_max)``, and each term's ``m - u`` grown by ``new_max - m``."""
-        carried = (self.row_max - new_max).exp()
+        carried = carry_factor(self.row_max, new_max)
         other = self.other * carried
         if self.spread is None:
             return other, None
@@ -211,7 +203,7 @@ class _Coefficients:
     """What turns a block's log-probabilities into ``dL/dz / rescale``: ``logp`` and ``entropy`` are the incoming
     gradients ``g`` and ``h`` divided by ``T * rescale`` (0 for ignored rows; ``entropy`` None when no gradient
     reaches the entropy), ``rescale`` the power of two that keeps fp16's dz normal
-    (:func:`lce.passes.chunked.grad_logits_rescale`)."""
+    (:func:`lce.passes.grad_logits.grad_logits_rescale`)."""
 
     logp: torch.Tensor
     entropy: torch.Tensor | None
@@ -313,3 +305,79 @@ def _grad_tempered_(log_probs: torch.Tensor, chunk: Chunk, classes: slice, saved
         target_entry = target_entry - h * torch.exp(-saved.nll[rows]) * saved.entropy_gap[rows]
     grad.scatter_(1, index, torch.where(in_columns, target_entry, grad.gather(1, index).squeeze(1))[:, None])
     return grad
+
+
+# ---- summaries that RL trainers log: one forward sweep, no gradient ---------------------------------------------
+
+SUMMARIES: tuple[str, ...] = ("log_sum_sq_probs", "mean_logits", "is_top1")
+"""What :func:`token_summaries` computes: ``log sum_c p_c^2`` (the log of the probability that two draws agree),
+the mean of the tempered logits over the classes, and whether the target is the row's first largest logit."""
+
+
+@dataclasses.dataclass
+class _Summaries:
+    """One chunk's running sums over the blocks of classes seen so far."""
+
+    row_max: torch.Tensor
+    sum_exp: torch.Tensor  # sum exp(u - row_max)
+    sum_exp2: torch.Tensor  # sum exp(2 (u - row_max))
+    sum_u: torch.Tensor
+    target: torch.Tensor  # u_y (-inf until the target's block)
+    max_before_target: torch.Tensor  # max of u_c over c < y
+
+
+@torch.no_grad()
+def token_summaries(plan: Plan, head: HeadTensors, targets: Targets, temperature: float,
+                    wanted: tuple[str, ...] = SUMMARIES) -> dict[str, torch.Tensor]:
+    """Per row, the :data:`SUMMARIES` named in ``wanted`` of the distribution ``softmax(u)`` of the tempered logits
+    ``u`` (soft-capped as ``plan`` says): fp32 (fp64 for fp64 input) and ``is_top1`` bool, no gradient. The logits
+    are formed as :func:`token_statistics` forms them (the plan's operands, chunks and logits GEMM), a block of
+    classes and a workspace of columns at a time, so no ``(N, C)`` buffer exists; each row's sums fold across
+    blocks with the one rescale every fold uses (:func:`~lce.passes.statistics.carry_factor`)."""
+    unknown = [name for name in wanted if name not in SUMMARIES]
+    if unknown:
+        raise ValueError(f"wanted must name some of {SUMMARIES}, got {unknown}")
+    loop, per_chunk = ChunkLoop.of(plan, head, targets), []
+    for rows in plan.row_chunks():
+        chunk, running = loop.chunk(rows), None
+        for cols in plan.class_chunks():
+            u = tempered_block_logits_(block_logits(chunk, cols), chunk, float(temperature))
+            running = _fold_summaries(u, chunk, cols, running)
+            del u
+        per_chunk.append(running)
+    stats = _Summaries(*(torch.cat([getattr(r, f.name) for r in per_chunk]) for f in dataclasses.fields(_Summaries)))
+    out = {}
+    if "log_sum_sq_probs" in wanted:  # log sum p^2 = log sum exp(2 (u - m)) - 2 log sum exp(u - m)
+        out["log_sum_sq_probs"] = stats.sum_exp2.log() - 2 * stats.sum_exp.log()
+    if "mean_logits" in wanted:
+        out["mean_logits"] = stats.sum_u / plan.num_classes
+    if "is_top1" in wanted:  # the first maximum: no class before the target ties it, none after exceeds it
+        out["is_top1"] = (stats.target >= stats.row_max) & (stats.target > stats.max_before_target)
+    return out
+
+
+def _fold_summaries(u: torch.Tensor, chunk: Chunk, cols: slice, previous: _Summaries | None) -> _Summaries:
+    """Fold one block of tempered logits ``u`` (rows, the classes ``cols``) into the running sums."""
+    target = chunk.targets.safe_target[chunk.rows]
+    index, in_block = block_target_index(chunk, cols)
+    block_target = u.gather(1, index).squeeze(1)
+    row_max = u.amax(1) if previous is None else torch.maximum(previous.row_max, u.amax(1))
+    sum_exp, sum_exp2 = torch.zeros_like(row_max), torch.zeros_like(row_max)
+    before = torch.full_like(row_max, -math.inf)
+    for classes, columns in column_blocks(chunk.plan, cols):
+        terms = (u[:, columns] - row_max[:, None]).exp_()
+        sum_exp.add_(terms.sum(1))
+        sum_exp2.add_(terms.square_().sum(1))
+        del terms
+        index_of = torch.arange(classes.start, classes.stop, device=u.device)
+        earlier = u[:, columns].masked_fill(index_of[None, :] >= target[:, None], -math.inf)
+        before = torch.maximum(before, earlier.amax(1))
+        del earlier
+    sum_u = u.sum(1)
+    if previous is None:
+        return _Summaries(row_max, sum_exp, sum_exp2, sum_u, torch.where(in_block, block_target, -math.inf), before)
+    carry = carry_factor(previous.row_max, row_max)
+    return _Summaries(row_max, sum_exp.add_(previous.sum_exp * carry),
+                      sum_exp2.add_(previous.sum_exp2 * carry.square()), sum_u.add_(previous.sum_u),
+                      torch.where(in_block, block_target, previous.target),
+                      torch.maximum(before, previous.max_before_target))

@@ -26,7 +26,7 @@ unfused op (``analysis/results/gpu_bench.csv``)."""
 
 
 TARGET_ROWS_PER_GEMM = 2048
-"""Rows of a chunk whose target-entry residuals :meth:`lce.passes.chunked.TargetResidual.add_to_weight_rows_` sums per
+"""Rows of a chunk whose target-entry residuals :meth:`lce.passes.gradients.TargetResidual.add_to_weight_rows_` sums per
 target class in one fp32 GEMM against their indicator matrix: that work grows as the square of the rows, so a chunk
 of more rows is taken in blocks of this many (CUDA's chunks of 2048 rows in one)."""
 

@@ -213,12 +213,13 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
             first = "grad_weight_target" if gemm == "grad_weight" and "grad_weight_target" in steps else gemm
             add("grad_logits_narrow" if dtype == in_dt else "grad_logits_in_acc", (rows, c), dtype,
                 backward_steps[backward_steps.index(first):], "dz rounded to a backward GEMM's operand dtype")
-    # lce.passes.chunked.TargetResidual: the rounding residual of each row's target entry, times the target's weight row
+    # lce.passes.gradients.TargetResidual: the rounding residual of each row's target entry, times the target's weight
+    # row
     # (added in the input gradient's GEMM) and times the row's input (added to a wider weight-gradient sum)
     if "grad_input" in steps and plan.gemm_dtypes("grad_input").operands != stats_dt:
         add("target_input_correction", (rows, d), in_dt, ("grad_input",),
             "the target entries' rounding residual times their weight rows, added in the GEMM's sum")
-    # lce.passes.chunked.TargetResidual.add_to_weight_rows_, a block of rows at a time
+    # lce.passes.gradients.TargetResidual.add_to_weight_rows_, a block of rows at a time
     if "grad_weight_target" in steps:
         block = min(rows, TARGET_ROWS_PER_GEMM)
         add("target_products", (block, d), torch.float32, ("grad_weight_target",),

@@ -171,7 +171,8 @@ class Plan:
     @property
     def target_residual_to_weight(self) -> bool:
         """Whether the rounding residual of each row's target entry of dz goes to that target's weight-gradient row
-        (:class:`lce.passes.chunked.TargetResidual`): where dz is rounded for the weight-gradient GEMM and the gradient
+        (:class:`lce.passes.gradients.TargetResidual`): where dz is rounded for the weight-gradient GEMM and the
+        gradient
         is
         summed wider than that rounding (an accumulator), or formed in one chunk of rows from a product wider than
         it; never into fp16 running sums (:mod:`lce.passes.headroom`), nor into a sum of the operands' own width."""
@@ -274,7 +275,7 @@ class Plan:
     @property
     def rescales_grad_logits(self) -> bool:
         """Whether dz is rounded to fp16 for a backward GEMM, and so needs a power-of-two rescale to stay in
-        fp16's normal range (see lce.passes.chunked.grad_logits_rescale).
+        fp16's normal range (see lce.passes.grad_logits.grad_logits_rescale).
 
         Decided by the dtype dz is rounded to, whichever layout role ("input" or "acc") names it: fp16
         input under an explicit policy without ``acc_dtype`` rounds dz to an fp16 "acc" operand too.

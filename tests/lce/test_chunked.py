@@ -1,4 +1,4 @@
-"""The pieces of the chunk loop (lce.passes.chunked), each against the fp64 reference formula.
+"""The pieces of the chunk loop (lce.passes), each against the fp64 reference formula.
 
 The public-API parity tests check the assembled loop; these check each piece
 on its own -- targets, one chunk's logits, losses and softmax, dz, the fp16
@@ -15,17 +15,11 @@ import torch.nn.functional as F
 
 import lce
 from helpers import F64, Case, make_problem, ref_run, rel_err
-from lce.passes.chunked import (
-    ChunkLoop,
-    DzScale,
-    GradientSums,
-    HeadTensors,
-    Targets,
-    chunk_grad_logits_,
-    chunk_logits,
-    chunk_loss_and_softmax_,
-    grad_logits_rescale,
-)
+from lce.passes.chunk import HeadTensors, Targets, chunk_logits
+from lce.passes.grad_logits import DzScale, chunk_grad_logits_, grad_logits_rescale
+from lce.passes.gradients import GradientSums
+from lce.passes.loop import ChunkLoop
+from lce.passes.statistics import chunk_loss_and_softmax_
 from lce.planning.options import EXPLICIT_POLICIES
 from lce.testing import emulate_device_kind
 

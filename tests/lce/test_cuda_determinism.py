@@ -7,7 +7,7 @@ Two kinds of op are in that list. Accumulating scatters (``index_add``, ``scatte
 ``nll_loss``: their result depends on the order in which CUDA threads add, so none may be called at all. Writing
 scatters (``index_copy``, ``index_put``, ``scatter`` of a tensor): nondeterministic only where two writes land on
 the same element with different values, so each call is checked for that (lce's target-row correction writes each
-class row once per row of that class, with the same bits: lce.passes.chunked.TargetResidual.add_to_weight_rows_).
+class row once per row of that class, with the same bits: lce.passes.gradients.TargetResidual.add_to_weight_rows_).
 
 The kernels (lce.kernels) are Triton programs with no atomics (their module says how they merge splits); the
 cases with ``kernels=True`` run them through Triton's interpreter and check the ops around them.

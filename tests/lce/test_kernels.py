@@ -1,7 +1,7 @@
 """lce.kernels (fused Triton kernels for a chunk's passes) against lce's own PyTorch passes, through Triton's CPU
 interpreter: no GPU needed. The kernel tests skip where triton is not installed.
 
-Every check runs the PyTorch functions of :mod:`lce.passes.chunked` and the kernels on the same fp32 logits -- 37 rows x
+Every check runs the PyTorch functions of :mod:`lce.passes` and the kernels on the same fp32 logits -- 37 rows x
 1000 classes, block widths that do not divide 1000, a row's columns split between programs -- with ignored rows,
 targets in the first and last columns and rows whose target leads by 0 to 40 nats. Two measures: the distance
 from the reference in fp32 ulps, and (as a kernel should be judged) the error against fp64 beside the reference's
@@ -46,16 +46,11 @@ import lce
 from helpers import loss_and_grads
 from lce.kernels.interpreter import interpreting
 from lce.kernels.launch import Launch, grad_launch, statistics_launch
-from lce.passes.chunked import (
-    Chunk,
-    DzScale,
-    HeadTensors,
-    RowScales,
+from lce.passes.chunk import Chunk, HeadTensors, Targets, block_target_index
+from lce.passes.grad_logits import DzScale, RowScales, chunk_grad_logits_
+from lce.passes.statistics import (
     RowStatistics,
-    Targets,
     block_statistics_,
-    block_target_index,
-    chunk_grad_logits_,
     chunk_loss_and_softmax_,
     chunk_softmax_from_lse_,
     chunk_statistics_,
@@ -172,8 +167,8 @@ def make(*, seed: int = 0, rows: int = ROWS, classes: int = CLASSES, class_weigh
 
 def dz_coefficients(chunk: Chunk, scale: DzScale) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(prob_coef, target_coef, smoothing_coef)``: the chunk loop's own coefficients of dz
-    (:func:`lce.passes.chunked.dz_coefficients`), as the kernels take them."""
-    coefficients = lce.passes.chunked.dz_coefficients(chunk, scale)
+    (:func:`lce.passes.grad_logits.dz_coefficients`), as the kernels take them."""
+    coefficients = lce.passes.grad_logits.dz_coefficients(chunk, scale)
     return coefficients.prob, coefficients.target, coefficients.smoothing
 
 
@@ -388,7 +383,7 @@ def test_backward_of_reduction_none_matches_chunk_softmax_from_lse(kernels, feat
 
 def test_class_blocks_match_block_statistics_and_block_gradients(kernels):
     """Class tiling: the statistics folded block by block (the kernel starting from the running maximum) and dz
-    of each block from the whole row's lse, as lce.passes.chunked's tiled passes form them."""
+    of each block from the whole row's lse, as lce.passes' tiled passes form them."""
     problem = make(seed=5, class_weight=True, smoothing=0.1)
     chunk, z, weight = problem.chunk, problem.z, problem.class_weight
     blocks = (slice(0, 384), slice(384, CLASSES))
@@ -418,7 +413,8 @@ def test_class_blocks_match_block_statistics_and_block_gradients(kernels):
 
 
 def fold(previous: RowStatistics | None, block: RowStatistics, in_block: torch.Tensor) -> RowStatistics:
-    """A block's kernel statistics folded into the previous blocks', as lce.passes.chunked.block_statistics_ folds its
+    """A block's kernel statistics folded into the previous blocks', as lce.passes.statistics.block_statistics_ folds
+    its
     own (the integration's few lines; the block's sum is already relative to the new maximum)."""
     if previous is None:
         return block
@@ -507,7 +503,7 @@ def test_default_launches_cover_the_row():
 @pytest.mark.slow
 def test_import_lce_never_imports_triton():
     """``import lce`` and a check on a CPU tensor leave triton unimported (it costs about a second and 1 GB)."""
-    code = ("import sys, torch, lce, lce.kernels, lce.passes.chunked\n"
+    code = ("import sys, torch, lce, lce.kernels, lce.passes.loss\n"
             "assert not lce.kernels.available(torch.zeros(1))\n"
             "assert 'triton' not in sys.modules, 'triton was imported'\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -33,9 +33,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import lce
-import lce.passes.chunked
 import lce.passes.gemm
 import lce.passes.logprob_passes
+import lce.passes.loss
 import lce.planning.blocks
 from lce.planning.buffers import chunk_peak_bytes
 from lce.planning.options import EXPLICIT_POLICIES, dtype_name
@@ -105,7 +105,7 @@ def recorder(monkeypatch):
     recorder = _Recorder()
     monkeypatch.setattr(lce.planning.blocks, "_BLOCK_ELEMENTS", BLOCK_ELEMENTS)
     for name in CHUNK_FUNCTIONS:
-        monkeypatch.setattr(lce.passes.chunked, name, _marking_chunks(getattr(lce.passes.chunked, name), recorder))
+        monkeypatch.setattr(lce.passes.loss, name, _marking_chunks(getattr(lce.passes.loss, name), recorder))
     for name in TOKEN_CHUNK_FUNCTIONS:
         passes = lce.passes.logprob_passes
         monkeypatch.setattr(passes, name, _marking_chunks(getattr(passes, name), recorder))

@@ -424,7 +424,7 @@ def test_every_argument_error_class_is_also_torchs():
 def test_the_target_residual_leaves_fewer_input_gradient_elements_beyond_10_ulps_than_torch():
     """docs/using-lce.md: "over 300 random 8 x 5 x 4 bf16 heads lce's input gradient has fewer elements beyond 10
     ulps than torch's" (accurate, bf16 sums, with bias, chunks of 2 rows: the case torch's own test caps at 10
-    ulps, where lce rounded the whole target entry before lce.passes.chunked.TargetResidual)."""
+    ulps, where lce rounded the whole target entry before lce.passes.gradients.TargetResidual)."""
     beyond = {"lce": 0, "torch": 0}
     total = 0
     for seed in range(300):
