@@ -183,7 +183,7 @@ def grads_needed(input: torch.Tensor, linear_weight: torch.Tensor,
             linear_bias is not None and linear_bias.requires_grad)
 
 
-def plan(input: torch.Tensor, linear_weight: torch.Tensor, *old_order, options: LinearCrossEntropyOptions | None = None,
+def plan(input: torch.Tensor, linear_weight: torch.Tensor, *extra, options: LinearCrossEntropyOptions | None = None,
          linear_bias: torch.Tensor | None = None, reduction: str = "mean", softcap: float | None = None,
          z_loss: float = 0.0, return_lse: bool = False, loss_dtype: torch.dtype | None = None) -> Plan:
     """The resolved :class:`~lce.planning.plan.Plan` that :func:`linear_cross_entropy` with these tensors and
@@ -193,17 +193,11 @@ def plan(input: torch.Tensor, linear_weight: torch.Tensor, *old_order, options: 
     Gradients are planned for the tensors that require grad (under grad mode).
     ``print(lce.plan(x, W, options=...))`` shows chunking, GEMM precisions, every buffer and
     the predicted peak extra memory. Under ``torch.autocast`` it is the plan of the call under it: the head's
-    tensors taken in autocast's dtype, the loss in fp32 (:mod:`lce.autocasting`). The older order
-    ``lce.plan(options, x, W)`` still works, with a ``FutureWarning``.
+    tensors taken in autocast's dtype, the loss in fp32 (:mod:`lce.autocasting`).
     """
-    if old_order:
-        if len(old_order) != 1 or isinstance(input, torch.Tensor):
-            raise ArgumentTypeError("lce.plan takes (input, linear_weight) and keywords: lce.plan(x, W, options=..., "
-                                    f"linear_bias=..., ...); got {2 + len(old_order)} positional arguments")
-        warnings.warn("lce.plan(options, input, linear_weight) is the older order; call lce.plan(input, "
-                      "linear_weight, options=options), as linear_cross_entropy takes them", FutureWarning,
-                      stacklevel=2)
-        options, input, linear_weight = input, linear_weight, old_order[0]
+    if extra:  # the older order lce.plan(options, x, W), or a stray positional argument
+        raise ArgumentTypeError("lce.plan takes (input, linear_weight) and keywords: lce.plan(x, W, options=..., "
+                                f"linear_bias=..., ...); got {2 + len(extra)} positional arguments")
     for name, value in (("input", input), ("linear_weight", linear_weight)):
         if not isinstance(value, torch.Tensor):
             raise ArgumentTypeError(f"lce.plan: {name} must be a torch.Tensor, got {type(value).__name__} (lce.plan "

@@ -22,6 +22,7 @@ from IPython.display import Markdown, display
 from analysis.judge import pareto
 from analysis.paths import FIGURES_DIR
 from analysis.report import nb04_pareto
+from analysis.report.auto_table import AUTO_EVIDENCE
 from analysis.report.nb02_accuracy import AT_FLOOR, cpus, shapes
 from analysis.report.style import families_text, seeds_text
 from analysis.report.tables import show, span
@@ -38,8 +39,10 @@ print("data:", ", ".join(p.name for p in paths), "| devices:", ", ".join(sorted(
 
 # %% [markdown]
 # ## The "auto" table, the reason recorded for each entry, and its evidence
-# Evidence names the figures `python -m analysis figures` draws into `figures/` (links open
-# them); "no data" marks one `figures/` does not hold yet.
+# The reasons and the figures that carry each entry's evidence are the analysis's
+# (`analysis/report/auto_table.py`; the library keeps a sentence per entry). Evidence names the figures
+# `python -m analysis figures` draws into `figures/` (links open them); "no data" marks one `figures/`
+# does not hold yet.
 
 # %%
 entries = pd.DataFrame(
@@ -49,8 +52,9 @@ entries = entries.assign(
     policy=entries.pick.map(lambda pick: pick.acc_policy),
     chunking=entries.pick.map(lambda pick: pick.chunking_method
                               + (f", ≥ {pick.min_rows} rows" if pick.min_rows > 1 else "")),
-    reason=entries.pick.map(lambda pick: pick.reason),
-    evidence=entries.pick.map(lambda pick: pick.evidence))
+    reason=[AUTO_EVIDENCE[(device, dtype)].why for device, dtype in zip(entries.device, entries.dtype, strict=True)],
+    evidence=[AUTO_EVIDENCE[(device, dtype)].figures for device, dtype in zip(entries.device, entries.dtype,
+                                                                              strict=True)])
 drawn = {stem: (FIGURES_DIR / f"{stem}.png").exists() for stems in entries.evidence for stem in stems}
 links = entries.evidence.map(lambda stems: "<br>".join(
     f'<a href="../figures/{html.escape(stem)}.png">{html.escape(stem)}</a>'

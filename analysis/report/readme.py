@@ -22,6 +22,7 @@ from analysis.core.problem import BENCH_SHAPE, DTYPES
 from analysis.core.provenance import bf16_gemms, cpu_kind, cpu_kinds
 from analysis.core.results_io import BENCH, CHUNK_SWEEP, REPRODUCE, latest, load_kind
 from analysis.paths import RESULTS_DIR, ROOT
+from analysis.report.auto_table import auto_reasons
 from analysis.report.decision_table import readme_decision_table
 from analysis.report.headlines import readme_commands, readme_headlines
 from analysis.report.hf_fp16 import readme_hf_fp16
@@ -189,6 +190,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "headlines": readme_headlines,
     "commands": readme_commands,
     "decision-table": readme_decision_table,
+    "auto-reasons": auto_reasons,
     "reproduce-time": reproduce_time,
     "bench-table": bench_table,
     "cpu-chunking": cpu_chunking,

@@ -1,56 +1,24 @@
-"""The decision procedure: the one place where lce's answers about options come from.
+"""The decision procedure: the one place lce's answers about options come from.
 
-``"auto"`` (:data:`lce.planning.policies.AUTO_TABLE`), :func:`lce.recommend` and every decision table the README and the
-notebooks print are this procedure's output, so they cannot disagree:
+``"auto"`` (:data:`lce.planning.policies.AUTO_TABLE`), :func:`lce.recommend` and every decision table are its
+output, so they cannot disagree. For a set of candidates (a policy, rows per chunk or a chunking rule, classes per
+block) it predicts each one's peak memory (:mod:`lce.planning.memory_model`), each gradient's error in floors of
+the input dtype (:mod:`lce.decide.error_model`) and its time (:mod:`lce.decide.time_model`), drops those that fail
+a condition (:data:`CONDITIONS`: *error*, at most :data:`DEFAULT_MAX_ERROR` floors; *training*, a weight gradient
+summed in the input dtype only at chunk counts :data:`TRAINED_CHUNK_COUNTS` passed) or the budget, and takes the
+:data:`OBJECTIVE`: the least memory within :data:`TIME_FACTOR` of the fastest, ties to the faster, then the
+smaller error, then the policy listed first.
 
-1. **Candidates.** Option sets: a policy, rows per chunk (or a chunking rule), classes per block.
-2. **Memory.** Each candidate's plan and its predicted peak extra bytes (:mod:`lce.planning.memory_model`).
-3. **Errors.** The predicted Frobenius error of each gradient in floors of the input dtype
-(:mod:`lce.decide.error_model`).
-4. **Time.** lce's time model (:mod:`lce.decide.time_model`): GEMMs at this CPU's rates on a CPU, an H200's on CUDA,
-with
-   traffic, launches and steps at constants fitted to the committed timed runs, so a CUDA choice that turns on time
-   rests on a prediction (:data:`lce.decide.time_model.TIME_SOURCE`).
-5. **The rule's conditions** (:data:`CONDITIONS`), each with the data that decides it:
-
-   * *error*: the predicted error at most :data:`DEFAULT_MAX_ERROR` floors. The limits translate the error/noise
-     rule measured in the noise study -- bias under :data:`BIAS_LIMIT` and error under :data:`NOISE_ERROR_LIMIT`
-     of one batch's sampling noise, on the worst input family (``analysis.judge.rule``, notebook 06) -- into
-     floors: every pick at or below the limit met that rule there (N=1024, D=128, C=16384), and the first
-     failure sat just above it. Larger batches shrink the sampling noise, so at LLM batch sizes this is
-     optimistic.
-   * *training*: a candidate that sums the weight gradient in the input dtype across chunks (compact, or an
-     accumulator of the input dtype) rounds that sum once per chunk, an error that grows with the chunk count and
-     falls on the rarely targeted classes. It is offered only at chunk counts the head-only training study
-     (notebook 10, :data:`TRAINED_CHUNK_COUNTS`) trained without a gap that counts, at that count and every
-     smaller one. Candidates with an fp32 sum (accurate, balanced) pass: their weight gradient does not depend on
-     the chunk count, and their arms at 4 and 64 chunks did not move any bucket's loss beyond the seed spread.
-
-6. **The objective** (:data:`OBJECTIVE`): among the candidates that meet every condition (and the budget, if
-   one is given), the least predicted memory among those within :data:`TIME_FACTOR` of the fastest of them;
-   ties in memory (within :data:`MEMORY_TIE`) go to the faster, then to the smaller error, then to the policy
-   listed first.
-
-"auto" is one rule per (device kind, dtype) for every shape: :func:`derive_auto` applies the procedure to
-chunking *rules* (:data:`AUTO_CHUNKINGS`, with a floor on rows per chunk: :data:`CUDA_ROW_FLOORS` on CUDA) at the
-:data:`REFERENCE_HEADS` -- and on CPU on every CPU kind
-(:data:`REFERENCE_CPU_KINDS`) -- and the auto table must equal its output (``tests/lce/test_decide.py``). A
-default has two more conditions: *drop-in*, at every reference head each of its gradients is predicted no less
-accurate than under torch 2.13's own default (:data:`TORCH_DEFAULTS`), so that switching to lce makes no number
-worse; and *accurate default*, every gradient within :data:`DEFAULT_MAX_ERROR_FOR_AUTO` floors (a weight gradient
-summed in fp32); and where the procedure is indifferent (a tie in memory, time and error) auto keeps torch's pick.
-:func:`lce.recommend` applies the same procedure to one shape's candidates, which can tune rows and class blocks
-to that shape; where that buys less memory than auto's rule, recommend says so (its explanation names auto's
-plan).
-
-Beside each pick the procedure reports two more predictions (:attr:`Candidate.details`, validated held-out with
-the Frobenius model, :data:`lce.decide.error_model.DETAIL_ACCURACY`): an upper bound on the weight gradient's bias (its
-error along the exact gradient) and the worst class row's error, both in floors. Neither is a condition of its
-own: the rule judges a bias against one batch's sampling noise, which depends on the batch and which no model
-here predicts at LLM batch sizes (notebook 06 measures it at N=1024; larger batches have less noise, by at most
-``sqrt(N / 1024)``), and the worst rows are the rare classes', whose effect on training the training condition
-measures per target-frequency bucket. So the error limit carries the rule's bias condition at the batch where it
-was measured, and the training condition stands for both at scale.
+"auto" is one rule per (device kind, dtype) for every shape: :func:`derive_auto` applies the procedure to chunking
+rules (:data:`AUTO_CHUNKINGS`, with a floor on rows per chunk, :data:`CUDA_ROW_FLOORS` on CUDA) at the
+:data:`REFERENCE_HEADS`, on CPU on every kind of :data:`REFERENCE_CPU_KINDS`, and the auto table must equal its
+output. A default meets two conditions more: *drop-in*, each gradient predicted no less accurate than under torch
+2.13's own default (:data:`TORCH_DEFAULTS`) at every reference head, and *accurate default*, every gradient within
+:data:`DEFAULT_MAX_ERROR_FOR_AUTO` floors; where the procedure is indifferent, auto keeps torch's pick.
+:func:`lce.recommend` applies the same procedure to one shape's candidates (it can tune rows and class blocks to
+that shape). Beside each pick it reports the weight gradient's predicted bias bound and worst class row
+(:attr:`Candidate.details`), which are no conditions of their own. docs/policies.md says where each condition's
+limit comes from and what it leaves out.
 """
 
 from __future__ import annotations
@@ -81,13 +49,12 @@ __all__ = ["Candidate", "Head", "REFERENCE_HEADS", "DEFAULT_MAX_ERROR", "BIAS_LI
 
 DEFAULT_MAX_ERROR: dict[torch.dtype, float] = {torch.bfloat16: 2.0, torch.float16: 10.0}
 """The error condition: the largest predicted gradient error, in floors of each dtype (none for fp32/fp64, whose
-sums are fp32 in every policy). The noise study (``noise.csv`` / ``noise_cuda.csv``, N=1024, D=128, C=16384):
-every bf16 pick at or below 2.3 floors met the error/noise rule and every fp16 pick at or below 11.9; the first
-failures sat at 2.34 (bf16) and 14.9 (fp16) floors (``tests/lce/test_recommend.py`` checks this on the data)."""
+sums are fp32 in every policy): the error/noise rule (:data:`BIAS_LIMIT`, :data:`NOISE_ERROR_LIMIT`) translated into
+floors where the noise study measured it."""
 
 BIAS_LIMIT = 0.01
 """The error/noise rule's bias limit: the weight gradient's error along the exact gradient, over one batch's
-sampling noise along it (the training study's bracket, notebook 10, puts the limit there)."""
+sampling noise along it (the training study brackets it)."""
 
 NOISE_ERROR_LIMIT = 0.1
 """The error/noise rule's error limit: a gradient's error norm over one batch's sampling noise."""
@@ -98,9 +65,7 @@ TRAINED_CHUNK_COUNTS: dict[torch.dtype, tuple[tuple[int, bool], ...]] = {
 }
 """The training condition's evidence: per dtype, the chunk counts at which a weight gradient summed in that dtype
 (compact on the CUDA layouts) was trained for 10^4 head-only AdamW steps at 3 seeds, and whether it passed (no
-target-frequency bucket's held-out loss moved beyond the fp32 head's seed spread with an interval excluding zero).
-``analysis/results/head_training*.csv``; ``tests/claims/test_nb10_long_horizon.py`` checks this table against
-them."""
+target-frequency bucket's held-out loss moved beyond the fp32 head's seed spread with an interval excluding zero)."""
 
 TIME_FACTOR = 1.25
 """How much slower than the fastest candidate that meets every condition a pick may be predicted to run, to save
@@ -176,8 +141,8 @@ REFERENCE_CPU_KINDS: dict[str, tuple[str, float]] = {
     "AVX512F Xeon": ("slow", 0.2),
     "AVX2 EPYC": ("emulated", 1 / 80),
 }
-"""The CPU kinds a CPU "auto" entry must suit: each kind's bf16 GEMM support and rate over fp32's
-(``analysis/results/cpu_gemm_rates.csv``; :data:`lce.planning.cpu_gemms.NATIVE_RATES`)."""
+"""The CPU kinds a CPU "auto" entry must suit: each kind's bf16 GEMM support and rate over fp32's, as measured
+(:data:`lce.planning.cpu_gemms.NATIVE_RATES`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,11 +199,11 @@ def training_fault(plan: Plan) -> str | None:
     failed = [count for count, passed in trained if not passed and count <= k]
     if failed:
         return (f"its {dtype_name(plan.input_dtype)} weight-gradient sum rounded at {k} chunks: training moved the "
-                f"loss beyond the seed spread at {min(failed)} chunks (notebook 10)")
+                f"loss beyond the seed spread at {min(failed)} chunks (lce's head-only training study)")
     if not any(passed and count >= k for count, passed in trained):
         largest = max(count for count, passed in trained if passed)
         return (f"its {dtype_name(plan.input_dtype)} weight-gradient sum rounded at {k} chunks: trained only up to "
-                f"{largest} chunks (notebook 10)")
+                f"{largest} chunks (lce's head-only training study)")
     return None
 
 

@@ -114,113 +114,65 @@ COMPACT_ON_CPU_NOTE = (
 
 @dataclasses.dataclass(frozen=True)
 class AutoPick:
-    """One entry of the "auto" table, why it was chosen, and the figures that carry the evidence.
-
-    ``min_rows`` is a floor on the rows per chunk that "auto" chunking resolves
-    to (never above N): below it the GEMMs of a chunk stop being efficient.
-    ``evidence`` names figures ``python -m analysis figures`` draws (``figures/<stem>.png``);
-    the numbers live there and in the README passages generated from the same
-    data, not in this table, so they cannot drift.
-    """
+    """One entry of the "auto" table: the policy and chunking rule it resolves to, and ``min_rows``, a floor on the
+    rows per chunk that "auto" chunking keeps (never above N); ``reason`` says why, in a sentence."""
 
     acc_policy: str
     chunking_method: str
     reason: str
-    evidence: tuple[str, ...]
     min_rows: int = 1
 
 
 CUDA_MIN_ROWS = 2048
-"""Floor on "auto" chunk rows on CUDA: the decision procedure's pick among lce.decide.CUDA_ROW_FLOORS (each step
-costs a GPU a fixed time; lce.decide.time_model)."""
+"""Floor on "auto" chunk rows on CUDA: the decision procedure's pick among :data:`lce.decide.CUDA_ROW_FLOORS` (each
+step of the chunk loop costs a GPU a fixed time, :mod:`lce.decide.time_model`)."""
 
 CPU_MIN_ROWS = {torch.float32: 512, torch.bfloat16: 256, torch.float16: 256}
-"""Floor on "auto" chunk rows on CPU, per input dtype. At LLM-like aspect ratios torch's
-aspect-ratio rule gives CPU chunks of few rows, and every GEMM of such a chunk is bound by
-reading the weight. Where the time stops falling as chunks grow, on each CPU kind measured, is
-what the chunk sweep shows (``python -m analysis bench --chunk-sweep``: ``figures/chunk_sweep.png``
-and the README's generated "cpu-chunking" table); its numbers live there. The bf16 and fp16
-floors sit below fp32's because their fp32 logits chunk would otherwise dominate the peak memory."""
+"""Floor on "auto" chunk rows on CPU, per input dtype: below it every GEMM of a chunk is bound by reading the weight
+(at LLM-like aspect ratios torch's rule gives CPU chunks of a few rows). The bf16 and fp16 floors sit below fp32's
+because their fp32 logits chunk would otherwise dominate the peak memory."""
 
 
-# The "auto" picks keyed by (device kind, input dtype): the decision procedure's output (lce.decide.derive_auto)
-# at its reference heads, and on CPU on every CPU kind; tests/lce/test_decide.py fails when the two differ. lce
-# departs from torch 2.13's table where the procedure says so: balanced instead of compact on CUDA (compact's
-# per-chunk rounding at the aspect-ratio chunk counts is over the error limit, and training moved the rare classes'
-# loss at 256 bf16 chunks and 64 fp16 ones); aspect_ratio instead of aspect_ratio:2 (the same predicted peak
-# at the reference heads, predicted faster). For bf16 on CPU the procedure keeps accurate (balanced's GEMMs
-# would be faster where bf16 GEMMs are native, but a default must be no less accurate than torch's: it stays
-# accurate).
+# The "auto" picks keyed by (device kind, input dtype): the decision procedure's output (lce.decide.derive_auto) at
+# its reference heads, and on CPU on every CPU kind; a test fails when the two differ.
 AUTO_TABLE: dict[tuple[str, torch.dtype], AutoPick] = {
     ("cuda", torch.bfloat16): AutoPick(
         "balanced", "aspect_ratio",
-        "at least CUDA_MIN_ROWS rows per chunk: each step of the chunk loop costs an H200 about a millisecond of "
-        "launches and Python (lce.decide.time_model, fitted to the H200's runs: the cuda grid's 2048x128x16384 head "
-        "took "
-        "0.1-0.3 s at the aspect ratio's 8-16-row chunks, the unfused op 1 ms), so the aspect ratio's chunks of a "
-        "few hundred rows at the LLM heads were predicted 1.5-1.8x slower than 2048-row ones. "
-        "balanced sums the weight gradient in an fp32 (C, D) buffer, so its error stays near the rounding floor at "
-        "every chunk count (figures error_vs_chunks_cuda-emulated, row_errors_cuda-emulated); compact's "
-        "once-per-chunk rounding at the aspect-ratio chunk counts is over the error limit at the reference heads, "
-        "its error growing with the chunk count and worst on the rarely targeted classes (rare_rows), its bias a "
-        "sizeable share of the sampling noise (noise_vs_chunks_cuda); over 10^4 head-only steps compact at 256 "
-        "chunks moved the rare classes' loss beyond the seed spread while balanced moved no bucket "
-        "(head_gap_vs_step_adamw). The factor-1 aspect ratio: the same predicted peak as aspect_ratio:2 at the "
-        "reference heads with half the chunks, predicted faster (H200 datasheet rates; an H200's fp32 runs rank it "
-        "first by time, notebook 04). Meets "
-        "the error/noise rule (analysis.judge.rule, notebook 06)",
-        evidence=("rare_rows", "row_errors_cuda-emulated", "error_vs_chunks_cuda-emulated", "noise_vs_chunks_cuda",
-                  "head_gap_vs_step_adamw"),
+        "an fp32 (C, D) sum keeps the weight gradient near its rounding floor at every chunk count, where "
+        "compact's once-per-chunk rounding is over the error limit and moved rare classes' loss in training; "
+        "chunks of at least CUDA_MIN_ROWS rows, since each step costs a GPU a fixed time",
         min_rows=CUDA_MIN_ROWS,
     ),
     ("cuda", torch.float16): AutoPick(
         "balanced", "aspect_ratio",
-        "as for bf16 (chunks of at least CUDA_MIN_ROWS rows), and compact's fp16 weight-gradient sum fails training "
-        "sooner: over 10^4 head-only AdamW "
-        "steps fp16 compact at 64 chunks changed the rare classes' loss far beyond the seed spread (its tiny "
-        "per-chunk products are lost in fp16), while balanced stayed within a millinat (figure head_gap_vs_bias). "
-        "Meets the error/noise rule (analysis.judge.rule, notebook 06)",
-        evidence=("rare_rows", "row_errors_cuda-emulated", "error_vs_chunks_cuda-emulated", "noise_vs_chunks_cuda",
-                  "head_gap_vs_bias"),
+        "as for bf16, and an fp16 weight-gradient sum fails training sooner (its small per-chunk products are "
+        "lost); chunks of at least CUDA_MIN_ROWS rows",
         min_rows=CUDA_MIN_ROWS,
     ),
     ("cpu", torch.bfloat16): AutoPick(
         "accurate", "aspect_ratio",
-        "every GEMM in fp32: the lowest gradient error. balanced would be faster where bf16 GEMMs are native "
-        "(AVX512-BF16, AMX) and within the error limit, but its input gradient is predicted less accurate than "
-        "torch 2.13's default (accurate), which a default must not be (the drop-in condition of lce.decide); on "
-        "CPUs whose bf16 GEMMs are slow or emulated (lce.planning.cpu_gemms) fp32 GEMMs are the fast ones, so the "
-        "pick is "
-        "also the fastest there. Chunks of at least CPU_MIN_ROWS rows. Meets the error/noise rule "
-        "(analysis.judge.rule, notebook 06)",
-        evidence=("error_vs_memory_cpu", "chunk_sweep", "cpu_gemm_rates"),
+        "every GEMM in fp32, the lowest error: a default no less accurate than torch's own (accurate), and the "
+        "fastest where bf16 GEMMs are slow or emulated; chunks of at least CPU_MIN_ROWS rows",
         min_rows=CPU_MIN_ROWS[torch.bfloat16],
     ),
     ("cpu", torch.float16): AutoPick(
         "accurate", "aspect_ratio",
-        "no CPU kind measured runs fp16 GEMMs faster than fp32 (emulated on AVX2 and AVX512-BF16 parts, about "
-        "fp32's rate with AVX512-FP16), so lce runs them in fp32 under every policy: the policies tie, and a tie "
-        "keeps torch's pick; chunks of at least CPU_MIN_ROWS rows. Meets the error/noise rule "
-        "(analysis.judge.rule, notebook 06)",
-        evidence=("error_vs_memory_cpu", "time_vs_shape", "cpu_gemm_rates"),
+        "fp16 GEMMs run in fp32 on every CPU, so the policies tie and a tie keeps torch's pick; chunks of at "
+        "least CPU_MIN_ROWS rows",
         min_rows=CPU_MIN_ROWS[torch.float16],
     ),
     ("cpu", torch.float32): AutoPick(
         "compact", "aspect_ratio",
-        "not in torch's table: with acc_dtype == fp32 every policy computes the same numbers and allocates the "
-        "same, so they tie and a tie keeps torch's fallback policy (compact); the factor-1 aspect ratio is "
-        "predicted fastest. Chunks of at least CPU_MIN_ROWS rows. Meets the error/noise rule (analysis.judge.rule, "
-        "notebook 06)",
-        evidence=("error_vs_memory_cpu", "chunk_sweep"),
+        "with acc_dtype fp32 every policy computes and allocates the same, and a tie keeps torch's fallback "
+        "(compact); the factor-1 aspect ratio is predicted fastest; chunks of at least CPU_MIN_ROWS rows",
         min_rows=CPU_MIN_ROWS[torch.float32],
     ),
 }
 
 AUTO_FALLBACK = AutoPick(
     "compact", "aspect_ratio:2",
-    "unlisted (device, dtype): with acc_dtype == input dtype all policies compute the same "
-    "numbers, and compact allocates least",
-    evidence=("error_vs_memory_cpu",),
+    "unlisted (device, dtype): with acc_dtype == input dtype all policies compute the same numbers, and compact "
+    "allocates least",
 )
 
 

@@ -32,9 +32,12 @@ def test_every_auto_entry_meets_the_rule_on_the_committed_data(committed_noise):
         assert set(table[table["device"] == "cuda"]["source"]) == {"cuda"}
 
 
-def test_every_auto_reason_cites_the_rule():
-    for (kind, dtype), pick in AUTO_TABLE.items():
-        assert "analysis.judge.rule" in pick.reason, f"{kind} {dtype}"
+def test_every_auto_entrys_evidence_cites_the_rule():
+    from analysis.report.auto_table import AUTO_EVIDENCE
+    from lce.planning.options import dtype_name
+
+    for kind, dtype in AUTO_TABLE:
+        assert "analysis.judge.rule" in AUTO_EVIDENCE[(kind, dtype_name(dtype))].why, f"{kind} {dtype}"
 
 
 def test_the_rule_fails_a_pick_whose_bias_is_too_large(committed_noise):

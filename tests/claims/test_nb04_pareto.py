@@ -11,7 +11,7 @@ from analysis.judge import pareto
 from analysis.paths import FIGURES_DIR
 from analysis.report import nb04_pareto
 from analysis.report.nb02_accuracy import AT_FLOOR
-from lce.planning.policies import AUTO_FALLBACK, AUTO_TABLE
+from lce.planning.policies import AUTO_TABLE
 
 ASPECT_RATIO = r"lce auto ar(:\d+)?"
 SAME_POLICY_ASPECT_RATIO = r"lce (auto|accurate) ar(:\d+)?( acc=fp32)?"
@@ -42,9 +42,15 @@ def test_every_entry_cites_evidence_that_figures_holds_and_cuda_is_judged_on_the
     """"each with its reason and the figures that carry its evidence: ... drawn in `figures/`" (all); "The CUDA
     entries are judged on the runs of NVIDIA H200 (TF32 off), which replace the CPU emulation ... wherever the GPU
     ran the dtype"."""
-    picks = [*AUTO_TABLE.values(), AUTO_FALLBACK]
-    assert all(pick.evidence for pick in picks)
-    assert all((FIGURES_DIR / f"{stem}.png").exists() for pick in picks for stem in pick.evidence)
+    from analysis.report.auto_table import AUTO_EVIDENCE
+    from lce.planning.options import dtype_name
+
+    keys = {*((kind, dtype_name(dtype)) for kind, dtype in AUTO_TABLE), ("other", "any")}
+    assert set(AUTO_EVIDENCE) == keys and all(evidence.figures for evidence in AUTO_EVIDENCE.values())
+    assert all((FIGURES_DIR / f"{stem}.png").exists() for evidence in AUTO_EVIDENCE.values()
+               for stem in evidence.figures)
+    drawn = (FIGURES_DIR / "README.md").read_text(encoding="utf-8")
+    assert all(f"## {stem}\n" in drawn for evidence in AUTO_EVIDENCE.values() for stem in evidence.figures)
     judged = set(zip(_verdicts()["device"], _verdicts()["dtype"], strict=True))
     assert judged == {(device, dtype) for device in ("cpu", "cuda") for dtype in ("bfloat16", "float16", "float32")}
     assert set(_table().loc[_table()["device"] == "cuda", "device_name"]) == {"NVIDIA H200"}

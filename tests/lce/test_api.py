@@ -1,10 +1,10 @@
 """The public surface has no traps (issue 33): no function shadows a submodule, lce.plan takes the op's tensors first
-(the older order still works, with a warning), documented constants are where the docs say, the package is typed,
+(the older order is refused, naming the call to make), documented constants are where the docs say, the package is
+typed,
 and an fp32 loss is one keyword away."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import types
@@ -41,23 +41,24 @@ def test_plan_takes_the_tensors_first_and_default_options():
 
 
 @pytest.mark.parametrize("options", [None, lce.LinearCrossEntropyOptions(batch_chunk_size=16)])
-def test_the_older_order_still_works_with_a_warning(options):
+def test_the_older_order_is_refused_naming_the_call_to_make(options):
+    """``lce.plan(options, x, W)`` (the order of the first releases, deprecated since) is an error that says how to
+    call it, not a plan of other tensors."""
     x, w = _tensors()
-    with pytest.warns(FutureWarning, match=r"call lce.plan\(input, linear_weight, options=options\)"):
-        plan = lce.plan(options, x, w)
-    assert plan == lce.plan(x, w, options=options)
+    with pytest.raises(TypeError, match=r"lce.plan takes \(input, linear_weight\) and keywords: lce.plan\(x, W, "
+                                         r"options=\.\.\."):
+        lce.plan(options, x, w)
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("fast", "x", "w"), r"options must be None or a LinearCrossEntropyOptions"),
+    (("fast", "x", "w"), r"lce.plan takes \(input, linear_weight\) and keywords"),
     (("x", "w", "w"), r"lce.plan takes \(input, linear_weight\) and keywords"),
     ((None, "w"), r"lce.plan: input must be a torch.Tensor, got NoneType \(lce.plan takes the op's tensors first"),
 ])
 def test_plan_says_what_it_takes(args, message):
     x, w = _tensors()
     values = [x if a == "x" else w if a == "w" else a for a in args]
-    warned = pytest.warns(FutureWarning) if args[0] == "fast" else contextlib.nullcontext()
-    with pytest.raises(TypeError, match=message), warned:
+    with pytest.raises(TypeError, match=message):
         lce.plan(*values)
 
 

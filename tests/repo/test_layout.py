@@ -77,3 +77,86 @@ def test_lce_imports_an_integrations_library_only_when_it_is_used():
             else:
                 continue
             assert all(name.split(".")[0] in allowed for name in names), f"{path.name} imports {names} at module level"
+
+
+LCE_LEVEL = {"errors": 0, "checks": 0, "compiler": 0, "unfused": 0, "kernels": 0, "planning": 1, "passes": 2,
+             "autocasting": 2, "autograd": 3, "functional": 4, "logprobs": 5, "modules": 5, "decide": 6,
+             "testing": 6, "distributed": 7, "integrations": 7, "__init__": 8}
+"""How high each top-level part of lce/ stands (docs/code-layout.md draws it): planning (what a call will run) under
+the passes (how it runs) under autograd and the entry points, the decision procedure above them (recommend times
+candidates through the op), vocab-parallel and the integrations on top. A module imports only parts at its level or
+below; ``kernels`` is a leaf that the planner asks about and the passes launch."""
+
+
+def _lce_imports() -> list[tuple[str, str]]:
+    """Every (importing module, imported lce module) pair of lce/, relative imports resolved, in-function ones too."""
+    pairs = []
+    for path in (ROOT / "lce").rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        package = parts[:-1] if parts[-1] != "__init__" else parts[:-1]
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package[: len(package) - (node.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                names = [*([base] if node.module else []), *(f"{base}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            pairs += [(module, name) for name in names if name == "lce" or name.startswith("lce.")]
+    return pairs
+
+
+def _lce_part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_lce_imports_run_one_way():
+    every_part = {p.name for p in (ROOT / "lce").iterdir() if (p / "__init__.py").exists()} | {
+        p.stem for p in (ROOT / "lce").glob("*.py")}
+    assert every_part <= set(LCE_LEVEL), f"a new part of lce/ needs a level: {every_part - set(LCE_LEVEL)}"
+    upward = [f"{mine} imports {theirs}" for mine, theirs in _lce_imports()
+              if LCE_LEVEL[_lce_part(theirs)] > LCE_LEVEL[_lce_part(mine)]]
+    assert not upward, "imports that run upward:\n" + "\n".join(sorted(set(upward)))
+
+
+def test_lce_modules_import_each_other_in_no_circle():
+    """Within a level too: no module of lce reaches itself through its imports (TYPE_CHECKING ones included)."""
+    graph: dict[str, set[str]] = {}
+    for mine, theirs in _lce_imports():
+        graph.setdefault(mine, set()).add(theirs)
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+               for p in (ROOT / "lce").rglob("*.py")}
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for target in sorted(graph.get(module, ())):
+            if target == module or target not in modules:  # a name imported from a module, not a module
+                continue
+            if state.get(target) == 1:
+                return [*path, module, target]
+            if state.get(target) is None and (circle := visit(target, [*path, module])):
+                return circle
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if state.get(module) is None:
+            circle = visit(module, [])
+            assert circle is None, "an import circle: " + " -> ".join(circle)
+
+
+def test_no_library_module_imports_lce_testing_and_no_integration_a_private_name():
+    """lce.testing is for tests and studies; an integration reaches lce through its public names."""
+    for mine, theirs in _lce_imports():
+        assert theirs != "lce.testing" or mine == "lce.testing", f"{mine} imports lce.testing"
+    for path in (ROOT / "lce" / "integrations").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                private = [alias.name for alias in node.names if alias.name.startswith("_")]
+                assert not private, f"{path.name} imports {private} from {node.module}"
