@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from .autocasting import outside_autocast
-from .passes.chunk import HeadTensors, Targets
+from .passes.chunk import HeadTensors, Targets, pad_rows
 from .passes.loss import per_row_grads, per_row_loss, scalar_loss_and_grads
 from .planning.plan import Plan
 
@@ -78,10 +78,11 @@ class ScalarReductionLoss(torch.autograd.Function):
     @staticmethod
     @outside_autocast
     def forward(ctx, input, weight, bias, target, class_weight, ignore_index, label_smoothing, plan: Plan):
-        targets = _targets(plan, target, class_weight, ignore_index, label_smoothing)
+        n = input.shape[0]  # a batch-invariant plan runs whole chunks: per-row vectors padded, outputs sliced
+        targets = _targets(plan, pad_rows(plan, target, ignore_index), class_weight, ignore_index, label_smoothing)
         loss, grads, lse = scalar_loss_and_grads(plan, HeadTensors(input, weight, bias), targets)
         keep_gradients(ctx, grads, plan)
-        return _with_lse(ctx, loss, lse)
+        return _with_lse(ctx, loss, None if lse is None else lse[:n])
 
     @staticmethod
     @outside_autocast
@@ -95,17 +96,21 @@ class PerRowLoss(torch.autograd.Function):
     @staticmethod
     @outside_autocast
     def forward(ctx, input, weight, bias, target, class_weight, ignore_index, label_smoothing, plan: Plan):
-        targets = _targets(plan, target, class_weight, ignore_index, label_smoothing)
+        n = input.shape[0]  # a batch-invariant plan runs whole chunks: per-row vectors padded, outputs sliced
+        targets = _targets(plan, pad_rows(plan, target, ignore_index), class_weight, ignore_index, label_smoothing)
         losses, lse, other_prob = per_row_loss(plan, HeadTensors(input, weight, bias), targets)
-        ctx.save_for_backward(input, weight, bias, target, class_weight, lse, other_prob)
+        ctx.save_for_backward(input, weight, bias, target, class_weight, lse, other_prob)  # lse: the padded rows'
         ctx.ignore_index, ctx.label_smoothing, ctx.plan = ignore_index, label_smoothing, plan
         # a copy: the saved log-sum-exp must not change if the caller edits what it logs
-        return _with_lse(ctx, losses, lse.to(torch.float32, copy=True) if plan.return_lse else None)
+        return _with_lse(ctx, losses[:n], lse[:n].to(torch.float32, copy=True) if plan.return_lse else None)
 
     @staticmethod
     @outside_autocast
     def backward(ctx, grad_losses, *_grad_lse):
         input, weight, bias, target, class_weight, lse, other_prob = ctx.saved_tensors
-        targets = _targets(ctx.plan, target, class_weight, ctx.ignore_index, ctx.label_smoothing)
-        grads = per_row_grads(ctx.plan, HeadTensors(input, weight, bias), targets, lse, grad_losses, other_prob)
+        plan = ctx.plan
+        targets = _targets(plan, pad_rows(plan, target, ctx.ignore_index), class_weight, ctx.ignore_index,
+                           ctx.label_smoothing)
+        grads = per_row_grads(plan, HeadTensors(input, weight, bias), targets, lse,
+                              pad_rows(plan, grad_losses, 0), other_prob)
         return grads.input, grads.weight, grads.bias, None, None, None, None, None

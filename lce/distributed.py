@@ -3,7 +3,7 @@
 Every rank of a process group passes the same ``input`` (N, D) and ``target``
 (global class indices) and its own contiguous shard of the classifier rows, in
 rank order; shards may differ in size. Each rank runs the one-device passes of
-:mod:`lce.passes.chunked` on its shard (any policy, row and class chunking,
+:mod:`lce.passes.loss` on its shard (any policy, row and class chunking,
 soft-capping, z-loss) with :class:`ShardLayout` as their group reduction, the
 one hook through which, per chunk of rows, the ranks exchange per-row softmax
 statistics and sum the input gradient. The row chunks are
@@ -49,8 +49,15 @@ from torch import nn
 from .autocasting import autocast_dtype, autocast_off, loss_dtype_under, outside_autocast, take_head
 from .autograd import hand_out_gradients, keep_gradients
 from .functional import check_arguments, check_features, check_settings, first_out_of_range, grads_needed
-from .logprobs import TokenCall, TokenLogProbs, check_log_probs_arguments, log_probs_plan, temperature_per_row
-from .passes.chunk import HeadTensors, Targets
+from .logprobs import (
+    TokenCall,
+    TokenLogProbs,
+    check_log_probs_arguments,
+    log_probs_plan,
+    pad_temperature,
+    temperature_per_row,
+)
+from .passes.chunk import HeadTensors, Targets, pad_rows
 from .passes.logprob_passes import TokenStatistics
 from .passes.loop import GroupReduction
 from .passes.loss import per_row_grads, per_row_loss, scalar_loss_and_grads
@@ -85,18 +92,29 @@ class ShardLayout(GroupReduction):
     ``num_classes`` (the sum of every rank's shard), and the group the statistics are reduced over.
 
     It is the chunk passes' :class:`~lce.passes.loop.GroupReduction`: the one-device passes of
-    :mod:`lce.passes.chunked`
-    run on this rank's shard and call it once per chunk of rows.
+    :mod:`lce.passes.loss` run on this rank's shard and call it once per chunk of rows.
     """
 
     start: int
     size: int
     num_classes: int
     group: dist.ProcessGroup | None
+    rank_ordered: bool = False
+    """Sum across ranks in rank order (a batch-invariant plan): each rank gathers every rank's values and adds them
+    rank 0 first, so that an element's sum does not depend on where it lies in the buffer, as a ring all-reduce's
+    order does with three or more ranks. It holds the group's copies of the buffer: world x (rows, D) in the stats
+    dtype for a chunk's input-gradient products."""
 
     def all_reduce_(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
-        dist.all_reduce(tensor, op=op, group=self.group)
-        return tensor
+        if not (self.rank_ordered and op == dist.ReduceOp.SUM):  # a maximum is the same in any order
+            dist.all_reduce(tensor, op=op, group=self.group)
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(parts, tensor.contiguous(), group=self.group)
+        total = parts[0]
+        for part in parts[1:]:
+            total.add_(part)
+        return tensor.copy_(total)
 
     def reduce_statistics(self, stats: RowStatistics) -> RowStatistics:
         """The statistics of the whole vocabulary from each rank's: O(rows) values per rank, in the stats dtype."""
@@ -224,7 +242,7 @@ def _agree(descriptions: list[dict], num_classes: int | None) -> list[int]:
     return sizes
 
 
-# ---- the passes on one rank: lce.passes.chunked's, with ShardLayout as their group reduction -----------------------
+# ---- the passes on one rank: lce.passes.loss's, with ShardLayout as their group reduction -----------------------
 
 def _shard_targets(target: torch.Tensor, class_weight: torch.Tensor | None, ignore_index: int, label_smoothing: float,
                    z_loss: float, layout: ShardLayout, stats_dtype: torch.dtype) -> Targets:
@@ -263,17 +281,19 @@ class _PerRowVocabParallel(torch.autograd.Function):
     @staticmethod
     @outside_autocast
     def forward(ctx, input, weight, bias, targets, layout, plan):
+        n = input.shape[0]  # targets come padded to the plan's loop rows (batch-invariant); the losses are sliced
         losses, lse, other_prob = per_row_loss(plan, HeadTensors(input, weight, bias), targets, layout)
         ctx.save_for_backward(input, weight, bias, lse, other_prob)
         ctx.targets, ctx.layout, ctx.plan = targets, layout, plan
-        return losses
+        return losses[:n]
 
     @staticmethod
     @outside_autocast
     def backward(ctx, grad_losses):
         input, weight, bias, lse, other_prob = ctx.saved_tensors
-        grads = per_row_grads(ctx.plan, HeadTensors(input, weight, bias), ctx.targets, lse, grad_losses, other_prob,
-                              ctx.layout)
+        plan = ctx.plan
+        grads = per_row_grads(plan, HeadTensors(input, weight, bias), ctx.targets, lse,
+                              pad_rows(plan, grad_losses, 0), other_prob, ctx.layout)
         return grads.input, grads.weight, grads.bias, None, None, None
 
 
@@ -348,10 +368,11 @@ def vocab_parallel_linear_cross_entropy(
                          needs_grad=grads_needed(input, weight_shard, linear_bias), softcap=softcap, z_loss=z_loss,
                          loss_dtype=None if loss_dtype == input.dtype else loss_dtype, chunking_classes=max(sizes),
                          autocast=autocast_dtype(input.device))
+    layout = dataclasses.replace(layout, rank_ordered=resolved.batch_invariant)
     function = _PerRowVocabParallel if reduction == "none" else _ScalarVocabParallel
     with autocast_off(input.device):  # the plan decides every precision from here on (lce.autocasting)
-        targets = _shard_targets(target, weight, ignored, float(label_smoothing), float(z_loss), layout,
-                                 resolved.stats_dtype)
+        targets = _shard_targets(pad_rows(resolved, target, ignored), weight, ignored, float(label_smoothing),
+                                 float(z_loss), layout, resolved.stats_dtype)
         loss = function.apply(input, weight_shard, linear_bias, targets, layout, resolved)
     return loss.squeeze(0) if unbatched and reduction == "none" else loss
 
@@ -419,9 +440,11 @@ def vocab_parallel_linear_log_probs(
     plan = log_probs_plan(flat_input, weight_shard, linear_bias=linear_bias, return_entropy=return_entropy,
                           softcap=None if softcap is None else float(softcap), options=options,
                           chunking_classes=max(sizes))
+    layout = dataclasses.replace(layout, rank_ordered=plan.batch_invariant)
     with autocast_off(input.device):  # the plan decides every precision from here on (lce.autocasting)
-        targets = _shard_targets(flat_target, None, ignore_index, 0.0, 0.0, layout, plan.stats_dtype)
-        per_row = temperature_per_row(temperature, flat_target.shape[0], plan.stats_dtype)
+        targets = _shard_targets(pad_rows(plan, flat_target, ignore_index), None, ignore_index, 0.0, 0.0, layout,
+                                 plan.stats_dtype)
+        per_row = pad_temperature(plan, temperature_per_row(temperature, flat_target.shape[0], plan.stats_dtype))
         out = TokenLogProbs.apply(flat_input, weight_shard, linear_bias, flat_target,
                                   TokenCall(targets, per_row, plan, ignore_index, layout, who))
     if not return_entropy:

@@ -20,7 +20,7 @@ from .checks import require
 from .compiler import graph_break
 from .errors import ArgumentTypeError, ArgumentValueError, TargetIndexError
 from .functional import check_features, first_out_of_range, grads_needed
-from .passes.chunk import HeadTensors, Targets
+from .passes.chunk import HeadTensors, Targets, pad_rows
 from .passes.logprob_passes import TokenRows, token_gradients, token_statistics
 from .passes.loop import GroupReduction
 from .planning.options import LinearCrossEntropyOptions
@@ -97,6 +97,11 @@ def _check_temperature(temperature, target: torch.Tensor, device: torch.device, 
         raise ArgumentTypeError(f"{who}: temperature must be a float > 0 or a tensor, got {type(temperature).__name__}")
     if not (math.isfinite(temperature) and temperature > 0):
         raise ArgumentValueError(f"{who}: temperature must be a finite float > 0, got {temperature!r}")
+
+
+def pad_temperature(plan: Plan, temperature: float | torch.Tensor) -> float | torch.Tensor:
+    """A per-row temperature with the padded rows' (1) after it, for a batch-invariant plan's padded call."""
+    return temperature if isinstance(temperature, float) else pad_rows(plan, temperature, 1.0)
 
 
 def temperature_per_row(temperature: float | torch.Tensor, num_rows: int, dtype: torch.dtype) -> float | torch.Tensor:
@@ -177,17 +182,20 @@ class TokenLogProbs(torch.autograd.Function):
     @staticmethod
     @outside_autocast
     def forward(ctx, input, weight, bias, target, call: TokenCall):
+        n = input.shape[0]  # a batch-invariant plan runs whole chunks: per-row vectors padded, outputs sliced
         rows = token_statistics(call.plan, HeadTensors(input, weight, bias), call.targets, call.temperature,
                                 call.group)
-        raise_on_bad_rows(rows, target, call.targets.num_classes, call.ignore_index, call.temperature, call.who)
+        raise_on_bad_rows(rows.first(n), target, call.targets.num_classes, call.ignore_index,
+                          call.temperature if isinstance(call.temperature, float) else call.temperature[:n],
+                          call.who)
         ctx.save_for_backward(input, weight, bias)
         ctx.call, ctx.rows = call, rows
         ctx.set_materialize_grads(False)
-        valid = call.targets.valid
-        log_probs = torch.where(valid, -rows.nll, 0)
+        valid = call.targets.valid[:n]
+        log_probs = torch.where(valid, -rows.nll[:n], 0)
         if rows.entropy is None:
             return log_probs
-        return log_probs, torch.where(valid, rows.entropy, 0)
+        return log_probs, torch.where(valid, rows.entropy[:n], 0)
 
     @staticmethod
     @outside_autocast
@@ -197,8 +205,10 @@ class TokenLogProbs(torch.autograd.Function):
         if grad_log_probs is None and grad_entropy is None:
             return None, None, None, None, None
         call = ctx.call
-        grads = token_gradients(call.plan, HeadTensors(input, weight, bias), call.targets, call.temperature,
-                                ctx.rows, grad_log_probs, grad_entropy, call.group)
+        grads = token_gradients(call.plan, HeadTensors(input, weight, bias), call.targets, call.temperature, ctx.rows,
+                                None if grad_log_probs is None else pad_rows(call.plan, grad_log_probs, 0),
+                                None if grad_entropy is None else pad_rows(call.plan, grad_entropy, 0),
+                                call.group)
         return grads.input, grads.weight, grads.bias, None, None
 
 
@@ -261,9 +271,10 @@ def linear_log_probs(
                           softcap=None if softcap is None else float(softcap), options=options)
     flat_input, flat_target = input.reshape(-1, input.shape[-1]), target.reshape(-1)
     with autocast_off(input.device):  # the plan decides every precision from here on (lce.autocasting)
-        targets = Targets.build(flat_target, class_weight=None, ignore_index=ignore_index, label_smoothing=0.0,
-                                num_classes=plan.num_classes, stats_dtype=plan.stats_dtype)
-        per_row = temperature_per_row(temperature, flat_target.shape[0], plan.stats_dtype)
+        targets = Targets.build(pad_rows(plan, flat_target, ignore_index), class_weight=None,
+                                ignore_index=ignore_index, label_smoothing=0.0, num_classes=plan.num_classes,
+                                stats_dtype=plan.stats_dtype)
+        per_row = pad_temperature(plan, temperature_per_row(temperature, flat_target.shape[0], plan.stats_dtype))
         out = TokenLogProbs.apply(flat_input, linear_weight, linear_bias, flat_target,
                                   TokenCall(targets, per_row, plan, ignore_index))
     if not return_entropy:

@@ -360,9 +360,12 @@ gpu_time = rankings[on_gpu & (rankings["ranked by"] == "time × error")]
 Markdown(f"""**Conclusion.** In fp32 the policy does not matter: for every family, device and chunking the
 {computations.policies.max()} policies compute bit-identical numbers on every shape and seed, so each choice above
 is a tie of spellings. The chunking does. On the CPU and the emulation the current default (`lce auto auto`) is the
-first choice in {(~on_gpu).sum() - len(exceptions)} of the {(~on_gpu).sum()} rankings; the exception is {exception},
-ahead of the default. On the H200 (TF32 off and on) every time × error ranking puts
-{names(gpu_time.choice)} (explicit {", ".join(sorted(set(gpu_time.chunking)))} chunking) first, the default
+first choice in {(~on_gpu).sum() - len(exceptions)} of the {(~on_gpu).sum()} rankings; the
+exception{"s are" if len(exceptions) > 1 else " is"} {exception}, ahead of the default: on the CPU the fp32 loss's
+default is batch-invariant (docs/using-lce.md), its chunks a fixed 512 rows, so a call of fewer rows (the grids' 32-row
+problems) runs one chunk padded to 512, where the aspect ratio's chunks follow N. On the H200 (TF32 off and on)
+every time × error ranking puts {names(gpu_time.choice)} (explicit
+{", ".join(sorted(set(gpu_time.chunking)))} chunking) first, the default
 (aspect_ratio:2, twice the chunks) ranking {span(gpu_time["default's rank"], ".0f")}: with launch-bound chunks, half
 as many take less time. The fallback keeps torch 2.13's aspect_ratio:2 for fp32; these rankings rest on one small
 shape, where every lce run is launch-bound (previous sections).

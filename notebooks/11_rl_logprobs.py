@@ -37,10 +37,11 @@
 # %%
 from IPython.display import Markdown
 
-from analysis.core.results_io import RL_CHUNKING, RL_COST, RL_EXAMPLE, RL_LOGPROBS, load_kind
+from analysis.core.results_io import HEAD_BATCH, HEAD_MISMATCH, RL_CHUNKING, RL_COST, RL_EXAMPLE, RL_LOGPROBS, load_kind
 from analysis.paths import RESULTS_DIR
+from analysis.report import nb11_head_mismatch as hm
 from analysis.report import nb11_rl_logprobs as nb11
-from analysis.report.tables import show
+from analysis.report.tables import show, span
 
 # %matplotlib inline
 paths, table = load_kind(RESULTS_DIR, RL_LOGPROBS.name)
@@ -345,3 +346,129 @@ fraction of the memory of any materialized recipe; inside TRL it is one call, `l
 
 *Limits:* one trainer-side measurement per recipe; the sampler's own error and the RL dynamics it drives are not
 measured here.""")
+
+
+# %% [markdown]
+# ## Which trainer head matches which inference head
+# With a vLLM rollout, the engine samples each token and returns its log-probability; the trainer recomputes that
+# token's log-probability with its own head, and the importance ratio exp(log π_trainer − log π_infer), TRL's
+# sequence mask and NeMo-RL's sequence filter compare the two (issue 51, `python -m analysis head-mismatch`). Here
+# both sides get the *same* bf16 hidden states and head weight, so the difference is the heads' alone (a real
+# engine's hidden states differ too), and each computes log p(target) forward only.
+#
+# * **inference heads**: vLLM's default (the head's bf16 GEMM, logits rounded to bf16, then the sampler's fp32
+#   log-softmax of logits / T, the `processed_logprobs` TRL asks for), vLLM with `head_dtype=float32` (fp32 logits
+#   of the bf16 values), and an fp16 engine (the same values in fp16, fp16 logits);
+# * **trainer heads**: TRL 1.16's fused head, by default and with `cast_lm_head_to_fp32`; a Liger-style chunked
+#   head, written here from Liger-Kernel's documented chunked log-probability path (bf16 block logits of 2,048
+#   rows x 4,096 classes, upcast, times 1/T, an online fp32 log-sum-exp); the materialized bf16 loop; lce's default
+#   on the CUDA layouts (emulated) and the CPU's; and lce with `acc_policy="compact"`, its low-memory option, whose
+#   logits GEMM rounds to bf16.
+#
+# Per pair, on the tokens sampled from the exact tempered softmax: the RMS of the log-ratio in nats, the 99th
+# percentile of |ratio − 1|, and the share of 512-token sequences (consecutive blocks of the batch) that TRL 1.16's
+# default sequence mask (ratio above 3), the same mask with a lower bound of 1/3, and NeMo-RL's
+# `seq_logprob_error_threshold` of 2.0 (its default is off) would drop, with a Wilson 95% interval.
+
+# %%
+mismatch_paths, mismatch = load_kind(RESULTS_DIR, HEAD_MISMATCH.name)
+batch_paths, head_batch = load_kind(RESULTS_DIR, HEAD_BATCH.name)
+head_figures = {figure.stem: figure for figure in hm.draw_head_mismatch_figures(mismatch)}
+pairs = hm.pair_summary(mismatch).set_index(["family", "trainer", "inference"])
+print("data:", ", ".join(path.name for path in [*mismatch_paths, *batch_paths]))
+head_figures["rl_head_mismatch"].figure
+
+# %%
+show(hm.pair_table(mismatch, "calibrated"), name="rl-head-mismatch",
+     caption=f"Trainer head against inference head at the Qwen-size head ({hm.inputs_line(mismatch)}): RMS over "
+             "the tokens of log π_trainer − log π_infer (median over batch sizes, temperatures and seeds; range), "
+             "|ratio − 1| at the 99th percentile (median), sequences dropped by each mask (pooled; Wilson 95%), each "
+             "side's RMS error against fp64")
+
+# %%
+show(hm.pair_table(mismatch, "trained"), name="rl-head-mismatch-trained",
+     caption="The same pairs on the trained LM's own head (2048 x 128 x 16,384: the trained family has no "
+             "Qwen-size head); at 2048 rows every seed takes every row, so its seeds differ in their targets only")
+
+# %%
+qwen_pairs = pairs.loc["calibrated"]
+matched = pairs[pairs["same_grid"]]
+mixed = hm.mixed_pairs(mismatch)  # bf16 logits on one side, fp32 on the other
+fp32_trainers = ["trl cast_lm_head_to_fp32", "lce auto cuda", "lce auto cpu"]
+bf16_trainers = ["trl", "liger-style bf16 chunks", "lce compact cuda"]
+best = hm.best_pairs(mismatch)
+fp16_fp32 = qwen_pairs.loc[[(t, "fp16") for t in fp32_trainers], "rms"]
+materialized = qwen_pairs.loc["materialized"]
+below = materialized.drop(index="vllm default")  # against the fp32 and fp16 engine heads
+below_third = int((below["masked_trl_two_sided"] - below["masked_trl_default"]).sum())  # ratio < 1/3
+trained = pairs.loc["trained"]
+trained_mixed = hm.mixed_pairs(mismatch, "trained")
+dropped, sequences = int(mixed["masked_trl_default"].sum()), int(mixed["sequences"].sum())
+low, high = hm.wilson(dropped, sequences)
+Markdown(f"""**Conclusion.** A trainer head matches an inference head when both round the logits to the same grid.
+With vLLM's default head (bf16 logits), TRL 1.16's default fused head, the Liger-style chunked head and lce's
+`acc_policy="compact"` agree with the engine to {matched["rms_high"].max():.0e} nats RMS at most (both families);
+with vLLM's `head_dtype=float32`, lce's default (either layout) and TRL's `cast_lm_head_to_fp32` do. Every pair that
+puts bf16 logits on one side and fp32 logits on the other is off by {mixed["rms"].median():.4f} nats RMS at the
+Qwen-size head (median over batch sizes, temperatures and seeds;
+{mixed["rms_low"].min():.4f}–{mixed["rms_high"].max():.4f} over them), |ratio − 1| of
+{span(mixed["ratio_p99"], ".1%")} at the 99th percentile of the sampled tokens and up to
+{mixed["ratio_max"].max():.0%} for the worst: bf16's rounding of the logits, on one side only. The pair to use is
+{hm.prose_names(best["trainer"])} with vLLM's `head_dtype=float32`: they agree to {best["rms"].max():.0e} nats and
+each side is within {best[["trainer_rms_exact", "inference_rms_exact"]].max().max():.0e} nats of fp64, where the bf16
+pairs agree as closely while both sides sit
+{qwen_pairs.loc[[(t, "vllm default") for t in bf16_trainers], "trainer_rms_exact"].median():.4f} nats from fp64. An
+fp16 engine sits near the fp32 heads ({span(fp16_fp32, ".4f")} nats against lce's default and TRL's cast) and as far
+from the bf16 trainer heads as vLLM's fp32 head is. The materialized bf16 loop matches no engine head
+({span(materialized["rms"], ".4f")} nats): its bf16 log-softmax rounds once more.
+
+Summed over a 512-token sequence, the per-token log-ratios of the bf16-against-fp32 pairs mostly cancel (their mean
+is at most {mixed["mean_delta"].abs().max():.0e} nats): their largest sequence log-ratio is
+{mixed["seq_log_ratio_max"].max():.2f} nats, below TRL's ln 3 = 1.10, so TRL's default sequence mask drops {dropped}
+of their {sequences} sequences (Wilson 95%: {low:.1%}–{high:.1%}), and {int(pairs["masked_trl_default"].sum())} of
+any pair's. Only the materialized loop, against the fp32 and fp16 engine heads, goes past ln 3
+({below["seq_log_ratio_max"].max():.2f} nats): {below_third} of those {int(below["sequences"].sum())} sequences
+fall below a ratio of 1/3, which only the mask with that lower bound drops. NeMo-RL's statistic (the mean of exp|Δ|
+over a sequence) peaks at {pairs["seq_mult_prob_error_max"].max():.3f}, far from its recipes' 2.0. The head's
+mismatch alone is a noise of about {mixed["rms"].median():.1%} on every token's ratio, which these sequence masks do
+not see at 512 tokens. On the trained LM's own head the pattern is the same: matched pairs within
+{trained[trained["same_grid"]]["rms_high"].max():.0e} nats, bf16 against fp32 {trained_mixed["rms"].median():.4f}
+({trained_mixed["rms_low"].min():.4f}–{trained_mixed["rms_high"].max():.4f}).
+
+*Inputs:* {hm.inputs_line(mismatch)}.
+
+*Limits:* the head alone, on shared hidden states: a real engine's body adds its own mismatch (Fast-LLM measured
+0.03–0.04 nats RMS over Qwen2.5-0.5B's whole forward, ServiceNow/Fast-LLM#525), which these numbers leave out. The
+calibrated family stands in for Qwen2.5-0.5B's head (the trained family exists only at D = 128, C = 16,384). Both
+sides' bf16 GEMMs ran on this CPU's kernels; on a GPU the trainer's and the engine's kernels sum in different orders
+and can round a logit to its other bf16 neighbour, so same-grid pairs agree less closely there. The Liger-style head is
+this repository's code from Liger-Kernel's documented behaviour, not Liger's kernel. The sequences are consecutive
+blocks of one batch and share their hidden states across temperatures, so the Wilson interval treats as independent
+draws that are not quite.""")
+
+# %% [markdown]
+# ## The batch component
+# Each head's log p of the batch's first 512 and first 100 rows, scored alone against the same rows scored inside
+# the whole batch (4,096 rows of the Qwen-size head, 2,048 of the trained one; T = 1, three seeds).
+
+# %%
+show(hm.batch_table(head_batch), name="rl-head-batch",
+     caption="Scored alone against scored inside the batch: same bits in every seed, and the largest difference")
+
+# %%
+batch = hm.batch_summary(head_batch)
+same_bits = batch.groupby("head", sort=False)["bitwise_equal"].all()
+lce_default = ["lce auto cuda", "lce auto cpu"]
+varying = batch[~batch["bitwise_equal"]]
+which = (f"every one of the {len(same_bits)} heads gives" if same_bits.all() else
+         f"{same_bits.sum()} of the {len(same_bits)} heads give")
+differ = ("" if varying.empty else f"; {hm.join_names(varying['head'].unique())} do not (largest difference "
+          f"{varying['max_abs_diff'].max():.0e} nats)")
+Markdown(f"""**Conclusion.** On this CPU ({mismatch["cpu_model"].iloc[0]}), {which} the first 512 and the first 100
+rows the same bits scored alone as inside the batch, in every seed: {hm.join_names(same_bits[same_bits].index)}{differ}.
+lce's default {"is among them" if same_bits[lce_default].all() else "is not among them"}, as it is meant to be; that
+the peers are too says that this CPU's GEMM kernels compute each output row alike whatever the number of rows, so the
+CPU cannot tell the batch-invariant heads from the others.
+
+*Limits:* a GPU's GEMMs change their tile shapes and split-K with the number of rows, which is what makes a head
+batch-variant there (vLLM's and the trainers' alike); the GPU check has to measure it.""")

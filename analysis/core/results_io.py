@@ -54,10 +54,11 @@ from analysis.core.provenance import PROVENANCE_COLUMNS
 from analysis.core.run_config import RunConfig
 
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
-           "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING", "FEATURES",
-           "FEATURE_COST", "VOCAB_PARALLEL", "CPU_GEMM_RATES", "CPU_GEMM_PROBE", "RECOMMEND_CHECK", "GPU_BENCH",
-           "GPU_MEMORY", "HF_STEP", "HEAD_TRAINING", "LOSS_SCALE", "HF_FP16", "RL_LOGPROBS", "RL_CHUNKING", "RL_COST",
-           "RL_EXAMPLE", "TEST_TIME", "COLUMNS",
+           "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING",
+           "FEATURES", "FEATURE_COST", "VOCAB_PARALLEL", "CPU_GEMM_RATES", "CPU_GEMM_PROBE", "RECOMMEND_CHECK",
+           "GPU_BENCH", "GPU_MEMORY", "HF_STEP", "HEAD_TRAINING", "LOSS_SCALE", "HF_FP16", "RL_LOGPROBS",
+           "RL_CHUNKING", "RL_COST", "RL_EXAMPLE", "HEAD_MISMATCH", "HEAD_BATCH", "INVARIANCE_COST", "TEST_TIME",
+           "COLUMNS",
            "COMPRESSED_SUFFIX", "is_compressed", "results_stem", "append_rows", "append_row", "replace_rows",
            "write_csv_atomically", "set_aside", "read_rows", "read_table", "file_kind", "paths_of_kind", "load_kind",
            "done_keys", "latest", "load_results"]
@@ -285,6 +286,33 @@ RL_EXAMPLE = Kind("rl_example", tuple(["kind", "parity_vocab", "vocab", "loss_re
                   "the worked GRPO example: fp64 agreement of lce's and the materialized head, and each one's peak "
                   "memory at a Qwen-size vocabulary (python examples/grpo_update.py --csv ...)")
 
+_HEAD_CASE = ["family", "N", "D", "C", "dtype", "temperature", "seed"]
+HEAD_MISMATCH = Kind("head_mismatch", tuple(["kind", *_HEAD_CASE, "trainer", "inference", "trainer_gemms",
+                                             "inference_gemms", "tokens", "rms_nats", "mean_delta", "max_abs_delta",
+                                             "ratio_err_p99", "ratio_err_max", "bitwise_equal_share",
+                                             "sequence_tokens", "sequences", "seq_log_ratio_rms",
+                                             "seq_log_ratio_max", "seq_mult_prob_error_max", "masked_trl_default",
+                                             "masked_trl_two_sided", "masked_nemo_rl_2", "trainer_rms_exact",
+                                             "inference_rms_exact", "trainer_ratio_p99_exact",
+                                             "inference_ratio_p99_exact", "fp16_cast_changed", "case_wall_s",
+                                             *PROVENANCE_COLUMNS]),
+                     "one trainer head against one inference head on the same bf16 inputs and sampled targets: the "
+                     "per-token log-ratio's RMS (nats), mean, p99 and max of |ratio - 1|, the sequences TRL's and "
+                     "NeMo-RL's masks would drop, each side's own error against fp64 (python -m analysis "
+                     "head-mismatch)")
+HEAD_BATCH = Kind("head_batch", tuple(["kind", *_HEAD_CASE, "head", "side", "gemms", "rows", "max_abs_diff",
+                                       "rms_diff", "bitwise_equal", "case_wall_s", *PROVENANCE_COLUMNS]),
+                  "one head's log p of a batch's leading rows scored alone against the same rows scored inside the "
+                  "batch (python -m analysis head-mismatch)")
+
+INVARIANCE_COST = Kind("invariance_cost", tuple(["kind", "op", "dtype", "N", "D", "C", "arm", "batch_invariant",
+                                                 "batch_chunk_size", "loop_rows", "num_chunks", "time_s",
+                                                 "time_samples", "predicted_time_s", "peak_bytes", "rounds",
+                                                 *PROVENANCE_COLUMNS]),
+                       "one forward and backward of lce with batch_invariant=False and True, timed in interleaved "
+                       "rounds on this CPU, with the plan's rows and predicted peak (python -m analysis "
+                       "invariance-cost)")
+
 TEST_TIME = Kind("test_time", tuple(["kind", "tier", "command", "stand_in", "wall_s", "status", "passed", "failed",
                                      "skipped", *PROVENANCE_COLUMNS]),
                  "wall time of one test tier (make test-fast's, make test's) or train --quick on one CPU "
@@ -292,11 +320,12 @@ TEST_TIME = Kind("test_time", tuple(["kind", "tier", "command", "stand_in", "wal
 
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
-                                                       TRAINING, BUDGETS, CLASS_TILING, FEATURES, FEATURE_COST,
-                                                       VOCAB_PARALLEL, CPU_GEMM_RATES, CPU_GEMM_PROBE, RECOMMEND_CHECK,
-                                                       GPU_BENCH, GPU_MEMORY, HF_STEP, HEAD_TRAINING,
+                                                       TRAINING, BUDGETS, CLASS_TILING, FEATURES,
+                                                       FEATURE_COST, VOCAB_PARALLEL, CPU_GEMM_RATES, CPU_GEMM_PROBE,
+                                                       RECOMMEND_CHECK, GPU_BENCH, GPU_MEMORY, HF_STEP, HEAD_TRAINING,
                                                        LOSS_SCALE, HF_FP16, RL_LOGPROBS, RL_CHUNKING,
-                                                       RL_COST, RL_EXAMPLE, TEST_TIME)}
+                                                       RL_COST, RL_EXAMPLE, HEAD_MISMATCH, HEAD_BATCH, INVARIANCE_COST,
+                                                       TEST_TIME)}
 """Every kind of results file, by the name its ``kind`` column holds."""
 
 COLUMNS: tuple[str, ...] = SWEEP.columns

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from analysis.paths import FIGURES_DIR
 
-__all__ = ["AutoEvidence", "AUTO_EVIDENCE", "auto_reasons"]
+__all__ = ["AutoEvidence", "AUTO_EVIDENCE", "auto_reasons", "batch_invariance"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,4 +109,20 @@ def auto_reasons(results: Path | None = None) -> str:
             + (f" (at least {pick.min_rows} rows per chunk)" if pick.min_rows > 1 else "")
             + f".** {evidence.why}. Figures: {links}."
         )
+    return "\n".join(lines) + "\n"
+
+
+def batch_invariance(results: Path | None = None) -> str:
+    """docs/policies.md's batch-invariance table: per auto entry, the fixed rows of a batch-invariant call, what
+    they cost against the entry's own chunking at the worst reference head (the time and memory models), and
+    whether the loss's default keeps the contract (:func:`lce.decide.invariance.derive_invariance`, which the
+    auto table must equal)."""
+    from lce.decide.invariance import derive_invariance, invariance_table_rows
+    from lce.planning.policies import AUTO_TABLE
+
+    derivations = [derive_invariance(kind, dtype) for kind, dtype in AUTO_TABLE]
+    header, *rows = invariance_table_rows(derivations)
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += [""] + [f"- {d.device_kind}, {str(d.dtype).removeprefix('torch.')}: {d.reason}." for d in derivations]
     return "\n".join(lines) + "\n"

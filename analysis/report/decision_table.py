@@ -75,8 +75,10 @@ def decision_table(results: Path) -> pd.DataFrame:
                 tuned = lce.recommend(head.N, head.D, head.C, dtype, "cpu" if kind == "cpu" else "cuda")
                 rows.append(dict(
                     device=kind, dtype=dtype_name(dtype), head=str(head), head_name=head.name,
-                    auto=f"{entry.acc_policy}, {entry.chunking_method}", policy=auto.plan.acc_policy,
-                    rows=auto.plan.batch_chunk_size, floored=auto.plan.batch_chunk_size > ruled,
+                    auto=f"{entry.acc_policy}, "
+                         f"{'batch-invariant' if auto.plan.batch_invariant else entry.chunking_method}",
+                    policy=auto.plan.acc_policy, rows=auto.plan.batch_chunk_size,
+                    floored=auto.plan.batch_chunk_size > ruled and not auto.plan.batch_invariant,
                     min_rows=entry.min_rows, chunks=auto.plan.num_chunks,
                     logits_chunk_gib=_buffer_bytes(auto.plan, "logits_chunk") / 2**30,
                     accumulator_gib=_buffer_bytes(auto.plan, "weight_grad_accumulator") / 2**30,
@@ -132,7 +134,8 @@ def readme_decision_table(results: Path) -> str:
         "- *auto*: the plan lce's default options run (`lce.plan`); *its floor*: the chunking rule gives fewer rows, "
         "and auto keeps its floor on rows per chunk (`lce.planning.policies.AutoPick.min_rows`: "
         + ", ".join(f"{kind} {dtype_name(dtype)} {AUTO_TABLE[(kind, dtype)].min_rows}" for kind, dtype in ENTRIES)
-        + ").",
+        + "); *batch-invariant*: the same rows per chunk whatever N (`AutoPick.invariant_rows`), the last chunk "
+        "padded, so a row's loss and input gradient do not depend on its batch (docs/using-lce.md).",
         "- *worst row*: the weight gradient's worst class row, in that row's own floors (the rare classes'); "
         f"predicted by `lce.decide.error_model.predict_weight_details`, "
         f"{lce.decide.error_model.DETAIL_ACCURACY['worst_row']}; "

@@ -29,6 +29,7 @@ from analysis.core.results_io import (
     CPU_GEMM_RATES,
     FAMILY_STATS,
     FEATURES,
+    HEAD_MISMATCH,
     HEAD_TRAINING,
     HF_STEP,
     LOSS_SCALE,
@@ -56,6 +57,7 @@ from analysis.report import (
     nb09_cpu_kinds,
     nb10_long_horizon,
     nb10_loss_scale,
+    nb11_head_mismatch,
     nb11_rl_logprobs,
 )
 from analysis.report.nb02_accuracy import plot_error_vs_chunks
@@ -170,12 +172,15 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
     loss_scale_figure = nb10_loss_scale.plot_lost_entries(matter[11][1])
     figures += [loss_scale_figure] if loss_scale_figure is not None else []
     figures += nb11_rl_logprobs.draw_rl_figures(matter[12][1], matter[13][1])
+    head_paths, head_mismatch = load_kind(results, HEAD_MISMATCH.name)
+    figures += nb11_head_mismatch.draw_head_mismatch_figures(head_mismatch)
     figures += nb04_pareto.draw_gpu_figures(table)
     validation_path = results / VALIDATION_FILE
     if validation_path.exists():
         figures += nb07_choosing_options.draw_error_model_figures(pd.read_csv(validation_path), llm_predictions())
         paths.append(validation_path)
-    paths += [path for study_paths, frame in [*studies, *matter] if not frame.empty for path in study_paths]
+    paths += [path for study_paths, frame in [*studies, *matter, (head_paths, head_mismatch)] if not frame.empty
+              for path in study_paths]
     written = [save(figure, out) for figure in chosen_figures(figures, only)]
     verdicts = verdict_lines(table)
     if not matter[0][1].empty:

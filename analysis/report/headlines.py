@@ -9,7 +9,15 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.core.provenance import cpu_kind
-from analysis.core.results_io import HEAD_TRAINING, REPRODUCE, RL_COST, RL_LOGPROBS, TEST_TIME, load_kind
+from analysis.core.results_io import (
+    HEAD_MISMATCH,
+    HEAD_TRAINING,
+    REPRODUCE,
+    RL_COST,
+    RL_LOGPROBS,
+    TEST_TIME,
+    load_kind,
+)
 
 __all__ = ["decision_headline", "training_headline", "rl_headline", "memory_headline", "readme_headlines",
            "readme_commands"]
@@ -84,8 +92,8 @@ def memory_headline(results: Path) -> dict[str, float]:
 
 
 def readme_headlines(results: Path) -> str:
-    """Four findings, one sentence and one figure each."""
-    for kind in (HEAD_TRAINING, RL_LOGPROBS, RL_COST):
+    """Five findings, a sentence or two and one figure each."""
+    for kind in (HEAD_TRAINING, RL_LOGPROBS, RL_COST, HEAD_MISMATCH):
         if load_kind(results, kind.name)[1].empty:
             return f"The headlines need the {kind.name} results (see docs/findings.md for their commands).\n"
     decision, training = decision_headline(results), training_headline(results)
@@ -117,7 +125,16 @@ def readme_headlines(results: Path) -> str:
         f"{memory['classes']:,}-class head and {memory['tokens']:,} tokens (bf16) peaks at "
         f"{memory['materialized_gib']:.2f} GiB with materialized logits, {memory['trl_gib']:.2f} GiB with TRL's "
         f"fused head and {memory['lce_gib']:.2f} GiB with lce ([figures/rl_costs.png](figures/rl_costs.png)).",
+        f"- **Which trainer head for which inference head.** {_head_pairs(results)} "
+        "([figures/rl_head_mismatch.png](figures/rl_head_mismatch.png); notebook 11).",
     ]) + "\n"
+
+
+def _head_pairs(results: Path) -> str:
+    """The trainer/inference head pairing (notebook 11): the pair to use and what each other pair costs."""
+    from analysis.report.nb11_head_mismatch import headline
+
+    return headline(load_kind(results, HEAD_MISMATCH.name)[1])
 
 
 def _minutes(seconds: float) -> str:

@@ -22,11 +22,12 @@ from analysis.core.problem import BENCH_SHAPE, DTYPES
 from analysis.core.provenance import bf16_gemms, cpu_kind, cpu_kinds
 from analysis.core.results_io import BENCH, CHUNK_SWEEP, REPRODUCE, latest, load_kind
 from analysis.paths import RESULTS_DIR, ROOT
-from analysis.report.auto_table import auto_reasons
+from analysis.report.auto_table import auto_reasons, batch_invariance
 from analysis.report.decision_table import readme_decision_table
 from analysis.report.headlines import readme_commands, readme_headlines
 from analysis.report.hf_fp16 import readme_hf_fp16
 from analysis.report.hf_step import readme_hf_step
+from analysis.report.invariance import readme_invariance_cost
 from analysis.report.nb02_accuracy import readme_bf16_errors
 from analysis.report.nb05_realistic_inputs import readme_realistic_inputs
 from analysis.report.nb06_does_it_matter import readme_does_it_matter
@@ -35,6 +36,7 @@ from analysis.report.nb08_beyond_torch import readme_features, readme_vocab_para
 from analysis.report.nb09_cpu_kinds import readme_cpu_kinds, readme_cpu_probe
 from analysis.report.nb10_long_horizon import readme_long_horizon
 from analysis.report.nb10_loss_scale import readme_loss_scale
+from analysis.report.nb11_head_mismatch import readme_rl_head_mismatch
 from analysis.report.nb11_rl_logprobs import readme_rl_logprobs, readme_rl_qwen_head
 from analysis.sweep.grids import GRIDS
 from lce.planning.policies import CPU_MIN_ROWS
@@ -191,6 +193,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "commands": readme_commands,
     "decision-table": readme_decision_table,
     "auto-reasons": auto_reasons,
+    "batch-invariance": batch_invariance,
+    "invariance-cost": readme_invariance_cost,
     "reproduce-time": reproduce_time,
     "bench-table": bench_table,
     "cpu-chunking": cpu_chunking,
@@ -211,6 +215,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "loss-scale": readme_loss_scale,
     "rl-logprobs": readme_rl_logprobs,
     "rl-qwen-head": readme_rl_qwen_head,
+    "rl-head-mismatch": readme_rl_head_mismatch,
     "hf-fp16": readme_hf_fp16,
 }
 """Every generated passage by name: a function of the results folder returning its Markdown."""

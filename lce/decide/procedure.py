@@ -98,9 +98,8 @@ REFERENCE_HEADS: tuple[Head, ...] = (
     Head("small", 4096, 512, 32768),
 )
 """The heads at which "auto" is derived and the decision table is printed: two LLM vocabulary heads and a small one
-that runs on a laptop CPU. Not among them: 65536x8192x152064 (a Qwen-size head at 64k tokens), where auto's
-factor-1 aspect ratio is predicted to peak at 9.25 GiB against aspect_ratio:2's 7.96 on CUDA (and a smaller CPU
-fp32 chunk would save more); :func:`lce.recommend` tunes such a shape."""
+that runs on a laptop CPU. Heads beyond them (a Qwen-size head at 64k tokens) may need less memory with another
+chunking than auto's; :func:`lce.recommend` tunes such a shape."""
 
 AUTO_CHUNKINGS: tuple[str, ...] = ("aspect_ratio", "aspect_ratio:2", "aspect_ratio:4", "aspect_ratio:8")
 """The chunking rules "auto" may resolve to (torch's options accept these for every shape)."""
@@ -306,7 +305,7 @@ def rule_candidate(policy: str, chunking: str, head: Head, dtype: torch.dtype, d
     rows = max(rows, min(floor, head.N))
     acc_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else None
     options = LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
-                                        batch_chunk_size=rows)
+                                        batch_chunk_size=rows, batch_invariant=False)  # rows that follow N
     return _evaluate_on(device_kind, options, head, dtype, cpu_rate)
 
 

@@ -121,7 +121,7 @@ def time_terms(plan: Plan, constants: TimeConstants | None = None, *, cpu_rate: 
     """The terms of :class:`TimeTerms` for ``plan`` (``constants``: the device kind's, for its rates and GEMM
     efficiency; ``cpu_rate`` and ``fp32_flops``: another CPU's low-precision rate over fp32 and fp32 rate)."""
     constants = constants or CONSTANTS[plan.device_kind]
-    n, d, c = plan.num_rows, plan.in_features, plan.num_classes
+    n, d, c = plan.loop_rows, plan.in_features, plan.num_classes  # a batch-invariant plan's padded rows included
     rows, block = min(plan.batch_chunk_size, n), plan.class_chunk_size
     chunks, blocks = plan.num_chunks, plan.num_class_chunks
     stretch = 1.0 + constants.half_rows / rows + constants.half_features / d

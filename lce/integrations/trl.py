@@ -83,7 +83,7 @@ import torch
 
 from ..autocasting import autocast_dtype, autocast_off, take_head
 from ..logprobs import linear_log_probs, log_probs_plan
-from ..passes.chunk import HeadTensors, Targets
+from ..passes.chunk import HeadTensors, Targets, pad_rows
 from ..passes.logprob_passes import token_summaries
 from ..planning.options import LinearCrossEntropyOptions
 from .transformers import exactly_scaled, is_patched
@@ -451,7 +451,8 @@ def _metrics(hidden, weight, bias, targets, temperature: float, softcap: float |
     hidden, weight, bias = take_head(_WHO, hidden, weight, bias)
     flat = hidden.reshape(-1, hidden.shape[-1])
     plan = log_probs_plan(flat, weight, linear_bias=bias, softcap=softcap, options=options)
-    with autocast_off(flat.device):
-        labels = Targets.build(targets.reshape(-1), class_weight=None, ignore_index=_IGNORE, label_smoothing=0.0,
-                               num_classes=plan.num_classes, stats_dtype=plan.stats_dtype)
-        return token_summaries(plan, HeadTensors(flat, weight, bias), labels, float(temperature), tuple(names))
+    with autocast_off(flat.device):  # a batch-invariant plan runs whole chunks: the rows padded, the sums sliced
+        labels = Targets.build(pad_rows(plan, targets.reshape(-1), _IGNORE), class_weight=None, ignore_index=_IGNORE,
+                               label_smoothing=0.0, num_classes=plan.num_classes, stats_dtype=plan.stats_dtype)
+        summaries = token_summaries(plan, HeadTensors(flat, weight, bias), labels, float(temperature), tuple(names))
+        return {name: values[:flat.shape[0]] for name, values in summaries.items()}

@@ -1,6 +1,6 @@
 """Fused Triton kernels for a chunk's elementwise passes over its logits (optional; CUDA only).
 
-The chunk loop (:mod:`lce.passes.chunked`) turns each chunk's (rows, C) fp32 logits ``z`` into row statistics and then
+The chunk loop (:mod:`lce.passes.loss`) turns each chunk's (rows, C) fp32 logits ``z`` into row statistics and then
 into dz with a sequence of PyTorch ops, each a full pass over ``z``: gather the target logit, the row maximum,
 ``exp`` with the target left out and its sum, the division by the sum, dz's scaling, the target entry's scatter,
 the smoothing term. At an LLM head (8192 x 256000 logits a step) those passes move about as many bytes as the
@@ -108,7 +108,7 @@ _warned: set[str] = set()
 
 class KernelsFailed(RuntimeError):
     """A kernel failed to compile or launch (a Triton error), before it changed any of its arguments: the caller
-    runs the PyTorch ops instead (:mod:`lce.passes.chunked` does so for the whole pass)."""
+    runs the PyTorch ops instead (:mod:`lce.passes.loss` does so for the whole pass)."""
 
 
 class KernelsFallbackWarning(UserWarning):

@@ -17,7 +17,8 @@ import torch
 from ..planning.plan import Plan
 from .gemm import mm, mm_upcast_weight_t
 
-__all__ = ["HeadTensors", "Targets", "Chunk", "chunk_logits", "block_logits", "block_target_index", "column_blocks"]
+__all__ = ["HeadTensors", "Targets", "Chunk", "pad_rows", "input_rows", "chunk_logits", "block_logits",
+           "block_target_index", "column_blocks"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,14 +74,17 @@ class Targets:
 @dataclasses.dataclass(frozen=True)
 class Chunk:
     """One chunk of rows and what its pieces read: the pass's plan, head, bias for the logits and targets
-    (see :class:`ChunkLoop`), the chunk's ``rows`` and ``x_in_acc``, its input upcast to acc_dtype (for the
-    logits GEMM or the weight-gradient one; None unless :attr:`~lce.planning.plan.Plan.input_chunk_in_acc`)."""
+    (see :class:`ChunkLoop`), the chunk's ``rows``, its input rows ``x`` (a view of the head's input, or, for the
+    padded last chunk of a batch-invariant plan, a copy with rows of zeros after the real ones) and ``x_in_acc``,
+    ``x`` upcast to acc_dtype (for the logits GEMM or the weight-gradient one; None unless
+    :attr:`~lce.planning.plan.Plan.input_chunk_in_acc`)."""
 
     plan: Plan
     head: HeadTensors
     bias: torch.Tensor | None
     targets: Targets
     rows: slice
+    x: torch.Tensor
     x_in_acc: torch.Tensor | None = None
 
     @property
@@ -97,6 +101,31 @@ class Chunk:
         return dataclasses.replace(self, x_in_acc=None)
 
 
+def pad_rows(plan: Plan, rows: torch.Tensor, fill: float | int) -> torch.Tensor:
+    """``rows`` (N, ...) with ``plan.loop_rows - N`` rows of ``fill`` after them: the rows a batch-invariant plan's
+    last chunk is padded with (:attr:`~lce.planning.plan.Plan.padded_rows`), so that every chunk runs the same
+    number of rows; ``rows`` itself where the plan pads none. The passes take the call's per-row vectors padded so
+    (targets with the ignore index, incoming gradients with 0, temperatures with 1) and return per-row outputs of
+    ``loop_rows`` rows, which their callers slice; the input stays as it is (each chunk reads its own rows,
+    :attr:`Chunk.x`) and the input gradient has its N rows."""
+    extra = plan.loop_rows - rows.shape[0]
+    if extra <= 0:
+        return rows
+    return torch.cat([rows, rows.new_full((extra, *rows.shape[1:]), fill)])
+
+
+def input_rows(head: HeadTensors, rows: slice) -> torch.Tensor:
+    """The head's input rows ``rows``: a view, or, where ``rows`` runs past N (a padded last chunk), a copy with
+    rows of zeros after the real ones, so that the chunk's GEMMs run at its full size."""
+    x = head.input[rows]
+    size = rows.stop - rows.start
+    if x.shape[0] == size:
+        return x
+    padded = x.new_zeros(size, x.shape[1])
+    padded[:x.shape[0]].copy_(x)
+    return padded
+
+
 # ---- the logits --------------------------------------------------------------------------------
 
 def chunk_logits(chunk: Chunk) -> torch.Tensor:
@@ -110,7 +139,7 @@ def block_logits(chunk: Chunk, cols: slice) -> torch.Tensor:
     if plan.upcasts_weight_for("logits"):
         z = mm_upcast_weight_t(chunk.x_in_acc, weight, plan.device_kind)
     else:
-        z = mm(chunk.head.input[chunk.rows], weight.T, plan.gemm_dtypes("logits").result,
+        z = mm(chunk.x, weight.T, plan.gemm_dtypes("logits").result,
                in_fp32=plan.gemm_in_fp32("logits"))
     if chunk.bias is not None:
         z.add_(chunk.bias[cols])

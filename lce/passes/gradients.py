@@ -101,7 +101,7 @@ class GradientSums:
         gradient's product is added to ``input_sum`` (rows, D) in the stats
         dtype, which the caller rounds into ``grad_input[rows]`` after the last block.
         """
-        plan, head, rows, weight = self.plan, chunk.head, chunk.rows, chunk.head.weight[cols]
+        plan, rows, weight = self.plan, chunk.rows, chunk.head.weight[cols]
         rounded: dict[torch.dtype, torch.Tensor] = {dz.dtype: dz}
 
         def dz_as(dtype: torch.dtype) -> torch.Tensor:
@@ -128,15 +128,18 @@ class GradientSums:
                 scale = self._input_rows_scale(dz, weight, rescale)
                 self._input_scales.append((rows, scale))
                 if plan.upcasts_weight_for("grad_input") or result != plan.input_dtype:
-                    self.input[rows].copy_(self._grad_input_product(dz_as(operands), weight, rescale * scale,
-                                                                    addend=correction))
+                    self._store_input_rows(rows, self._grad_input_product(dz_as(operands), weight, rescale * scale,
+                                                                          addend=correction))
                 else:
-                    mm(dz_as(operands), weight, result, out=self.input[rows], alpha=rescale * scale,
+                    out = self._input_rows_out(rows)
+                    mm(dz_as(operands), weight, result, out=out, alpha=rescale * scale,
                        in_fp32=plan.gemm_in_fp32("grad_input"), addend=correction)
+                    self._store_input_rows(rows, out)
+                    del out  # a padded chunk's buffer goes before the weight gradient's step
             del correction  # freed before the weight gradient's step, as lce.planning.memory_model says
         if self.weight is not None:
             operands, product = plan.gemm_dtypes("grad_weight")
-            x = head.input[rows] if operands == plan.input_dtype else chunk.x_in_acc
+            x = chunk.x if operands == plan.input_dtype else chunk.x_in_acc
             alpha, product_scale = rescale, 1.0
             if self.headroom and (self._weight_sum is not None or product == torch.float16):
                 # a bound on the product's entries: max over classes of sum_i |dz_ic|, times max |x|
@@ -149,7 +152,7 @@ class GradientSums:
             corrected = False
             if plan.target_residual_to_weight:  # added before the product, which then rounds the sum once
                 target = TargetResidual.of(chunk, dz, dz_as(operands), cols)
-                corrected = target.add_to_weight_rows_(self.weight[cols], head.input[rows], rescale)
+                corrected = target.add_to_weight_rows_(self.weight[cols], chunk.x, rescale)
             add_mm_(self.weight[cols], dz_as(operands).T, x, product, alpha=alpha,
                     in_fp32=plan.gemm_in_fp32("grad_weight"), product_scale=product_scale,
                     device_kind=plan.device_kind, mixed_addmm=plan.mixed_addmm,
@@ -186,7 +189,21 @@ class GradientSums:
             scale = power_of_two_under(STORE_LIMIT, largest_entry(input_sum))
             input_sum.mul_(scale)
         self._input_scales.append((rows, scale))
-        self.input[rows].copy_(input_sum)
+        self._store_input_rows(rows, input_sum)
+
+    def _input_rows_out(self, rows: slice) -> torch.Tensor:
+        """Where a chunk's input-gradient GEMM writes: its rows of the input gradient, or, for a padded last chunk
+        (rows past N), a chunk-sized buffer, so that the GEMM runs at the chunk's full size."""
+        out = self.input[rows]
+        size = rows.stop - rows.start
+        return out if out.shape[0] == size else out.new_empty(size, out.shape[1])
+
+    def _store_input_rows(self, rows: slice, values: torch.Tensor) -> None:
+        """Copy a chunk's input-gradient rows into the input gradient, the padding rows past N left out (nothing
+        where ``values`` already are those rows)."""
+        target = self.input[rows]
+        if values.data_ptr() != target.data_ptr() or values.dtype != target.dtype:
+            target.copy_(values[:target.shape[0]])
 
     def finish(self) -> Gradients:
         """Round the sums to the input dtype, once, and hand out the gradients (the sum itself where it already

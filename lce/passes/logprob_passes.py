@@ -12,7 +12,7 @@ and with ``g`` and ``h`` the incoming gradients of ``log p_y`` and ``H``:
 (times ``1 - tanh(z / cap)**2`` through a soft cap). Forward gathers four statistics per row, a block of classes
 at a time with the row maximum ``m`` kept current (:class:`TokenStatistics`):
 
-    other  = sum over c != y of exp(u_c - m)      (the target left out, as in :mod:`lce.passes.chunked`)
+    other  = sum over c != y of exp(u_c - m)      (the target left out, as in :mod:`lce.passes.statistics`)
     spread = sum over c of exp(u_c - m) (m - u_c)  (every term >= 0; only with the entropy)
 
 and the target's ``u_y``. With ``S = other + exp(u_y - m)`` every output is a sum of terms of one sign:
@@ -131,6 +131,11 @@ class TokenRows:
             return torch.empty(n, dtype=dtype, device=device)
         return cls(make(), make() if with_entropy else None, make(), make(), make() if with_entropy else None)
 
+    def first(self, num_rows: int) -> TokenRows:
+        """The first ``num_rows`` rows (a padded call's real ones), as views."""
+        values = (getattr(self, field.name) for field in dataclasses.fields(self))
+        return TokenRows(*(None if value is None else value[:num_rows] for value in values))
+
     def write(self, rows: slice, stats: TokenStatistics) -> None:
         self.nll[rows], self.lse[rows], self.other_prob[rows] = stats.nll, stats.lse, stats.other_prob
         if self.entropy is not None:
@@ -141,7 +146,7 @@ def token_statistics(plan: Plan, head: HeadTensors, targets: Targets, temperatur
                      group: GroupReduction | None = None) -> TokenRows:
     """Forward: every row's :class:`TokenRows`, the logits formed a chunk of rows and a block of classes at a
     time (one block of every class without class tiling), completed across ``group`` if there is one."""
-    n, device = head.input.shape[0], head.input.device
+    n, device = plan.loop_rows, head.input.device  # a batch-invariant plan's padded rows included
     out = TokenRows.empty(n, plan.stats_dtype, device, plan.returns_entropy)
     loop = ChunkLoop.of(plan, head, targets, group=group)
     for rows in plan.row_chunks():

@@ -10,7 +10,7 @@ import torch
 
 from ..planning.plan import Plan
 from .backend import Backend, TorchOps, backend_for
-from .chunk import Chunk, HeadTensors, Targets
+from .chunk import Chunk, HeadTensors, Targets, input_rows
 from .grad_logits import RowScales
 from .gradients import GradientSums
 from .statistics import RowStatistics
@@ -56,7 +56,16 @@ class ChunkLoop:
     @classmethod
     def of(cls, plan: Plan, head: HeadTensors, targets: Targets, *, sums: GradientSums | None = None,
            scales: RowScales | None = None, group: GroupReduction | None = None) -> ChunkLoop:
-        """The loop of one pass, with the head's bias converted for the logits GEMM (once, not per chunk)."""
+        """The loop of one pass, with the head's bias converted for the logits GEMM (once, not per chunk).
+
+        ``head`` holds the call's N rows; ``targets`` (and every per-row vector of the pass) the plan's
+        :attr:`~lce.planning.plan.Plan.loop_rows`: a batch-invariant plan's padded by
+        :func:`~lce.passes.chunk.pad_rows`. ``ValueError`` otherwise."""
+        rows = (head.input.shape[0], targets.valid.shape[0])
+        if rows != (plan.num_rows, plan.loop_rows):
+            raise ValueError(f"the pass runs {plan.num_rows} input rows and {plan.loop_rows} target rows (the plan's "
+                             f"num_rows and loop_rows) but got {rows[0]} and {rows[1]}; pad a batch-invariant call's "
+                             "per-row vectors with lce.passes.chunk.pad_rows")
         bias = head.bias.to(plan.gemm_dtypes("logits").result) if head.bias is not None else None
         return cls(plan, head, bias, targets, sums, scales, group, backend_for(plan))
 
@@ -67,6 +76,8 @@ class ChunkLoop:
         return self.plan.tiles_classes or self.group is not None
 
     def chunk(self, rows: slice) -> Chunk:
-        """The chunk of ``rows``; its input is upcast to acc_dtype here where the plan keeps one."""
-        x_in_acc = self.head.input[rows].to(self.plan.acc_dtype) if self.plan.input_chunk_in_acc else None
-        return Chunk(self.plan, self.head, self.bias, self.targets, rows, x_in_acc)
+        """The chunk of ``rows`` (padded past N where the plan pads); its input is upcast to acc_dtype here where
+        the plan keeps one."""
+        x = input_rows(self.head, rows)
+        x_in_acc = x.to(self.plan.acc_dtype) if self.plan.input_chunk_in_acc else None
+        return Chunk(self.plan, self.head, self.bias, self.targets, rows, x, x_in_acc)

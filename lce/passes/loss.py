@@ -87,7 +87,7 @@ def scalar_loss_and_grads(plan: Plan, head: HeadTensors, targets: Targets, group
     """Loss for "mean"/"sum" and, as the plan requests, its gradients (already scaled for the reduction; in fp16
     also by the powers of two in their :class:`GradientScales`, :mod:`lce.passes.headroom`), and the per-row log-sum-exp
     in fp32 when the plan returns it (else None)."""
-    n, device = head.input.shape[0], head.input.device
+    n, device = plan.loop_rows, head.input.device  # per-row outputs: a batch-invariant plan's padded rows included
     sums = (GradientSums(plan, head, wide_input_partials=group is not None, scaled_output=True)
             if any(plan.needs_grad) else None)
     reduction = ScalarReduction.of(plan, targets, sums is not None)
@@ -113,7 +113,7 @@ def per_row_loss(plan: Plan, head: HeadTensors, targets: Targets, group: GroupRe
     """Per-row losses for reduction="none" (input dtype, z-loss included) and what backward reuses: the
     log-sum-exp rows and ``1 - p_y`` where backward never sees every class of a row at once (None otherwise):
     where the plan :attr:`~lce.planning.plan.Plan.saves_other_prob`, and under a group."""
-    n, device = head.input.shape[0], head.input.device
+    n, device = plan.loop_rows, head.input.device  # a batch-invariant plan's padded rows included
     losses = torch.empty(n, dtype=plan.output_loss_dtype, device=device)
     lse = torch.empty(n, dtype=plan.stats_dtype, device=device)
     saves_other_prob = plan.saves_other_prob or group is not None

@@ -3,7 +3,7 @@
 A (C, D) target (the weight gradient, an upcast weight) is converted or updated a block of rows at a time, a
 GEMM on fp32 copies of narrow operands is cut into blocks of its ``b`` operand, and the target rows' residual
 sums are taken a block of chunk rows at a time. These sizes are decided here, once, so that what
-:mod:`lce.passes.gemm` and :mod:`lce.passes.chunked` allocate and what :mod:`lce.planning.memory_model` lists are
+:mod:`lce.passes.gemm` and :mod:`lce.passes` allocate and what :mod:`lce.planning.memory_model` lists are
 the same numbers.
 """
 

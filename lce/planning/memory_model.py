@@ -5,12 +5,14 @@ block of classes in place of the whole vocabulary, plus the input gradient of
 its rows summed over the blocks. Soft-capping adds one workspace of
 :attr:`~lce.planning.plan.Plan.workspace_columns` columns beside a chunk's logits
 (step "workspace"); a z-loss adds per-row values only; ``return_lse`` adds the
-returned ``(N,)`` fp32 log-sum-exp. The per-token log-probabilities
-(``plan.op == "log_probs"``, :mod:`lce.passes.logprob_passes`) run as reduction "none"
+returned ``(N,)`` fp32 log-sum-exp. A batch-invariant plan pads the call to whole chunks: its per-row
+buffers have :attr:`~lce.planning.plan.Plan.loop_rows` rows, and where N is not a whole number of chunks the last
+chunk reads a padded copy of its input rows (and writes its input gradient to a chunk-sized buffer). The per-token
+log-probabilities (``plan.op == "log_probs"``, :mod:`lce.passes.logprob_passes`) run as reduction "none"
 does, with per-row outputs and saved statistics and workspaces of their own
 (:func:`_token_workspaces`).
 
-:func:`plan_buffers` follows the chunk loop of :mod:`lce.passes.chunked` and the GEMMs
+:func:`plan_buffers` follows the chunk loop of :mod:`lce.passes` and the GEMMs
 of :mod:`lce.passes.gemm` and lists what they allocate, with the shapes and dtypes the
 :class:`~lce.planning.plan.Plan` gives them: the buffers made once per pass, those remade
 per chunk, and the gradients rounded after the loop. A chunk buffer also says
@@ -47,7 +49,7 @@ def plan_buffers(plan: Plan) -> tuple[Buffer, ...]:
 
 def _token_row_buffers(plan: Plan) -> list[Buffer]:
     """The per-row values of the per-token log-probabilities: outputs, what forward saves, backward's coefficients."""
-    n, stats_dt = plan.num_rows, plan.stats_dtype
+    n, stats_dt = plan.loop_rows, plan.stats_dtype  # a batch-invariant call's padded rows included
     entropy = plan.returns_entropy
     rows = [("token_log_probs", "forward", "kept", "the returned log p(target) per row", True),
             ("token_entropy", "forward", "kept", "the returned entropy per row", entropy),
@@ -58,7 +60,9 @@ def _token_row_buffers(plan: Plan) -> list[Buffer]:
             ("row_entropy_gap", "forward", "kept", "H + log p(target) per row, saved for backward", entropy),
             ("row_grad_coefficients", "backward", "call", "incoming gradients over the temperature, 0 if ignored",
              any(plan.needs_grad))]
-    return [Buffer(name, (n,), stats_dt, stage, span, purpose) for name, stage, span, purpose, made in rows if made]
+    returned = ("token_log_probs", "token_entropy")  # the caller's N rows, the padded ones left out
+    return [Buffer(name, (plan.num_rows if name in returned else n,), stats_dt, stage, span, purpose)
+            for name, stage, span, purpose, made in rows if made]
 
 
 def _grad_stage(plan: Plan) -> Stage:
@@ -87,7 +91,7 @@ def _in_fp32(plan: Plan, gemm: GemmName) -> bool:
 
 def _call_buffers(plan: Plan) -> list[Buffer]:
     """What each pass makes before its chunk loop, and the gradients it rounds after it."""
-    n, d, c = plan.num_rows, plan.in_features, plan.num_classes
+    n, d, c = plan.loop_rows, plan.in_features, plan.num_classes  # a batch-invariant call's padded rows included
     in_dt, stats_dt = plan.input_dtype, plan.stats_dtype
     scalar = plan.reduction != "none"
     grad_stage = _grad_stage(plan)
@@ -103,13 +107,15 @@ def _call_buffers(plan: Plan) -> list[Buffer]:
             out.append(Buffer("row_other_prob", (n,), stats_dt, "forward", "kept",
                               "1 - p_y per row, saved for backward (no step of it sees a whole row's softmax)"))
     if plan.return_lse:
-        out.append(Buffer("row_logsumexp_out", (n,), torch.float32, "forward", "kept",
+        # reduction "none" copies the caller's N rows out; a scalar reduction's pass makes it, padded rows included
+        out.append(Buffer("row_logsumexp_out", (n if scalar else plan.num_rows,), torch.float32, "forward", "kept",
                           "the returned per-row log-sum-exp (return_lse)"))
     for stage in _stages(plan) if plan.op == "cross_entropy" else ("forward",):
         out.append(Buffer("row_weights", (n,), stats_dt, stage, "call",
                           "class weight of each row's target, 0 if ignored"))
     if plan.needs_grad.input:
-        out.append(Buffer("grad_input", (n, d), in_dt, grad_stage, kept_grad, "gradient w.r.t. input (returned)"))
+        out.append(Buffer("grad_input", (plan.num_rows, d), in_dt, grad_stage, kept_grad,
+                          "gradient w.r.t. input (returned)"))
     if plan.needs_grad.weight:
         if plan.weight_grad_sum_dtype != in_dt:
             out.append(Buffer("weight_grad_accumulator", (c, d), plan.weight_grad_sum_dtype, grad_stage, "call",
@@ -169,7 +175,7 @@ def _chunk_buffers(plan: Plan) -> list[Buffer]:
 def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
     """One chunk of one pass, following chunk_logits, chunk_loss_and_softmax_ and GradientSums.add_chunk."""
     d, c = plan.in_features, plan.class_chunk_size  # a class-tiled chunk holds one block of classes at a time
-    rows = min(plan.batch_chunk_size, plan.num_rows)
+    rows = min(plan.batch_chunk_size, plan.loop_rows)
     in_dt, acc_dt, stats_dt = plan.input_dtype, plan.acc_dtype, plan.stats_dtype
     logits_dt = plan.gemm_dtypes("logits").result
     steps = _steps(plan, stage)
@@ -184,6 +190,9 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
         keeps_input = plan.reduction != "none" or stage == "backward" or plan.tiles_classes
         add("input_chunk_in_acc", (rows, d), acc_dt, steps if keeps_input else ("logits", "to_stats"),
             "chunk of the input upcast to acc_dtype")
+    if plan.loop_rows > plan.num_rows:  # lce.passes.chunk.input_rows: the padded last chunk's copy of its input
+        add("padded_input_chunk", (rows, d), in_dt, steps,
+            "the last chunk's input rows with rows of zeros after them (batch-invariant padding)")
     if plan.op == "log_probs":
         for name, purpose in _token_workspaces(plan, stage):
             add(name, (rows, plan.workspace_columns), stats_dt, ("workspace",), purpose)
@@ -241,6 +250,10 @@ def _chunk_buffers_of(plan: Plan, stage: Stage) -> list[Buffer]:
     elif "grad_input" in steps and grad_input_dt != in_dt:
         add("grad_input_chunk", (rows, d), grad_input_dt, ("grad_input",),
             "grad_input of one chunk before rounding")
+    elif ("grad_input" in steps and plan.loop_rows > plan.num_rows
+          and not plan.upcasts_weight_for("grad_input")):  # GradientSums._input_rows_out
+        add("padded_grad_input_chunk", (rows, d), in_dt, ("grad_input",),
+            "the padded last chunk's input gradient, before its real rows are copied out")
     weight_gemm = plan.gemm_dtypes("grad_weight")
     # (lce.passes.headroom's bounds, a (rows,) or (C,) fp32 sum of |dz|, are made and freed before the step's GEMM)
     summed_in_place = (weight_gemm.operands == weight_gemm.result == plan.weight_grad_sum_dtype

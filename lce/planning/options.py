@@ -90,6 +90,29 @@ class LinearCrossEntropyOptions:
             logits instead of ``(rows, C)``, at the price of computing the
             logits twice; :func:`lce.recommend` picks it when a memory budget
             needs it.
+        batch_invariant: lce only. Whether each row's outputs -- its loss,
+            log-probability, entropy and log-sum-exp, and its input gradient
+            under reduction ``"sum"`` or ``"none"`` -- are a bitwise function
+            of that row, the head, the options, the dtype and the device kind,
+            whatever else the batch holds (its size, the other rows, their
+            order, padding rows with ``ignore_index``). ``True``: every chunk
+            has the same number of rows (``batch_chunk_size``, or the auto
+            table's fixed rows, rounded up to a multiple of 64; never the
+            aspect ratio, which follows N), the last one padded with ignored
+            rows, so every GEMM and statistic runs at one shape; in fp16
+            dz also stays fp32 for the backward GEMMs and the gradients are
+            formed at their true size (their power-of-two scales would follow
+            the batch), which is slower on CUDA. ``False``: chunks follow N.
+            ``None`` (the default): ``True`` for :func:`lce.linear_log_probs`
+            (the RL entry point; the TRL route inherits it) and, for the loss,
+            where "auto" sizes the chunks and the auto table's entry for the
+            device kind and dtype says so (fixed chunks cost at most 5% time
+            and memory there, docs/policies.md); never in fp16 or with an
+            explicit ``chunking_method``, and, for the loss, not where
+            ``batch_chunk_size`` or ``chunking_method=None`` sizes the chunks
+            as torch's options do. A padded last chunk costs up to one chunk
+            of extra rows (for N below the chunk's rows, the chunk's time).
+            ``lce.plan`` says which, and why.
     """
 
     allow_retain_graph: bool = False
@@ -98,6 +121,7 @@ class LinearCrossEntropyOptions:
     acc_policy: Literal["accurate", "balanced", "compact", "auto"] = "auto"
     acc_dtype: torch.dtype | None = None
     class_chunk_size: int | None = None
+    batch_invariant: bool | None = None
 
     def __post_init__(self) -> None:
         if self.acc_policy not in ACC_POLICIES:
@@ -110,6 +134,8 @@ class LinearCrossEntropyOptions:
             size = getattr(self, name)
             if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
                 raise ValueError(f"{name} must be a positive int or None, got {size!r}")
+        if self.batch_invariant is not None and not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be True, False or None, got {self.batch_invariant!r}")
         if self.acc_dtype is not None and self.acc_dtype not in ACC_DTYPES:
             raise ValueError(
                 f"acc_dtype must be None or one of {ACC_DTYPES}, got {self.acc_dtype!r}; "
@@ -122,7 +148,8 @@ class LinearCrossEntropyOptions:
 
         torch's class has the first five fields, so a user switching from
         ``torch.nn.functional.linear_cross_entropy`` keeps their options (and
-        gets ``class_chunk_size=None``, torch's behaviour).
+        gets lce's own fields' defaults: ``class_chunk_size=None``, torch's behaviour, and
+        ``batch_invariant=None``).
         """
         if isinstance(options, cls):
             return options
@@ -138,7 +165,8 @@ class LinearCrossEntropyOptions:
         """The same settings as torch's ``nn.LinearCrossEntropyOptions`` (the peer the analysis runs).
 
         ``RuntimeError`` on a torch without that class (it arrived in 2.13);
-        ``ValueError`` when ``class_chunk_size`` is set, which torch cannot express.
+        ``ValueError`` when ``class_chunk_size`` is set, which torch cannot express (``batch_invariant`` is
+        lce's own and is left out: torch's op gives no such guarantee).
         """
         if self.class_chunk_size is not None:
             raise ValueError(f"class_chunk_size={self.class_chunk_size} is lce-only; torch's options have no "

@@ -31,6 +31,13 @@ Op = Literal["cross_entropy", "log_probs"]
 entropy) of :func:`lce.linear_log_probs`, which run as reduction "none" does (a forward of row statistics, a
 backward that recomputes the logits chunk by chunk)."""
 
+
+INVARIANT_ROW_MULTIPLE = 64
+"""A batch-invariant chunk's rows are a multiple of this. PyTorch's CPU elementwise loops run whole vectors (up to
+64 bf16 elements per step) and finish a contiguous tensor's last elements in scalar code, whose exp and log can differ
+from the vector lanes' in the last bit; a chunk's (rows, classes) tensors and (rows,) vectors of a multiple of 64
+rows have no such remainder, so a row's position in its chunk cannot change its bits."""
+
 HEADROOM_OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("lce_headroom_off", default=False)
 """Set by :func:`lce.testing.without_headroom`: plans made while it is true form fp16 gradients at their true size
 (:attr:`Plan.gradient_headroom` False; :mod:`lce.passes.headroom` says what the headroom does), for studies that
@@ -132,6 +139,13 @@ class Plan:
     autocast: torch.dtype | None = None
     """The dtype of the ``torch.autocast`` enabled when the plan was made (None: none), in which the head's
     fp32/bf16/fp16 tensors are taken (:mod:`lce.autocasting`); the plan's own dtypes then hold with autocast off."""
+    batch_invariant: bool = False
+    """Whether each row's outputs are a bitwise function of that row, the head, the options, the dtype and the
+    device kind (:attr:`lce.planning.options.LinearCrossEntropyOptions.batch_invariant`): every chunk runs
+    ``batch_chunk_size`` rows, the call padded to :attr:`padded_rows`."""
+    padded_rows: int = 0
+    """Rows the chunk loop runs: :attr:`num_rows` rounded up to whole chunks where :attr:`batch_invariant` (the
+    padding rows are ignored), else :attr:`num_rows`."""
     buffers: tuple[Buffer, ...] = dataclasses.field(default=(), repr=False, compare=False)
     """Every allocation of one forward + backward, in the order the loop makes them (:mod:`lce.planning.memory_model`
     lists them when the plan is resolved)."""
@@ -193,8 +207,13 @@ class Plan:
                 and not self.upcasts_weight_for("grad_input"))
 
     @property
+    def loop_rows(self) -> int:
+        """Rows the chunk loop walks: the padded rows of a batch-invariant call, else every row."""
+        return max(self.padded_rows, self.num_rows)
+
+    @property
     def num_chunks(self) -> int:
-        return -(-self.num_rows // self.batch_chunk_size)
+        return -(-self.loop_rows // self.batch_chunk_size)
 
     @property
     def num_class_chunks(self) -> int:
@@ -225,8 +244,8 @@ class Plan:
 
     def row_chunks(self) -> Iterator[slice]:
         """The rows of each chunk, in loop order; every chunk but the last has ``batch_chunk_size`` rows."""
-        size = self.batch_chunk_size
-        return (slice(start, min(start + size, self.num_rows)) for start in range(0, self.num_rows, size))
+        size, rows = self.batch_chunk_size, self.loop_rows
+        return (slice(start, min(start + size, rows)) for start in range(0, rows, size))
 
     @property
     def narrow_gemms_in_fp32(self) -> bool:
@@ -296,10 +315,10 @@ class Plan:
             f"lce plan on {self.device_kind}: input {dtype_name(self.input_dtype)}, acc {dtype_name(self.acc_dtype)}, "
             f"policy {self.acc_policy}",
             f"  shape      N={self.num_rows} D={self.in_features} C={self.num_classes}, " + self._computes_text(),
-            f"  chunking   {self.chunking_method or 'explicit'}: {self.num_chunks} chunk(s) of "
-            f"{self.batch_chunk_size} rows"
+            f"  chunking   {self._chunking_label()}: {self.num_chunks} chunk(s) of {self.batch_chunk_size} rows"
             + (f" x {self.num_class_chunks} block(s) of {self.class_chunk_size} classes (logits computed twice)"
                if self.tiles_classes else ""),
+            f"  batch      {self._batch_text()}",
             *([f"  features   {self._features_text()}"] if self._features_text() else []),
             f"  GEMMs      logits {self._gemm_text('logits')}, grad_input {self._gemm_text('grad_input')}, "
             f"grad_weight {self._gemm_text('grad_weight')}",
@@ -325,6 +344,18 @@ class Plan:
                          f"returned in {dtype_name(self.output_loss_dtype)}, and every GEMM and sum above runs with "
                          "autocast off")
         return "\n".join(lines)
+
+    def _chunking_label(self) -> str:
+        if self.batch_invariant:
+            return "batch-invariant"
+        return self.chunking_method or "explicit"
+
+    def _batch_text(self) -> str:
+        if not self.batch_invariant:
+            return "not invariant: a row's outputs may change in the last bits with the batch it arrives in"
+        padding = self.loop_rows - self.num_rows
+        return ("invariant: a row's outputs do not depend on the rest of the batch"
+                + (f" ({padding} ignored rows pad the last chunk)" if padding else ""))
 
     def _computes_text(self) -> str:
         if self.op == "log_probs":

@@ -96,12 +96,23 @@ CPU_LAYOUTS_WITHOUT_FAST_NARROW_GEMMS: dict[str, Layout] = {
 LAYOUTS: dict[str, dict[str, Layout]] = {"cuda": CUDA_LAYOUTS, "cpu": CPU_LAYOUTS}
 """The layout tables of the devices whose input-dtype GEMMs are fast (every CUDA device; a CPU with native bf16)."""
 
+# Where dz may not be rounded to an fp16 operand -- a batch-invariant fp16 call, whose dz would need a power-of-two
+# scale that follows the batch -- the CUDA layouts keep dz in acc_dtype for both backward GEMMs (fp32 GEMMs: slower).
+CUDA_LAYOUTS_WITH_WIDE_DZ: dict[str, Layout] = {
+    "accurate": Layout(_MIXED, _WIDE, _WIDE, _ACC),
+    "balanced": Layout(_MIXED, _WIDE, _WIDE, _ACC),
+    "compact": Layout(_MIXED, _WIDE, _WIDE, _IN),
+}
 
-def layout_of(device_kind: str, policy: str, narrow_gemms_fast: bool = True) -> Layout:
-    """The layout ``policy`` runs on ``device_kind``: its row of :data:`LAYOUTS`, or of
-    :data:`CPU_LAYOUTS_WITHOUT_FAST_NARROW_GEMMS` on a CPU whose input-dtype GEMMs are slower than fp32's."""
+
+def layout_of(device_kind: str, policy: str, narrow_gemms_fast: bool = True, narrow_dz: bool = True) -> Layout:
+    """The layout ``policy`` runs on ``device_kind``: its row of :data:`LAYOUTS`; of
+    :data:`CPU_LAYOUTS_WITHOUT_FAST_NARROW_GEMMS` on a CPU whose input-dtype GEMMs are slower than fp32's; of
+    :data:`CUDA_LAYOUTS_WITH_WIDE_DZ` on CUDA where dz may not be rounded to a narrow operand."""
     if device_kind == "cpu" and not narrow_gemms_fast:
         return CPU_LAYOUTS_WITHOUT_FAST_NARROW_GEMMS[policy]
+    if device_kind == "cuda" and not narrow_dz:
+        return CUDA_LAYOUTS_WITH_WIDE_DZ[policy]
     return LAYOUTS[device_kind][policy]
 
 COMPACT_ON_CPU_NOTE = (
@@ -121,6 +132,12 @@ class AutoPick:
     chunking_method: str
     reason: str
     min_rows: int = 1
+    invariant_rows: int = 256
+    """Rows per chunk of a batch-invariant call with "auto" chunking: fixed whatever N, the last chunk padded
+    (:func:`lce.decide.invariance.derive_invariance` picks them)."""
+    batch_invariant: bool = False
+    """What ``batch_invariant=None`` resolves to for the loss: the contract costs at most
+    :data:`lce.decide.invariance.INVARIANCE_COST` of the time and peak memory at every reference head."""
 
 
 CUDA_MIN_ROWS = 2048
@@ -141,31 +158,31 @@ AUTO_TABLE: dict[tuple[str, torch.dtype], AutoPick] = {
         "an fp32 (C, D) sum keeps the weight gradient near its rounding floor at every chunk count, where "
         "compact's once-per-chunk rounding is over the error limit and moved rare classes' loss in training; "
         "chunks of at least CUDA_MIN_ROWS rows, since each step costs a GPU a fixed time",
-        min_rows=CUDA_MIN_ROWS,
+        min_rows=CUDA_MIN_ROWS, invariant_rows=2048, batch_invariant=True,
     ),
     ("cuda", torch.float16): AutoPick(
         "balanced", "aspect_ratio",
         "as for bf16, and an fp16 weight-gradient sum fails training sooner (its small per-chunk products are "
         "lost); chunks of at least CUDA_MIN_ROWS rows",
-        min_rows=CUDA_MIN_ROWS,
+        min_rows=CUDA_MIN_ROWS, invariant_rows=1024,
     ),
     ("cpu", torch.bfloat16): AutoPick(
         "accurate", "aspect_ratio",
         "every GEMM in fp32, the lowest error: a default no less accurate than torch's own (accurate), and the "
         "fastest where bf16 GEMMs are slow or emulated; chunks of at least CPU_MIN_ROWS rows",
-        min_rows=CPU_MIN_ROWS[torch.bfloat16],
+        min_rows=CPU_MIN_ROWS[torch.bfloat16], invariant_rows=512,
     ),
     ("cpu", torch.float16): AutoPick(
         "accurate", "aspect_ratio",
         "fp16 GEMMs run in fp32 on every CPU, so the policies tie and a tie keeps torch's pick; chunks of at "
         "least CPU_MIN_ROWS rows",
-        min_rows=CPU_MIN_ROWS[torch.float16],
+        min_rows=CPU_MIN_ROWS[torch.float16], invariant_rows=512,
     ),
     ("cpu", torch.float32): AutoPick(
         "compact", "aspect_ratio",
         "with acc_dtype fp32 every policy computes and allocates the same, and a tie keeps torch's fallback "
         "(compact); the factor-1 aspect ratio is predicted fastest; chunks of at least CPU_MIN_ROWS rows",
-        min_rows=CPU_MIN_ROWS[torch.float32],
+        min_rows=CPU_MIN_ROWS[torch.float32], invariant_rows=512, batch_invariant=True,
     ),
 }
 

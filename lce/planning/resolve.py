@@ -21,8 +21,8 @@ from .cpu_gemms import LOW_PRECISION, GemmSupport, gemm_support
 from .device import device_kind_of, has_mixed_precision_mm, mixed_addmm_supported, mixed_mm_supported
 from .memory_model import plan_buffers
 from .options import LinearCrossEntropyOptions, dtype_name, parse_chunking_method
-from .plan import HEADROOM_OFF, GradsNeeded, Op, Plan, aspect_ratio_chunk_size
-from .policies import COMPACT_ON_CPU_NOTE, LAYOUTS, Layout, auto_pick, layout_of
+from .plan import HEADROOM_OFF, INVARIANT_ROW_MULTIPLE, GradsNeeded, Op, Plan, aspect_ratio_chunk_size
+from .policies import COMPACT_ON_CPU_NOTE, LAYOUTS, AutoPick, Layout, auto_pick, layout_of
 
 __all__ = ["make_plan"]
 
@@ -81,7 +81,18 @@ def make_plan(
         method = None if options.batch_chunk_size is not None else pick.chunking_method
 
     notes: list[str] = []
-    if method is None:
+    acc_dtype = options.acc_dtype
+    if acc_dtype is None:
+        use_fp32 = options.acc_policy == "auto" and has_mixed_precision_mm(device, kind, dtype)
+        acc_dtype = torch.float32 if use_fp32 else dtype
+    invariant, why_not = _batch_invariance(options, dtype, acc_dtype, pick, op)
+    if invariant:  # rows that do not follow N: the given size, or the auto table's; the last chunk padded to it
+        asked = options.batch_chunk_size or pick.invariant_rows
+        chunk, method = -(-asked // INVARIANT_ROW_MULTIPLE) * INVARIANT_ROW_MULTIPLE, None
+        if chunk != asked:
+            notes.append(f"batch_chunk_size={asked} rounded up to {chunk} rows, a multiple of {INVARIANT_ROW_MULTIPLE},"
+                         " as batch invariance needs")
+    elif method is None:
         chunk = num_rows if options.batch_chunk_size is None else min(options.batch_chunk_size, num_rows)
     else:
         chunk = aspect_ratio_chunk_size(num_rows, in_features, sizing_classes, parse_chunking_method(method))
@@ -96,15 +107,14 @@ def make_plan(
             why = "each step's fixed cost" if kind == "cuda" else "GEMM efficiency"
             notes.append(f"auto chunking on {kind} keeps at least {pick.min_rows} rows per chunk ({why})")
     chunk = max(1, chunk)
-
-    acc_dtype = options.acc_dtype
-    if acc_dtype is None:
-        use_fp32 = options.acc_policy == "auto" and has_mixed_precision_mm(device, kind, dtype)
-        acc_dtype = torch.float32 if use_fp32 else dtype
+    padded_rows = -(-num_rows // chunk) * chunk if invariant else num_rows
+    if why_not:
+        notes.append(f"not batch-invariant: {why_not}")
 
     support = gemm_support(dtype) if device.type == "cpu" and dtype in LOW_PRECISION else None
     narrow_fast = kind != "cpu" or support is None or not (dtype == torch.float16 or support.slower_than_fp32)
-    layout = layout_of(kind, policy, narrow_fast)
+    narrow_dz = not (invariant and dtype == torch.float16)  # an fp16 dz's power-of-two scale follows the batch
+    layout = layout_of(kind, policy, narrow_fast, narrow_dz)
     if acc_dtype != dtype:  # what the table's row means here (with acc_dtype == dtype every row computes alike)
         notes += _layout_notes(kind, policy, dtype, support, layout)
 
@@ -132,7 +142,9 @@ def make_plan(
         cpu_gemms=support,
         op=op,
         returns_entropy=bool(returns_entropy) and op == "log_probs",
-        gradient_headroom=dtype == torch.float16 and not HEADROOM_OFF.get(),
+        gradient_headroom=dtype == torch.float16 and not HEADROOM_OFF.get() and not invariant,
+        batch_invariant=invariant,
+        padded_rows=padded_rows,
         fused_passes=passes[0],
         passes_reason=passes[1],
         mixed_addmm=kind == "cuda" and mixed_addmm_supported(device),
@@ -168,6 +180,43 @@ def _cuda_gemms_text(device: torch.device) -> str:
     addmm = ("one torch.addmm(out_dtype=float32, out=) per chunk" if mixed_addmm_supported(device)
              else f"blocks of {block_elements('cuda'):,} elements (this build has no torch.addmm(out_dtype, out=))")
     return f"probed on {device}: low-precision products with an fp32 result by {mm}; the weight-gradient sum by {addmm}"
+
+
+def _batch_invariance(options: LinearCrossEntropyOptions, dtype: torch.dtype, acc_dtype: torch.dtype,
+                      pick: AutoPick, op: str) -> tuple[bool, str]:
+    """Whether the call is batch-invariant (see :attr:`LinearCrossEntropyOptions.batch_invariant`), and, where
+    it is not, why. ``None`` resolves to True for the per-token log-probabilities (what RL scores in many batches);
+    for the loss, where "auto" sizes the chunks (no ``batch_chunk_size``, ``chunking_method="auto"``), to the auto
+    table's :attr:`~lce.planning.policies.AutoPick.batch_invariant`, else to False (chunks sized as torch's are);
+    never in float16 or with an explicit ``chunking_method``."""
+    explicit_method = options.chunking_method not in (None, "auto")
+    if options.batch_invariant is True:
+        if explicit_method:
+            raise ValueError(f"batch_invariant=True needs rows per chunk that do not follow N, but chunking_method="
+                             f"{options.chunking_method!r} sizes them from N; use chunking_method='auto' or a "
+                             "batch_chunk_size")
+        if dtype == torch.float16 and acc_dtype == torch.float16:
+            raise ValueError(f"batch_invariant=True with float16 input needs a wider acc_dtype, got acc_policy="
+                             f"{options.acc_policy!r} with acc_dtype={options.acc_dtype}, which computes in float16 "
+                             "(an fp16 dz needs a power-of-two scale that follows the batch); pass "
+                             "acc_dtype=torch.float32")
+        return True, ""
+    if options.batch_invariant is False:
+        return False, "batch_invariant=False"
+    if explicit_method:
+        return False, f"chunking_method={options.chunking_method!r} sizes the chunks from N"
+    if dtype == torch.float16:
+        return False, ("float16: its power-of-two gradient scales follow the batch (batch_invariant=True keeps dz "
+                       "in fp32 for the backward GEMMs instead: slower on CUDA)")
+    if op == "log_probs":
+        return True, ""
+    if options.batch_chunk_size is not None or options.chunking_method is None:
+        return False, ("the options size the chunks as torch's do (batch_chunk_size, or one chunk of N); "
+                       "batch_invariant=True pads the last chunk to batch_chunk_size rows instead")
+    if pick.batch_invariant:
+        return True, ""
+    return False, ("the auto table leaves the loss's default not batch-invariant here: fixed chunks cost more than "
+                   "5% time or memory at a reference head (docs/policies.md); batch_invariant=True turns it on")
 
 
 def _layout_notes(kind: str, policy: str, dtype: torch.dtype, support: GemmSupport | None,

@@ -41,8 +41,10 @@ SENTENCE = "`lce.recommend(..., memory_budget=None)` names auto's plan except wh
 
 
 def _pick(kind, dtype) -> str:
+    """The auto table's answer for the loss: its policy, and its chunking rule or, where the loss's default keeps the
+    batch-invariance contract, its fixed rows ("batch-invariant")."""
     entry = AUTO_TABLE[(kind, dtype)]
-    return f"{entry.acc_policy}, {entry.chunking_method}"
+    return f"{entry.acc_policy}, {'batch-invariant' if entry.batch_invariant else entry.chunking_method}"
 
 
 @functools.cache

@@ -424,6 +424,46 @@ def autocast(rank: int, world: int) -> list[dict]:
     return rows
 
 
+def batch_invariance(rank: int, world: int) -> list[dict]:
+    """Issue 51: on uneven bf16 shards, the first rows, the rows reversed and the rows after others of another
+    batch: whether each shared row's log-probabilities, entropy, per-row loss and input gradients are the bits of
+    the full batch's (fixed rows of 64, batch_invariant=True; the last chunk padded)."""
+    start, stop = shard_bounds(SHARDS[world])[rank]
+    rows = 150  # three fixed chunks of 64 rows, the last one padded
+    x, w, b, _, target, _ = (t.to(torch.bfloat16) if t.is_floating_point() else t for t in _problem(n=rows))
+    other = torch.randn(7, D, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    other_target = torch.arange(7) % C
+    options = lce.LinearCrossEntropyOptions(batch_chunk_size=64, batch_invariant=True)
+
+    def outputs(xs, targets):
+        leaf = xs.detach().clone().requires_grad_()
+        log_probs, entropy = vocab_parallel_linear_log_probs(leaf, w[start:stop], targets, linear_bias=b[start:stop],
+                                                             return_entropy=True, temperature=0.7,
+                                                             ignore_index=IGNORE, options=options)
+        (log_probs * 2 + entropy).sum().backward()
+        leaf_loss = xs.detach().clone().requires_grad_()
+        loss = vocab_parallel_linear_cross_entropy(leaf_loss, w[start:stop], targets, linear_bias=b[start:stop],
+                                                   reduction="none", ignore_index=IGNORE, options=options)
+        loss.sum().backward()
+        return dict(log_probs=log_probs.detach(), entropy=entropy.detach(), grad_log_probs=leaf.grad,
+                    loss=loss.detach(), grad_loss=leaf_loss.grad)
+
+    full = outputs(x, target)
+    variants = {"first 1": (torch.arange(1), 0), "first 65": (torch.arange(65), 0),
+                "reversed": (torch.arange(rows - 1, -1, -1), 0), "after 7 other rows": (torch.arange(rows), 7)}
+    results = []
+    for label, (order, shift) in variants.items():
+        xs, targets = x[order], target[order]
+        if shift:
+            xs, targets = torch.cat([other, xs]), torch.cat([other_target, targets])
+        got = outputs(xs, targets)
+        results.append(dict(label=label, equal={name: bool(torch.equal(got[name][shift:], full[name][order]))
+                                                for name in full},
+                            nonzero=bool(full["grad_loss"].abs().sum() > 0)))
+    return results
+
+
 SCENARIOS = {"autocast": autocast, "log_probs": log_probs_parity, "fp64": fp64_parity, "low_precision": low_precision,
              "all_ignored": all_ignored, "bad_inputs": bad_inputs, "module": module, "uneven": uneven_parity,
-             "reported": reported_case, "random": random_parity, "loss_scale": loss_scale}
+             "reported": reported_case, "random": random_parity, "loss_scale": loss_scale,
+             "batch_invariance": batch_invariance}

@@ -21,6 +21,7 @@ from lce.decide import (
     derive_auto,
     training_fault,
 )
+from lce.decide.invariance import INVARIANCE_COST, derive_invariance
 from lce.planning.policies import AUTO_TABLE
 from lce.testing import emulate_device_kind
 
@@ -138,3 +139,16 @@ def test_the_conditions_and_limits_are_stated_once():
 
     assert rule.BIAS_LIMIT is decide.BIAS_LIMIT and rule.ERROR_LIMIT is decide.NOISE_ERROR_LIMIT
     assert sys.modules["lce.decide.recommendation"].DEFAULT_MAX_ERROR is decide.DEFAULT_MAX_ERROR
+
+
+@pytest.mark.parametrize(("kind", "dtype"), list(AUTO_TABLE), ids=lambda v: str(v).removeprefix("torch."))
+def test_the_auto_tables_batch_invariance_is_the_derivations(kind, dtype):
+    """Each entry's fixed rows and loss default are lce.decide.invariance's answer at the reference heads."""
+    derived = derive_invariance(kind, dtype)
+    entry = AUTO_TABLE[(kind, dtype)]
+    assert (entry.invariant_rows, entry.batch_invariant) == (derived.rows, derived.by_default), (
+        f"lce.decide.invariance derives {derived.rows} fixed rows, default {derived.by_default} ({derived.reason}) "
+        f"for {kind} {dtype}; the auto table says {entry.invariant_rows}, {entry.batch_invariant}")
+    worst_time, worst_memory = derived.worst()
+    if derived.by_default:  # the contract's price, as the default pays it
+        assert dtype != torch.float16 and worst_time <= 1 + INVARIANCE_COST and worst_memory <= 1 + INVARIANCE_COST

@@ -155,6 +155,16 @@ def test_vocab_parallel_ops_under_autocast_equal_the_calls_on_cast_shards(tmp_pa
             assert row["dtypes"][-3:] == ["torch.float32"] * 3, row  # the fp32 leaves' gradients
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_vocab_parallel_rows_do_not_depend_on_their_batch(world, tmp_path):
+    """Issue 51: batch_invariant=True keeps the contract on uneven bf16 shards: each row's log-probabilities,
+    entropy, per-row loss and input gradients are the same bits in other batches."""
+    for rank, rows in enumerate(_spawn(world, "batch_invariance", tmp_path)):
+        assert len(rows) == 4
+        for row in rows:
+            assert row["nonzero"] and all(row["equal"].values()), f"{world} ranks, rank {rank}: {row}"
+
+
 def test_module_matches_single_process(tmp_path):
     for rows in _spawn(3, "module", tmp_path):
         (row,) = rows

@@ -162,7 +162,8 @@ def make(*, seed: int = 0, rows: int = ROWS, classes: int = CLASSES, class_weigh
     z_scale = None
     if z_loss:
         z_scale = main if reduction == "none" else (1.0 / targets.valid.sum()).to(torch.float32).reshape(())
-    return Problem(z, Chunk(plan, head, None, targets, slice(0, rows)), RowScales(main, z_scale, 1.0, 1.0), rescale)
+    chunk = Chunk(plan, head, None, targets, slice(0, rows), head.input)
+    return Problem(z, chunk, RowScales(main, z_scale, 1.0, 1.0), rescale)
 
 
 def dz_coefficients(chunk: Chunk, scale: DzScale) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -44,6 +44,7 @@ from lce.testing import cpu_gemms, emulate_device_kind
 PLAN_MODULE = importlib.import_module("lce.planning.plan")
 
 N, D, C, ROWS = 80, 28, 320, 24  # three full chunks of 24 rows and one of 8; (C, D) > (ROWS, C)
+INVARIANT_ROWS = 64  # a batch-invariant call's fixed rows: 80 rows are a chunk and one padded with 48 ignored rows
 BLOCK_ELEMENTS = 64 * D  # weight blocks of 64 rows: the blocked upcasts are visible at this size
 CHUNK_FUNCTIONS = ("_scalar_chunk", "_per_row_loss_chunk", "_per_row_grad_chunk", "_scalar_chunk_tiled",
                    "_per_row_loss_chunk_tiled", "_per_row_grad_chunk_tiled")
@@ -67,6 +68,7 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.stage = "forward"
         self.rows: int | None = None
+        self.chunk_rows = ROWS  # the rows of a chunk whose allocations are checked
         self.paused = 0
         self.allocations: list[Allocation] = []
         self.live_chunk_bytes = 0
@@ -86,7 +88,7 @@ class _Recorder(TorchDispatchMode):
         nbytes = tensor.numel() * tensor.element_size()
         self.allocations.append(Allocation(self.stage, self.rows, tuple(tensor.shape[i] for i in order),
                                            tensor.dtype, nbytes))
-        if self.rows == ROWS and tensor.numel() > ROWS:  # per-row values, (rows,) or (rows, 1), are not modeled
+        if self.rows == self.chunk_rows and tensor.numel() > self.rows:  # per-row values are not modeled
             self.live_chunk_bytes += nbytes
             weakref.finalize(tensor, self._freed, nbytes)
             peak = max(self.peak_chunk_bytes.get(self.stage, 0), self.live_chunk_bytes)
@@ -162,8 +164,13 @@ def _record(recorder, kind, options, dtype, reduction, needs_grad, features=None
 
 
 def _check(plan, recorder: _Recorder, label: str) -> None:
-    assert plan.batch_chunk_size == ROWS and plan.num_chunks == 4, label
-    full_chunks_per_pass = 3
+    rows = recorder.chunk_rows
+    if plan.batch_invariant:  # every chunk padded to its rows (the padded copies made in the last chunk alone)
+        assert plan.batch_chunk_size == rows and plan.loop_rows > plan.num_rows, label
+        full_chunks_per_pass = plan.num_chunks
+    else:
+        assert plan.batch_chunk_size == rows and plan.num_chunks == 4, label
+        full_chunks_per_pass = 3
 
     def key(stage: str, in_chunk: bool, shape: tuple[int, ...], dtype: torch.dtype):
         return stage, in_chunk, tuple(shape), dtype
@@ -171,19 +178,23 @@ def _check(plan, recorder: _Recorder, label: str) -> None:
     def text(k) -> str:
         return f"{k[0]} {'chunk' if k[1] else 'outside the chunks'} {k[2]} {dtype_name(k[3])}"
 
+    def last_chunk_only(buffer) -> bool:
+        return buffer.name.startswith("padded_")
+
     planned = Counter(key(b.stage, b.span == "chunk", b.shape, b.dtype) for b in plan.buffers)
     made = Counter(key(a.stage, a.rows is not None, a.shape, a.dtype) for a in recorder.allocations
-                   if a.rows in (None, ROWS))
-    for k, count in planned.items():
-        per_pass_or_chunk = made[k] / full_chunks_per_pass if k[1] else made[k]
-        names = [b.name for b in plan.buffers if key(b.stage, b.span == "chunk", b.shape, b.dtype) == k]
-        assert per_pass_or_chunk >= count, (
-            f"{label}: planned {names} ({text(k)}), made {per_pass_or_chunk:g} time(s) per pass or chunk")
+                   if a.rows in (None, rows))
+    for k in planned:
+        listed = [b for b in plan.buffers if key(b.stage, b.span == "chunk", b.shape, b.dtype) == k]
+        names = [b.name for b in listed]
+        # per pass: a chunk buffer in every chunk, the padded last chunk's copies once, a call buffer once
+        wanted = sum(1 if last_chunk_only(b) or not k[1] else full_chunks_per_pass for b in listed)
+        assert made[k] >= wanted, f"{label}: planned {names} ({text(k)}) {wanted} time(s) per pass, made {made[k]}"
 
     logits_bytes = next(b.nbytes for b in plan.buffers if b.name == "logits_chunk")
     for a in recorder.allocations:
         k = key(a.stage, a.rows is not None, a.shape, a.dtype)
-        if a.rows in (None, ROWS) and k not in planned:
+        if a.rows in (None, rows) and k not in planned:
             assert a.nbytes < logits_bytes, (
                 f"{label}: unplanned allocation {text(k)} of {a.nbytes} bytes; a chunk of logits is {logits_bytes}")
 
@@ -225,6 +236,27 @@ def test_planned_buffers_are_the_allocations_made(recorder, monkeypatch, kind, p
                                             batch_chunk_size=ROWS)
     plan = _record(recorder, kind, options, dtype, reduction, (True, True, True))
     _check(plan, recorder, f"{kind} {policy} {reduction} {dtype_name(dtype)} acc={acc_dtype}")
+
+
+INVARIANT_GRID = [(k, p, r, d, a) for k, p, r, d, a in GRID[:len(GRID) - 5] if a is not None or d == torch.float32]
+
+
+@pytest.mark.parametrize(("kind", "policy", "reduction", "dtype", "acc_dtype"), _tiered(INVARIANT_GRID, _bf16_fp32),
+                         ids=[f"{k}-{p}-{r}-{dtype_name(d)}-{dtype_name(a) if a else 'acc=input'}"
+                              for k, p, r, d, a in INVARIANT_GRID])
+def test_batch_invariant_buffers_are_the_allocations_made(recorder, monkeypatch, kind, policy, reduction, dtype,
+                                                          acc_dtype):
+    """A batch-invariant call: per-row buffers of the padded rows, the last chunk's padded input copy and, where
+    its input gradient is written in place, a chunk-sized buffer for it."""
+    if kind == "cuda":
+        _emulate_cuda_gemms(monkeypatch, recorder)
+    recorder.chunk_rows = INVARIANT_ROWS
+    options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, batch_chunk_size=INVARIANT_ROWS,
+                                            batch_invariant=True)
+    plan = _record(recorder, kind, options, dtype, reduction, (True, True, True))
+    assert (plan.loop_rows, plan.num_chunks) == (2 * INVARIANT_ROWS, 2)
+    assert "padded_input_chunk" in {b.name for b in plan.buffers}
+    _check(plan, recorder, f"invariant {kind} {policy} {reduction} {dtype_name(dtype)} acc={acc_dtype}")
 
 
 @pytest.mark.parametrize("needs_grad", [(True, False, False), (False, True, False), (False, False, True),
@@ -321,18 +353,27 @@ TOKEN_GRID = [(k, p, d, a, tiled, softcap, entropy) for k, p, r, d, a in GRID[:l
               if d != torch.float32 or a is None]
 
 
-@pytest.mark.parametrize(("kind", "policy", "dtype", "acc_dtype", "tiled", "softcap", "entropy"),
+# each also batch-invariant (fixed rows, the last chunk padded: what the default runs), but fp16 with fp16 sums,
+# which cannot be (an error, tests/lce/test_batch_invariance.py)
+TOKEN_GRID = [(*case, invariant) for case in TOKEN_GRID for invariant in (False, True)
+              if not (invariant and case[2] == torch.float16 and case[3] is None)]
+
+
+@pytest.mark.parametrize(("kind", "policy", "dtype", "acc_dtype", "tiled", "softcap", "entropy", "invariant"),
                          _tiered(TOKEN_GRID, _bf16_fp32),
                          ids=[f"{k}-{p}-{dtype_name(d)}-{dtype_name(a) if a else 'acc=input'}{'-tiled' if t else ''}"
-                              f"{'-softcap' if s else ''}{'-entropy' if e else ''}"
-                              for k, p, d, a, t, s, e in TOKEN_GRID])
+                              f"{'-softcap' if s else ''}{'-entropy' if e else ''}{'-invariant' if i else ''}"
+                              for k, p, d, a, t, s, e, i in TOKEN_GRID])
 def test_log_probs_buffers_are_the_allocations_made(recorder, monkeypatch, kind, policy, dtype, acc_dtype, tiled,
-                                                    softcap, entropy):
+                                                    softcap, entropy, invariant):
     if kind == "cuda":
         _emulate_cuda_gemms(monkeypatch, recorder)
-    monkeypatch.setattr(PLAN_MODULE, "WORKSPACE_ELEMENTS", ROWS * SOFTCAP_COLUMNS)
+    if invariant:  # fixed chunks of INVARIANT_ROWS, the last one padded (what the default runs)
+        recorder.chunk_rows = INVARIANT_ROWS
+    monkeypatch.setattr(PLAN_MODULE, "WORKSPACE_ELEMENTS", recorder.chunk_rows * SOFTCAP_COLUMNS)
     options = lce.LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
-                                            batch_chunk_size=ROWS, class_chunk_size=CLASS_BLOCK if tiled else None)
+                                            batch_chunk_size=recorder.chunk_rows, batch_invariant=invariant,
+                                            class_chunk_size=CLASS_BLOCK if tiled else None)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N, D, generator=g).to(dtype).requires_grad_()
     w = (torch.randn(C, D, generator=g) / D**0.5).to(dtype).requires_grad_()

@@ -29,9 +29,10 @@ CPU = torch.device("cpu")
 def test_defaults_match_torch():
     ours, theirs = lce.LinearCrossEntropyOptions(), TorchOptions()
     names = [f.name for f in dataclasses.fields(TorchOptions)]
-    # torch's fields first, in torch's order; lce's own field after them, off by default
-    assert [f.name for f in dataclasses.fields(lce.LinearCrossEntropyOptions)] == [*names, "class_chunk_size"]
-    assert ours.class_chunk_size is None
+    # torch's fields first, in torch's order; lce's own fields after them, at their defaults
+    assert [f.name for f in dataclasses.fields(lce.LinearCrossEntropyOptions)] == [*names, "class_chunk_size",
+                                                                                  "batch_invariant"]
+    assert ours.class_chunk_size is None and ours.batch_invariant is None
     for name in names:
         assert getattr(ours, name) == getattr(theirs, name), name
 
@@ -170,6 +171,8 @@ def _lce_resolution(kwargs, N, D, V, dtype):
     auto_chunking = kwargs.get("chunking_method", "auto") == "auto" and kwargs.get("batch_chunk_size") is None
     if not auto_chunking:
         return expected
+    if pick.batch_invariant:  # fixed rows per chunk, the last one padded (LinearCrossEntropyOptions.batch_invariant)
+        return dataclasses.replace(expected, chunking_method=None, batch_chunk_size=pick.invariant_rows)
     method_size = _torch_resolution(dict(kwargs, chunking_method=pick.chunking_method), N, D, V, dtype)
     return dataclasses.replace(expected, chunking_method=pick.chunking_method,
                                batch_chunk_size=min(N, max(method_size.batch_chunk_size, pick.min_rows)))
