@@ -100,7 +100,23 @@ OPS = {
 }
 
 
+def _gemm_rows_ignore_their_position(dtype: torch.dtype) -> bool:
+    """The premise the contract rests on where it runs: this CPU's GEMM of one shape gives a row the same bits at
+    any position among the rows (lce fixes the shape; the library's kernels must do the rest)."""
+    g = torch.Generator().manual_seed(7)
+    left, right = torch.randn(FIXED_ROWS, 96, generator=g), torch.randn(96, 200, generator=g)
+    order = torch.randperm(FIXED_ROWS, generator=g)
+    for gemm_dtype in {dtype, torch.float32}:  # the input dtype's GEMMs and the fp32 ones of the wider layouts
+        a, b = left.to(gemm_dtype), right.to(gemm_dtype)
+        if not torch.equal(a[order] @ b, (a @ b)[order]):
+            return False
+    return True
+
+
 def _assert_invariant(op_name: str, kind: str, dtype: torch.dtype, options: lce.LinearCrossEntropyOptions):
+    if not _gemm_rows_ignore_their_position(dtype):
+        pytest.skip(f"premise failed: this CPU's {dtype} GEMMs give a row other bits at another position in a "
+                    "product of the same shape, so no fixed chunking makes a row's outputs batch-invariant here")
     x, w, b, target, temperature = _head(dtype)
     run = OPS[op_name]
     with emulate_device_kind(kind):
