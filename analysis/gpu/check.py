@@ -13,7 +13,7 @@ of its own with its share of ``--budget-s`` (:data:`STEPS`):
    ``lce.plan(...).peak_extra_bytes``, per policy (``gpu_memory.csv``);
 3. ``tests``: ``pytest -m cuda`` on :data:`CUDA_TEST_FILES` (fp64 parity of every policy on CUDA
    tensors, bf16/fp16 errors at the floor, the memory model against the allocator, no host synchronisation in
-   the default path), then lce's public-API suites (:data:`API_TEST_FILES`) on the machine's own torch (2.11
+   the default path, each row's outputs the same bits in other batches), then lce's public-API suites (:data:`API_TEST_FILES`) on the machine's own torch (2.11
    there: their comparisons with torch's op skip);
 4. ``grid``: the ``cuda`` grid (:mod:`analysis.sweep.grids`: every input family, the LLM heads, TF32 off and
    on, three seeds) into ``cuda.csv``, starting from the committed one (:func:`resume_from_committed`), with the
@@ -130,7 +130,8 @@ DEFAULT_BUDGET_S = 420.0
 GRACE_S = 20.0
 """A step's process is killed this long after its share ends; it stops itself at the share."""
 
-CUDA_TEST_FILES: tuple[str, ...] = ("tests/lce/test_cuda.py", "tests/lce/test_kernels.py")
+CUDA_TEST_FILES: tuple[str, ...] = ("tests/lce/test_cuda.py", "tests/lce/test_kernels.py",
+                                     "tests/lce/test_batch_invariance.py")
 """The test files step 1 runs with ``-m cuda``."""
 API_TEST_FILES: tuple[str, ...] = tuple(f"tests/lce/{name}" for name in (
     "test_options.py", "test_module.py", "test_fallback.py", "test_parity_fp64.py", "test_features.py",

@@ -14,6 +14,7 @@ zeros.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import pytest
@@ -100,38 +101,41 @@ OPS = {
 }
 
 
-def _gemm_rows_ignore_their_position(dtype: torch.dtype) -> bool:
-    """The premise the contract rests on where it runs: this CPU's GEMM of one shape gives a row the same bits at
+def _gemm_rows_ignore_their_position(dtype: torch.dtype, device: str = "cpu") -> bool:
+    """The premise the contract rests on where it runs: this device's GEMM of one shape gives a row the same bits at
     any position among the rows (lce fixes the shape; the library's kernels must do the rest)."""
     g = torch.Generator().manual_seed(7)
     left, right = torch.randn(FIXED_ROWS, 96, generator=g), torch.randn(96, 200, generator=g)
-    order = torch.randperm(FIXED_ROWS, generator=g)
+    order = torch.randperm(FIXED_ROWS, generator=g).to(device)
     for gemm_dtype in {dtype, torch.float32}:  # the input dtype's GEMMs and the fp32 ones of the wider layouts
-        a, b = left.to(gemm_dtype), right.to(gemm_dtype)
+        a, b = left.to(device, gemm_dtype), right.to(device, gemm_dtype)
         if not torch.equal(a[order] @ b, (a @ b)[order]):
             return False
     return True
 
 
-def _assert_invariant(op_name: str, kind: str, dtype: torch.dtype, options: lce.LinearCrossEntropyOptions):
-    if not _gemm_rows_ignore_their_position(dtype):
-        pytest.skip(f"premise failed: this CPU's {dtype} GEMMs give a row other bits at another position in a "
+def _assert_invariant(op_name: str, kind: str, dtype: torch.dtype, options: lce.LinearCrossEntropyOptions,
+                      device: str = "cpu"):
+    """``kind``'s layouts on ``device``'s tensors (on the CPU, CUDA's layouts emulated)."""
+    if not _gemm_rows_ignore_their_position(dtype, device):
+        pytest.skip(f"premise failed: this {device}'s {dtype} GEMMs give a row other bits at another position in a "
                     "product of the same shape, so no fixed chunking makes a row's outputs batch-invariant here")
-    x, w, b, target, temperature = _head(dtype)
+    x, w, b, target, temperature = (t.to(device) for t in _head(dtype))
     run = OPS[op_name]
-    with emulate_device_kind(kind):
+    with emulate_device_kind(kind) if device == "cpu" else contextlib.nullcontext():
         reference, _ = run(x, w, b, target, temperature, options)
         fp64 = lce.linear_log_probs(x.double(), w.double(), target, linear_bias=b.double(), temperature=0.7)
         assert reference["grad_input"].abs().sum() > 0 and torch.isfinite(reference["grad_input"]).all()
         if op_name == "log_probs":  # the compared numbers are the op's, not zeros: near fp64's
             assert torch.allclose(reference["log_probs"].double(), fp64, atol=0.1, rtol=0.05)
         for name, order, extra in _batches():
-            xv, tv, temp_v, where = _variant(x, target, temperature, order, extra, dtype)
+            xv, tv, temp_v, where = (t.to(device) for t in _variant(x.cpu(), target.cpu(), temperature.cpu(), order,
+                                                                    extra, dtype))
             outputs, _ = run(xv, w, b, tv, temp_v, options)
-            rows = order if order is not None else torch.arange(N)
+            rows = (order if order is not None else torch.arange(N)).to(device)
             for output, values in outputs.items():
                 expected = reference[output][rows]
-                got = values[where if order is None else torch.arange(len(rows))]
+                got = values[where if order is None else torch.arange(len(rows), device=device)]
                 differ = (got != expected) & ~(got.isnan() & expected.isnan())
                 assert not differ.any(), (
                     f"{op_name}, {kind} {dtype_name(dtype)}, {options}: {output} of "
@@ -251,3 +255,13 @@ def test_invariance_that_cannot_hold_is_an_error_naming_the_option():
             acc_policy="compact", acc_dtype=torch.float16, batch_invariant=True))
     with pytest.raises(ValueError, match="batch_invariant must be True, False or None, got 'yes'"):
         lce.LinearCrossEntropyOptions(batch_invariant="yes")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_name)
+@pytest.mark.parametrize("policy", ["auto", "compact"])
+def test_on_a_gpu_a_rows_outputs_do_not_depend_on_its_batch(op, dtype, policy):
+    """The contract on CUDA tensors (python -m analysis gpu-check runs it): cuBLAS and lce's kernels at one shape."""
+    _assert_invariant(op, "cuda", dtype, _invariant_options(policy, "fixed rows", False, dtype), device="cuda")
