@@ -13,8 +13,8 @@ of its own with its share of ``--budget-s`` (:data:`STEPS`):
    ``lce.plan(...).peak_extra_bytes``, per policy (``gpu_memory.csv``);
 3. ``tests``: ``pytest -m cuda`` on :data:`CUDA_TEST_FILES` (fp64 parity of every policy on CUDA
    tensors, bf16/fp16 errors at the floor, the memory model against the allocator, no host synchronisation in
-   the default path, each row's outputs the same bits in other batches), then lce's public-API suites (:data:`API_TEST_FILES`) on the machine's own torch (2.11
-   there: their comparisons with torch's op skip);
+   the default path, each row's outputs the same bits in other batches), then lce's public-API suites
+   (:data:`API_TEST_FILES`) on the machine's own torch (2.11 there: their comparisons with torch's op skip);
 4. ``grid``: the ``cuda`` grid (:mod:`analysis.sweep.grids`: every input family, the LLM heads, TF32 off and
    on, three seeds) into ``cuda.csv``, starting from the committed one (:func:`resume_from_committed`), with the
    fp64 reference computed on the GPU in blocks of rows (:func:`analysis.sweep.run.reference_block_elements`),
