@@ -24,7 +24,7 @@ import torch
 from ..planning.cpu_gemms import assumed_support
 from ..planning.options import LinearCrossEntropyOptions, dtype_name
 from ..planning.policies import AutoPick, auto_pick
-from .procedure import REFERENCE_HEADS, Candidate, Head, _contexts, _evaluate_on, rule_candidate
+from .procedure import REFERENCE_HEADS, Candidate, Head, evaluate_options, reference_contexts, rule_candidate
 
 __all__ = ["INVARIANCE_COST", "INVARIANT_ROW_SIZES", "InvarianceDerivation", "derive_invariance",
            "invariance_table_rows"]
@@ -62,7 +62,7 @@ def _invariant_candidate(pick: AutoPick, rows: int, head: Head, dtype: torch.dty
     acc_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else None
     options = LinearCrossEntropyOptions(acc_policy=pick.acc_policy, acc_dtype=acc_dtype, batch_chunk_size=rows,
                                         batch_invariant=True)
-    return _evaluate_on(device_kind, options, head, dtype, cpu_rate)
+    return evaluate_options(device_kind, options, head, dtype, cpu_rate)
 
 
 def derive_invariance(device_kind: str, dtype: torch.dtype, heads: Sequence[Head] = REFERENCE_HEADS,
@@ -72,7 +72,7 @@ def derive_invariance(device_kind: str, dtype: torch.dtype, heads: Sequence[Head
     pick = pick or auto_pick(device_kind, dtype)
     time_ratio: dict[int, dict[str, float]] = {rows: {} for rows in INVARIANT_ROW_SIZES}
     memory_ratio: dict[int, dict[str, float]] = {rows: {} for rows in INVARIANT_ROW_SIZES}
-    for name, head, support, rate in _contexts(device_kind, dtype, heads):
+    for name, head, support, rate in reference_contexts(device_kind, dtype, heads):
         with contextlib.nullcontext() if support is None else assumed_support(support):
             base = rule_candidate(pick.acc_policy, pick.chunking_method, head, dtype, device_kind, rate,
                                   min_rows=pick.min_rows)

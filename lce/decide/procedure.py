@@ -306,18 +306,18 @@ def rule_candidate(policy: str, chunking: str, head: Head, dtype: torch.dtype, d
     acc_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else None
     options = LinearCrossEntropyOptions(acc_policy=policy, acc_dtype=acc_dtype, chunking_method=None,
                                         batch_chunk_size=rows, batch_invariant=False)  # rows that follow N
-    return _evaluate_on(device_kind, options, head, dtype, cpu_rate)
+    return evaluate_options(device_kind, options, head, dtype, cpu_rate)
 
 
 def default_candidate(head: Head, dtype: torch.dtype, device_kind: str, cpu_rate: float | None = None) -> Candidate:
     """lce's default options (``LinearCrossEntropyOptions()``: the "auto" policy, chunking and ``acc_dtype``) at
     ``head`` on ``device_kind``: the plan :func:`lce.plan` prints for that call (gradients of input and weight),
     with its predicted peak, errors and time. Every table that says what "auto" does reads this."""
-    return _evaluate_on(device_kind, LinearCrossEntropyOptions(), head, dtype, cpu_rate)
+    return evaluate_options(device_kind, LinearCrossEntropyOptions(), head, dtype, cpu_rate)
 
 
-def _evaluate_on(device_kind: str, options: LinearCrossEntropyOptions, head: Head, dtype: torch.dtype,
-                 cpu_rate: float | None) -> Candidate:
+def evaluate_options(device_kind: str, options: LinearCrossEntropyOptions, head: Head, dtype: torch.dtype,
+                     cpu_rate: float | None) -> Candidate:
     """:func:`evaluate` as planned on ``device_kind`` (CPU tensors, or meta tensors planned as CUDA ones)."""
     device = torch.device("cpu" if device_kind == "cpu" else "meta")
     with planned_as(device_kind):
@@ -348,7 +348,9 @@ def auto_floors(device_kind: str, dtype: torch.dtype) -> tuple[int, ...]:
     return CUDA_ROW_FLOORS if device_kind == "cuda" else (CPU_MIN_ROWS.get(dtype, 1),)
 
 
-def _contexts(device_kind: str, dtype: torch.dtype, heads: Sequence[Head]):
+def reference_contexts(device_kind: str, dtype: torch.dtype, heads: Sequence[Head]):
+    """Where a pick is judged: each head, and on a CPU with bf16/fp16 input each reference CPU kind's GEMM support
+    and rate (``(name, head, support or None, rate or None)``)."""
     if device_kind != "cpu" or dtype not in (torch.bfloat16, torch.float16):
         return [(str(head), head, None, None) for head in heads]
     return [(f"{head} on an {kind}", head, support, rate)
@@ -364,7 +366,7 @@ def derive_auto(device_kind: str, dtype: torch.dtype, heads: Sequence[Head] = RE
     limit = DEFAULT_MAX_ERROR.get(dtype, math.inf)
     rules = [(policy, chunking, floor) for policy in EXPLICIT_POLICIES for chunking in AUTO_CHUNKINGS
              for floor in auto_floors(device_kind, dtype)]
-    contexts = _contexts(device_kind, dtype, heads)
+    contexts = reference_contexts(device_kind, dtype, heads)
     torch_rule = TORCH_DEFAULTS.get((device_kind, dtype), TORCH_FALLBACK)
     table: dict[tuple[str, str, int], dict[str, Candidate]] = {rule: {} for rule in rules}
     torch_default: dict[str, Candidate] = {}
