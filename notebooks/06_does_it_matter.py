@@ -20,8 +20,9 @@
 import pandas as pd
 from IPython.display import Markdown, display
 
-from analysis.core.results_io import NOISE, TRAINING, load_kind
+from analysis.core.results_io import HEAD_TRAINING, NOISE, NOISE_SCALING, TRAINING, load_kind
 from analysis.judge import rule
+from analysis.judge.noise_scaling import family_exponents
 from analysis.lm.model import ModelConfig
 from analysis.lm.pipeline import DEFAULT_VOCAB
 from analysis.paths import RESULTS_DIR
@@ -33,8 +34,11 @@ from analysis.studies.noise import NOISE_SHAPE
 # %matplotlib inline
 noise_paths, noise = load_kind(RESULTS_DIR, NOISE.name)
 training_paths, training = load_kind(RESULTS_DIR, TRAINING.name)
-figures = {figure.stem: figure for figure in nb06.draw_all(noise, training)}  # draws, measures nothing
-print("data:", ", ".join(p.name for p in [*noise_paths, *training_paths]))
+scaling_paths, scaling = load_kind(RESULTS_DIR, NOISE_SCALING.name)
+head_paths, head = load_kind(RESULTS_DIR, HEAD_TRAINING.name)
+figures = {figure.stem: figure for figure in [*nb06.draw_all(noise, training, scaling),
+                                              *nb06.draw_large_batch_figures(head)]}  # draws, measures nothing
+print("data:", ", ".join(p.name for p in [*noise_paths, *training_paths, *scaling_paths, *head_paths]))
 
 # %% [markdown]
 # ## Does compact match balanced on CUDA?
@@ -219,6 +223,61 @@ the ratios that stayed hidden and those that separated, and adds a training cond
 ratios here are at N={NOISE_SHAPE.N} rows per batch, and grow with the batch.""")
 
 # %% [markdown]
+# ## The ratios over the batch size: do the picks hold at LLM steps?
+# Everything above is at N = 1024 rows per batch; an LLM step sees 10⁵–10⁶ tokens. The noise
+# along the gradient shrinks as 1/sqrt(N); an error that does not shrink with it makes every
+# ratio grow as sqrt(N). The noise-scaling study (`python -m analysis noise-scaling`) measures
+# the ratios for each candidate the rule weighs (each device kind's auto pick, torch 2.13's
+# CUDA default, compact at auto's 2048 rows and at 16 chunks, balanced and accurate at 256
+# chunks, the unfused op) from N = 2¹⁰ to 2¹⁶ at D = 128, C = 16384 (and D = 512, 2048 at
+# smaller N), on three input families and three seeds, in bf16 and fp16.
+# `analysis.judge.noise_scaling` fits `log2(ratio) = level[family] + exponent · log2(N)` on the
+# families whose expected gradient is nonzero, checks it on held-out N, and extrapolates to
+# 2¹⁷–2²⁰; `lce.decide` reads the result at each head's own N.
+
+# %%
+figure = figures["noise_scaling_weight_bias"]
+display(figure.figure, Markdown(figure.markdown))
+numbers_n = nb06.scaling_numbers(scaling)
+show(nb06.scaling_table(numbers_n), name="noise-scaling-fit")
+
+# %% [markdown]
+# The fit's own checks: fitted on the even powers of two, does it predict the odd ones
+# (`heldout_check`)? Does each family alone grow at the shared exponent, and does D change it?
+# And the premise of reading the auto picks' ratio as the floor's: their weight gradient's
+# Frobenius error in floors at every N.
+
+# %%
+show(nb06.heldout_summary(numbers_n), {"largest_error_log2": "{:.2f}"}, name="noise-scaling-heldout")
+show(family_exponents(scaling), {c: "{:.2f}" for c in ("exponent", "exponent_low", "exponent_high")},
+     name="noise-scaling-families")
+show(numbers_n.by_d[["candidate", "dtype", "D", "rows", "exponent", "exponent_low", "exponent_high"]],
+     {c: "{:.2f}" for c in ("exponent", "exponent_low", "exponent_high")}, name="noise-scaling-by-d")
+show(nb06.floor_check(scaling), {"floors_min": "{:.3f}", "floors_max": "{:.3f}"}, name="noise-scaling-floors")
+
+# %%
+Markdown(nb06.scaling_conclusion(numbers_n, scaling))
+
+# %% [markdown]
+# ### Training at a larger batch
+# Where a candidate's ratio crosses the limit at LLM batch sizes, does training notice? The
+# head-only study of notebook 10 again (AdamW, calibrated teacher, D = 32, C = 2048), at 16x
+# its batch per step (4096 rows: the noise along the gradient 4x smaller, so a fixed bias counts
+# 4x more), for fp32 and the bf16 candidates the fit puts at or over the limit: the unfused op,
+# compact at 64 chunks (torch 2.13's default's count at the Llama head) and at 256, beside lce's
+# auto pick (balanced at 64). `python -m analysis head-train --setting large-batch`.
+
+# %%
+large = nb06.large_batch_training(RESULTS_DIR)
+if "head_gap_vs_step_adamw-large" in figures:
+    display(figures["head_gap_vs_step_adamw-large"].figure, Markdown(figures["head_gap_vs_step_adamw-large"].markdown))
+show(nb06.large_batch_summary(large), {c: "{:+.4f}" for c in ("gap", "low", "high")} | {"seed_spread": "{:.4f}"},
+     name="large-batch-gaps")
+
+# %%
+Markdown(nb06.large_batch_conclusion(large))
+
+# %% [markdown]
 # ### Limits of this notebook
 # - **Scale.** The training study is a 4-layer, D=128 model over 300 steps with a 16k
 #   vocabulary. Arms of one seed drift apart by a few hundredths of a nat whatever the
@@ -226,9 +285,10 @@ ratios here are at N={NOISE_SHAPE.N} rows per batch, and grow with the batch."""
 #   the effect of a bias acting over 10⁴–10⁶ steps at 128k–256k classes, nor on rare
 #   classes' embeddings over a long run; notebook 10 trains the head alone for 10⁴ steps for
 #   that, and the rule's limits now rest on it (stated in `analysis.judge.rule`).
-# - **Noise depends on the batch.** The ratios are at 1024 rows per batch; the noise shrinks as
-#   1/sqrt(rows), so at an LLM's 0.5–4M tokens per step every ratio is 20–60x larger, and a
-#   policy near a limit here fails it there.
+# - **Noise depends on the batch.** The first sections are at 1024 rows per batch; the noise
+#   shrinks as 1/sqrt(rows). How much each ratio grows with the batch is measured to 2¹⁶ rows
+#   and predicted beyond by a fitted power law (the batch-size section): a prediction, at
+#   D = 128 and C = 16384, on synthetic families and a small trained head's 2048 rows.
 # - **Hardware.** The real-GPU rows ran on one H200 with torch 2.11; other GPUs' cuBLAS
 #   kernels may sum in another order. TF32 was off.
 # - **What would settle it.** Train a 1B-parameter model with a 128k vocabulary for 10⁴ steps

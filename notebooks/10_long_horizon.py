@@ -355,6 +355,17 @@ batch size; the 10⁵-step figure rests on the ratio⁻² scaling, which the stu
 times the steps and a far longer tail of rare classes.""")
 
 # %% [markdown]
+# ### At a larger batch
+# The bracket above is at 256 rows per step. Notebook 06 measures how each ratio grows with the
+# batch (to 2¹⁶ rows, predicted to 2²⁰) and reruns this study at 4096 rows per step for the
+# candidates its fit puts at or over the limit at LLM batch sizes; its conclusion:
+
+# %%
+from analysis.report import nb06_does_it_matter as nb06  # noqa: E402 (this section's only use)
+
+Markdown(nb06.large_batch_conclusion(nb06.large_batch_training(RESULTS_DIR)))
+
+# %% [markdown]
 # ## The language model, 3000 steps, per bucket
 # The small language model of notebook 05 trained with its head in fp32, bf16 balanced and bf16 compact
 # at 256 chunks (one seed each), held-out loss per bucket every 100 steps.

@@ -54,7 +54,7 @@ from analysis.core.provenance import PROVENANCE_COLUMNS
 from analysis.core.run_config import RunConfig
 
 __all__ = ["Kind", "KINDS", "SWEEP", "BENCH", "CHUNK_SWEEP", "MEMORY_BREAKDOWN", "MEMORY_TRACE", "FAMILY_STATS",
-           "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "TRAINING", "BUDGETS", "CLASS_TILING",
+           "REPRODUCE", "MARGINS", "RARE_ROWS", "NOISE", "NOISE_SCALING", "TRAINING", "BUDGETS", "CLASS_TILING",
            "FEATURES", "FEATURE_COST", "VOCAB_PARALLEL", "CPU_GEMM_RATES", "CPU_GEMM_PROBE", "RECOMMEND_CHECK",
            "GPU_BENCH", "GPU_MEMORY", "HF_STEP", "HEAD_TRAINING", "LOSS_SCALE", "HF_FP16", "RL_LOGPROBS",
            "RL_CHUNKING", "RL_COST", "RL_EXAMPLE", "HEAD_MISMATCH", "HEAD_BATCH", "INVARIANCE_COST", "TEST_TIME",
@@ -145,6 +145,18 @@ NOISE = Kind("noise", tuple(["kind", "impl", "op", "policy", "chunking", "num_ch
              "gradient error against the sampling noise of the same batch, per policy, chunk count, family, dtype "
              "and seed; step is the training step of a checkpoint's hidden states (python -m analysis noise, "
              "python -m analysis train)")
+
+NOISE_SCALING = Kind("noise_scaling", tuple(["kind", "candidate", "op", "policy", "chunking", "num_chunks", "layout",
+                                             "device", "dtype", "family", "N", "D", "C", "seed",
+                                             "gradient_over_noise", "grad_weight_floors",
+                                             "grad_weight_bias_in_floors", "grad_input_floors", "weight_noise",
+                                             "weight_noise_along", "input_noise", "weight_error_over_noise",
+                                             "weight_bias_over_noise", "steps_to_matter", "input_error_over_noise",
+                                             "weight_floor_over_noise", "input_floor_over_noise", "wall_s", "cpu_s",
+                                             *PROVENANCE_COLUMNS]),
+                     "the noise study's ratios over the batch size N (and D), per rule candidate, family, dtype and "
+                     "seed; gradient_over_noise is the exact weight gradient's norm over its sampling noise "
+                     "(python -m analysis noise-scaling)")
 
 TRAINING = Kind("training", tuple(["kind", "setting", "arm", "dtype", "op", "policy", "chunking", "seed", "step",
                                    "steps", "batch_rows", "split", "loss", "skipped_steps", "elapsed_s", "device",
@@ -320,7 +332,7 @@ TEST_TIME = Kind("test_time", tuple(["kind", "tier", "command", "stand_in", "wal
 
 KINDS: dict[str, Kind] = {kind.name: kind for kind in (SWEEP, BENCH, CHUNK_SWEEP, MEMORY_BREAKDOWN, MEMORY_TRACE,
                                                        FAMILY_STATS, REPRODUCE, MARGINS, RARE_ROWS, NOISE,
-                                                       TRAINING, BUDGETS, CLASS_TILING, FEATURES,
+                                                       NOISE_SCALING, TRAINING, BUDGETS, CLASS_TILING, FEATURES,
                                                        FEATURE_COST, VOCAB_PARALLEL, CPU_GEMM_RATES, CPU_GEMM_PROBE,
                                                        RECOMMEND_CHECK, GPU_BENCH, GPU_MEMORY, HF_STEP, HEAD_TRAINING,
                                                        LOSS_SCALE, HF_FP16, RL_LOGPROBS, RL_CHUNKING,

@@ -4,10 +4,11 @@ One row per (device kind, dtype, reference head): the plan lce's default options
 (:func:`lce.decide.default_candidate`, the plan :func:`lce.plan` prints; its rows per chunk are the chunking rule's
 or, where that gives fewer, the auto table's floor), its predicted peak and
 what that saves against torch 2.13's own default, the predicted errors in floors, the predicted time (and where
-the prediction comes from), the bias/noise ratio measured for that auto entry by the noise study (worst input
-family), and what :func:`lce.recommend` picks there without a budget. CPU rows plan for a CPU with native bf16
-GEMMs (:data:`lce.planning.cpu_gemms.REFERENCE_NATIVE_RATE`), so the table is the same on every machine. The README
-opens
+the prediction comes from), the weight gradient's bias/noise ratio at the head's own N and at 2^20 rows
+(:attr:`lce.decide.Candidate.bias`: measured by the noise-scaling study where N is within its data, predicted by its
+fitted scaling beyond; fp32 rows: the noise study's measurement at N = 1024), and what :func:`lce.recommend` picks
+there without a budget. CPU rows plan for a CPU with native bf16 GEMMs
+(:data:`lce.planning.cpu_gemms.REFERENCE_NATIVE_RATE`), so the table is the same on every machine. The README opens
 with it; notebook 07 leads with it; ``tests/claims/test_decision_table.py`` keeps its prose true.
 """
 
@@ -60,8 +61,22 @@ def _buffer_bytes(plan, name: str) -> int:
     return sum(buffer.nbytes for buffer in plan.buffers if buffer.name == name)
 
 
+LLM_STEP_ROWS = 2**20
+"""The batch of an LLM training step at which the table also states each auto entry's bias/noise (predicted)."""
+
+
+def _bias_at_step(plan):
+    """The auto plan's bias/noise at :data:`LLM_STEP_ROWS` rows (None for fp32 input)."""
+    import dataclasses
+
+    from lce.decide.noise_scaling import bias_at
+
+    return bias_at(dataclasses.replace(plan, num_rows=LLM_STEP_ROWS))
+
+
 def decision_table(results: Path) -> pd.DataFrame:
-    """The table's rows (see the module docstring); every number is a prediction except ``bias_over_noise``."""
+    """The table's rows (see the module docstring); every number is a prediction except the bias/noise ratios
+    within the noise studies' data (``bias_predicted`` says which)."""
     bias = _measured_bias(results)
     rows = []
     with cpu_gemms("native"):
@@ -90,11 +105,31 @@ def decision_table(results: Path) -> pd.DataFrame:
                     worst_row_floors=auto.details["worst_row"], weight_bias_bound=auto.details["weight_bias"],
                     limit=DEFAULT_MAX_ERROR.get(dtype, float("inf")),
                     seconds=auto.seconds, torch_seconds=theirs.seconds, time_source=TIME_SOURCE[kind],
-                    bias_over_noise=bias.get((kind, dtype_name(dtype)), float("nan")),
+                    bias_over_noise=(auto.bias.value if auto.bias is not None
+                                     else bias.get((kind, dtype_name(dtype)), float("nan"))),
+                    bias_low=auto.bias.low if auto.bias is not None else float("nan"),
+                    bias_high=auto.bias.high if auto.bias is not None else float("nan"),
+                    bias_predicted=auto.bias.predicted if auto.bias is not None else False,
+                    **_step_columns(_bias_at_step(auto.plan)),
                     recommend=tuned.chosen.label(), recommend_peak_gib=tuned.peak_bytes / 2**30,
                     recommend_grad_weight_floors=tuned.errors["grad_weight"],
                     recommend_worst_row_floors=tuned.chosen.details["worst_row"]))
     return pd.DataFrame(rows)
+
+
+def _step_columns(at_step) -> dict[str, float]:
+    nan = float("nan")
+    if at_step is None:
+        return {"bias_at_step": nan, "bias_at_step_low": nan, "bias_at_step_high": nan}
+    return {"bias_at_step": at_step.value, "bias_at_step_low": at_step.low, "bias_at_step_high": at_step.high}
+
+
+def _ratio_text(value: float, low: float, high: float, predicted: bool = False) -> str:
+    if value != value:  # NaN
+        return "–"
+    if low != low:
+        return f"{value:.2g}"
+    return f"{value:.2g} [{low:.2g}, {high:.2g}]{' (predicted)' if predicted else ''}"
 
 
 def _worst_row_caveat(results: Path) -> str:
@@ -122,7 +157,10 @@ def readme_decision_table(results: Path) -> str:
         "torch's weight floors": table["torch_grad_weight_floors"],
         "worst row floors": table["worst_row_floors"],
         "time vs torch's default": table["seconds"] / table["torch_seconds"],
-        "bias/noise (measured)": table["bias_over_noise"],
+        "bias/noise at this N": [_ratio_text(*values) for values in zip(
+            table["bias_over_noise"], table["bias_low"], table["bias_high"], table["bias_predicted"], strict=True)],
+        f"bias/noise at 2^{LLM_STEP_ROWS.bit_length() - 1} rows (predicted)": [_ratio_text(*values) for values in zip(
+            table["bias_at_step"], table["bias_at_step_low"], table["bias_at_step_high"], strict=True)],
         "recommend, no budget": [f"{label}: {gib:.2f} GiB, {floors:.2f} floors" for label, gib, floors in
                                  zip(table["recommend"], table["recommend_peak_gib"],
                                      table["recommend_grad_weight_floors"], strict=True)],
@@ -143,14 +181,18 @@ def readme_decision_table(results: Path) -> str:
         "- every peak, floor and time is a prediction of lce's models (`lce.decide`); times: CUDA "
         f"{TIME_SOURCE['cuda']}; CPU predicted for a CPU with native bf16 GEMMs at "
         f"{REFERENCE_NATIVE_RATE:g}x fp32's rate (`lce.planning.cpu_gemms.REFERENCE_NATIVE_RATE`).",
-        "- bias/noise: the weight gradient's bias over one batch's sampling noise, measured by the noise study for "
-        "this auto entry at 1024x128x16384 (worst of 4 input families, median of 3 seeds; the rule's limit is "
-        f"{lce.decide.BIAS_LIMIT}).",
+        "- bias/noise: the weight gradient's bias along the exact gradient over one batch's sampling noise along it, "
+        "at the head's own N and at an LLM step's 2^20 rows (`lce.decide.noise_scaling`): measured by the "
+        "noise-scaling study (N = 2^10-2^16 at D = 128, C = 16384; worst input family with a nonzero expected "
+        "gradient, median of 3 seeds, [seed interval]), predicted beyond by its fitted power law [95% band] "
+        "(notebook 06); the rule's limit is "
+        f"{lce.decide.BIAS_LIMIT}. Every bf16/fp16 auto entry rounds its weight gradient once, so its ratio is "
+        "that dtype's rounding floor's, the least any op returning the dtype has. fp32 rows: the noise study's "
+        "measurement at 1024x128x16384.",
         f"- conditions: predicted error at most {limits} floors; a weight gradient summed in the input dtype only "
-        "at chunk counts training passed (notebook 10); "
+        "at chunk counts training passed (notebook 10) and with a bias/noise at the head's N within the limit; "
         "a default no less accurate than torch's. Objective: " + OBJECTIVE + ".",
     ]
     formats = {"peak GiB": "{:.2f}", "GiB saved vs torch's default (− more)": "{:+.2f}",
-               "torch's weight floors": "{:.2f}", "worst row floors": "{:.1f}", "time vs torch's default": "{:.2f}x",
-               "bias/noise (measured)": "{:.2g}"}
+               "torch's weight floors": "{:.2f}", "worst row floors": "{:.1f}", "time vs torch's default": "{:.2f}x"}
     return markdown_table(shown, formats) + "\n" + "\n".join(legend) + "\n"

@@ -37,6 +37,7 @@ from analysis.core.results_io import (
     MEMORY_BREAKDOWN,
     MEMORY_TRACE,
     NOISE,
+    NOISE_SCALING,
     RARE_ROWS,
     RECOMMEND_CHECK,
     RL_COST,
@@ -160,8 +161,8 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
     matter = [load_kind(results, kind.name)
               for kind in (NOISE, TRAINING, BUDGETS, CLASS_TILING, FEATURES, VOCAB_PARALLEL, CPU_GEMM_RATES,
                            RECOMMEND_CHECK, HF_STEP, HEAD_TRAINING, CPU_GEMM_PROBE, LOSS_SCALE, RL_LOGPROBS,
-                           RL_COST)]
-    figures += nb06_does_it_matter.draw_all(matter[0][1], matter[1][1])
+                           RL_COST, NOISE_SCALING)]
+    figures += nb06_does_it_matter.draw_all(matter[0][1], matter[1][1], matter[14][1])
     figures += nb07_choosing_options.draw_budget_figures(matter[2][1], matter[3][1])
     figures += nb08_beyond_torch.draw_feature_figures(matter[4][1])
     figures += nb08_beyond_torch.draw_vocab_parallel_figures(matter[5][1])
@@ -169,6 +170,7 @@ def make_figures(results: Path, out: Path, command: str = "python -m analysis fi
     figures += hf_step.draw_hf_step_figures(matter[8][1])
     head = matter[9][1]
     figures += nb10_long_horizon.draw_long_horizon_figures(head[head["setting"] == "full"] if not head.empty else head)
+    figures += nb06_does_it_matter.draw_large_batch_figures(head)
     loss_scale_figure = nb10_loss_scale.plot_lost_entries(matter[11][1])
     figures += [loss_scale_figure] if loss_scale_figure is not None else []
     figures += nb11_rl_logprobs.draw_rl_figures(matter[12][1], matter[13][1])

@@ -12,6 +12,7 @@ from analysis.core.provenance import cpu_kind
 from analysis.core.results_io import (
     HEAD_MISMATCH,
     HEAD_TRAINING,
+    NOISE_SCALING,
     REPRODUCE,
     RL_COST,
     RL_LOGPROBS,
@@ -19,7 +20,8 @@ from analysis.core.results_io import (
     load_kind,
 )
 
-__all__ = ["decision_headline", "training_headline", "rl_headline", "memory_headline", "readme_headlines",
+__all__ = ["decision_headline", "training_headline", "batch_headline", "rl_headline", "memory_headline",
+           "readme_headlines",
            "readme_commands"]
 
 
@@ -67,6 +69,37 @@ def training_headline(results: Path) -> dict[str, float]:
             "seeds": int(rare.loc["bf16 balanced@64", "seeds"])}
 
 
+def batch_headline(results: Path) -> dict[str, float] | None:
+    """The noise-scaling study at the CUDA bf16 auto pick and torch 2.13's CUDA default (bf16): the auto pick's
+    exponent and predicted bias/noise at 2^20 with its band, its floors' range, torch's first crossing and its
+    measured ratio at the largest N; None without the study's rows."""
+    from analysis.report.nb06_does_it_matter import (
+        FLOOR_CANDIDATES,
+        first_crossing,
+        floor_check,
+        scaling_numbers,
+    )
+
+    _, scaling = load_kind(results, NOISE_SCALING.name)
+    numbers = scaling_numbers(scaling) if not scaling.empty else None
+    if numbers is None:
+        return None
+    fit = numbers.bias.set_index(["candidate", "dtype"])
+    auto, torch_default = fit.loc[("lce auto cuda", "bfloat16")], fit.loc[("torch 2.13 auto", "bfloat16")]
+    floors = floor_check(scaling)
+    floors = floors[floors["candidate"].isin(FLOOR_CANDIDATES)]
+    measured = numbers.measured_bias.set_index(["candidate", "dtype", "N"])["weight_bias_over_noise"]
+    largest = max(numbers.rows)
+    return {"exponent": float(auto["exponent"]), "exponent_low": float(auto["exponent_low"]),
+            "exponent_high": float(auto["exponent_high"]), "at_2_20": float(auto["at_1048576"]),
+            "at_2_20_low": float(auto["at_1048576_low"]), "at_2_20_high": float(auto["at_1048576_high"]),
+            "floors_max": float(floors["floors_max"].max()), "largest": largest,
+            "auto_measured": float(measured.loc[("lce auto cuda", "bfloat16", largest)]),
+            "torch_first": first_crossing(numbers, "torch 2.13 auto", "bfloat16"),
+            "torch_measured": float(measured.loc[("torch 2.13 auto", "bfloat16", largest)]),
+            "torch_exponent": float(torch_default["exponent"])}
+
+
 def rl_headline(results: Path) -> dict[str, float]:
     """At the Qwen-size head (bf16): TRL's default head's per-item p99 ratio error (median over temperatures and
     seeds), the worst token of its fp32 cast and of lce's defaults (either layout table), and the classes."""
@@ -92,12 +125,13 @@ def memory_headline(results: Path) -> dict[str, float]:
 
 
 def readme_headlines(results: Path) -> str:
-    """Five findings, a sentence or two and one figure each."""
+    """Six findings, a sentence or two and one figure each."""
     for kind in (HEAD_TRAINING, RL_LOGPROBS, RL_COST, HEAD_MISMATCH):
         if load_kind(results, kind.name)[1].empty:
             return f"The headlines need the {kind.name} results (see docs/findings.md for their commands).\n"
     decision, training = decision_headline(results), training_headline(results)
     rl, memory = rl_headline(results), memory_headline(results)
+    batch = batch_headline(results)
     more = -decision["saved_gib"]
     measured = measured_head_headline(results, decision["head"].replace("x", "×"))
     on_gpu = "" if measured is None else (
@@ -116,6 +150,7 @@ def readme_headlines(results: Path) -> str:
         f"at 256 chunks moved the rare classes' held-out loss by {training['compact_gap']:+.1f} millinats, beyond "
         f"the fp32 head's own seed spread ({training['spread']:.1f}), while balanced stayed at "
         f"{training['balanced_gap']:+.1f} ([figures/head_gap_vs_step_adamw.png](figures/head_gap_vs_step_adamw.png)).",
+        *([] if batch is None else [_batch_text(batch)]),
         f"- **RL's importance ratio.** At a {rl['classes']:,}-class head in bf16, TRL 1.16's fused log-probability "
         f"head moves the PPO/GRPO ratio by {rl['trl_p99']:.1%} at the 99th percentile of sampled tokens (its bf16 "
         f"logits tiles); `lce.linear_log_probs`, routed into TRL by one call (`lce.integrations.trl.route`), keeps "
@@ -128,6 +163,22 @@ def readme_headlines(results: Path) -> str:
         f"- **Which trainer head for which inference head.** {_head_pairs(results)} "
         "([figures/rl_head_mismatch.png](figures/rl_head_mismatch.png); notebook 11).",
     ]) + "\n"
+
+
+def _batch_text(batch: dict) -> str:
+    """The headline on the error at LLM batch sizes (:func:`batch_headline`)."""
+    from lce.decide import BIAS_LIMIT
+
+    return (f"- **At LLM batch sizes.** Measured from 2^10 to 2^{batch['largest'].bit_length() - 1} rows per "
+            f"batch, lce's CUDA bf16 default returns the weight gradient at its bf16 rounding floor (at most "
+            f"{batch['floors_max']:.2f} floors), and its bias over the batch's sampling noise grows as "
+            f"N^{batch['exponent']:.2f} [{batch['exponent_low']:.2f}, {batch['exponent_high']:.2f}], not sqrt(N): "
+            f"{batch['auto_measured']:.2g} at {batch['largest']:,} rows, predicted at {batch['at_2_20']:.2g} "
+            f"[{batch['at_2_20_low']:.2g}, {batch['at_2_20_high']:.2g}] at an LLM step's 2^20 rows, against the "
+            f"rule's {BIAS_LIMIT:g} -- the rounding of a bf16 gradient itself, which no policy returning bf16 goes "
+            f"under. torch 2.13's CUDA default is over the limit from {batch['torch_first']:,} rows and at "
+            f"{batch['torch_measured']:.3g} at {batch['largest']:,} (growing as N^{batch['torch_exponent']:.1f}) "
+            "([figures/noise_scaling_weight_bias.png](figures/noise_scaling_weight_bias.png); notebook 06).")
 
 
 def _head_pairs(results: Path) -> str:

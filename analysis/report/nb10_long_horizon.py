@@ -29,7 +29,8 @@ ARM_COLOURS = {"bf16 unfused": "tab:gray", "bf16 accurate@64": "tab:cyan", "bf16
 
 
 OPTIMIZER_TEXT = {"adamw": "AdamW", "sgd": "SGD", "adamw-budget": "AdamW, tight-budget arms",
-                  "adamw-headroom": "AdamW, fp16 arms with lce.passes.headroom"}
+                  "adamw-headroom": "AdamW, fp16 arms with lce.passes.headroom",
+                  "adamw-large": "AdamW, 4096 rows per step (16x)"}
 """How a figure title names each group of arms (its ``optimizer`` column)."""
 
 

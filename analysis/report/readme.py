@@ -30,7 +30,7 @@ from analysis.report.hf_step import readme_hf_step
 from analysis.report.invariance import readme_invariance_cost
 from analysis.report.nb02_accuracy import readme_bf16_errors
 from analysis.report.nb05_realistic_inputs import readme_realistic_inputs
-from analysis.report.nb06_does_it_matter import readme_does_it_matter
+from analysis.report.nb06_does_it_matter import readme_does_it_matter, readme_noise_scaling
 from analysis.report.nb07_choosing_options import readme_budgets, readme_error_model, readme_recommend
 from analysis.report.nb08_beyond_torch import readme_features, readme_vocab_parallel
 from analysis.report.nb09_cpu_kinds import readme_cpu_kinds, readme_cpu_probe
@@ -203,6 +203,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "realistic-inputs": readme_realistic_inputs,
     "baseline-bench": baseline_bench,
     "does-it-matter": readme_does_it_matter,
+    "noise-scaling": readme_noise_scaling,
     "error-model": readme_error_model,
     "recommend": readme_recommend,
     "budgets": readme_budgets,

@@ -55,7 +55,8 @@ from analysis.core.results_io import write_csv_atomically
 from analysis.studies.head_arithmetic import head_step, lce_weight_gradient
 
 __all__ = ["Arm", "ADAMW_ARMS", "SGD_ARMS", "BUDGET_ARMS", "HEADROOM_ARMS",
-           "ARM_GROUPS", "Setting", "SETTINGS", "METRICS", "Pool", "make_pool", "run_group",
+           "LARGE_BATCH_ARMS", "ARM_GROUPS", "SETTING_GROUPS", "Setting", "SETTINGS", "METRICS", "Pool", "make_pool",
+           "run_group",
            "collect", "run_study", "HEAD_TRAINING_FILE", "CACHE_DIR"]
 
 HEAD_TRAINING_FILE = "head_training.csv.gz"
@@ -119,11 +120,20 @@ HEADROOM_ARMS: tuple[Arm, ...] = (FP32, *(dataclasses.replace(arm, rule="") for 
 """The fp16 arms of :data:`ADAMW_ARMS` again, with lce's fp16 gradients kept scaled by powers of two so that the
 loss scale protects them (:mod:`lce.passes.headroom`, issue 31): the ``adamw`` group's fp16 rows were trained before
 it."""
+LARGE_BATCH_ARMS: tuple[Arm, ...] = (FP32, *(dataclasses.replace(arm, rule="") for arm in
+                                           (ADAMW_ARMS[1], ADAMW_ARMS[3], ADAMW_ARMS[4], ADAMW_ARMS[6])))
+"""The AdamW arms of the batch-size question (issue 52, setting ``large-batch``): fp32, and the bf16 candidates whose
+weight bias/noise the noise-scaling study predicts at or over the rule's limit at LLM batch sizes -- the unfused op,
+torch 2.13's default (compact@64) and compact at 256 chunks (compact at 2048 rows per chunk of a 2^19-row step) --
+beside lce's auto pick (balanced@64, predicted near the limit at 2^20, at the bf16 rounding floor). Their ``rule``
+is left empty: the rule verdicts of notebook 10 are the full study's, at its batch."""
 ARM_GROUPS: dict[str, tuple[str, tuple[Arm, ...]]] = {
     "adamw": ("adamw", ADAMW_ARMS), "sgd": ("sgd", SGD_ARMS), "adamw-budget": ("adamw", BUDGET_ARMS),
-    "adamw-headroom": ("adamw", HEADROOM_ARMS)}
+    "adamw-headroom": ("adamw", HEADROOM_ARMS), "adamw-large": ("adamw", LARGE_BATCH_ARMS)}
 """Each group of arms trained in lockstep, by the name its rows carry in the ``optimizer`` column: the optimizer it
 trains with and its arms (fp32 first; every gap is measured against the group's own fp32 arm)."""
+SETTING_GROUPS: dict[str, tuple[str, ...]] = {"large-batch": ("adamw-large",)}
+"""The groups of arms a setting trains that the others do not (every other group runs in every other setting)."""
 ARMS_BY_OPTIMIZER = {group: arms for group, (_, arms) in ARM_GROUPS.items()}
 
 
@@ -159,6 +169,10 @@ SETTINGS: dict[str, Setting] = {
     # the committed study: 10^4 steps of 256 rows (about 40 epochs of the pool), three seeds
     "full": Setting("full", steps=10_000, batch_rows=256, pool_rows=65536, heldout_rows=8192, D=32, C=2048,
                     seeds=(0, 1, 2), eval_every=500, bias_steps=(0, 1000, 3000, 10_000)),
+    # issue 52: 16x the full study's batch per step (the sampling noise 4x smaller, so a fixed bias counts 4x more),
+    # 3.2x the full run's rows in all; arms ARM_GROUPS["adamw-large"]
+    "large-batch": Setting("large-batch", steps=2000, batch_rows=4096, pool_rows=262144, heldout_rows=8192, D=32,
+                           C=2048, seeds=(0, 1, 2), eval_every=250, bias_steps=(0, 1000, 2000)),
     # a lent GPU (gpu-check step "head"): an LLM-like head on real cuBLAS, as many steps as its budget allows
     "gpu": Setting("gpu", steps=2000, batch_rows=4096, pool_rows=16384, heldout_rows=4096, D=2048, C=131072,
                    seeds=(0,), eval_every=250, bias_steps=(0, 1000, 2000)),
@@ -539,16 +553,17 @@ def add_arguments(parser) -> None:
 
     parser.add_argument("--quick", action="store_true", help="the quick setting (writes head_training_quick.csv.gz)")
     parser.add_argument("--setting", choices=sorted(SETTINGS), default=None,
-                        help="a setting by name (default: full; gpu: an LLM-like head for a lent GPU)")
+                        help="a setting by name (default: full; large-batch: 4096 rows per step, issue 52; gpu: an "
+                             "LLM-like head for a lent GPU)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: one process on the GPU, lce's real kernels (default: cpu)")
     parser.add_argument("--budget-s", type=float, default=None, metavar="S",
                         help="stop each group at its first evaluation after S seconds (the rows so far are kept)")
-    parser.add_argument("--optimizers", default="adamw,sgd",
-                        help="groups of arms: adamw, sgd, adamw-budget (AdamW, the arms of recommend's tight-budget "
-                             "picks), adamw-headroom (the fp16 arms with lce.passes.headroom), comma-separated "
-                             "(default: "
-                             "adamw,sgd)")
+    parser.add_argument("--optimizers", default=None,
+                        help="groups of arms: adamw, sgd, adamw-large (the large-batch setting's), adamw-budget "
+                             "(AdamW, the arms of recommend's tight-budget picks), adamw-headroom (the fp16 arms "
+                             "with lce.passes.headroom), comma-separated "
+                             "(default: adamw,sgd; the large-batch setting: adamw-large)")
     parser.add_argument("--cache", type=Path, default=CACHE_DIR, help="run folders (resumable state)")
     parser.add_argument("--file", default=None, metavar="NAME",
                         help="results file name (default: head_training[_quick][_cuda].csv.gz; a .csv is written "
@@ -568,10 +583,11 @@ def run(args) -> None:
 
     started = time.monotonic()
     setting = SETTINGS["quick" if args.quick else (args.setting or "full")]
-    optimizers = tuple(name.strip() for name in args.optimizers.split(",") if name.strip())
+    chosen = args.optimizers or ",".join(SETTING_GROUPS.get(setting.name, ("adamw", "sgd")))
+    optimizers = tuple(name.strip() for name in chosen.split(",") if name.strip())
     unknown = [name for name in optimizers if name not in ARMS_BY_OPTIMIZER]
     if unknown or not optimizers:
-        raise ValueError(f"--optimizers must name some of {sorted(ARMS_BY_OPTIMIZER)}, got {args.optimizers!r}")
+        raise ValueError(f"--optimizers must name some of {sorted(ARMS_BY_OPTIMIZER)}, got {chosen!r}")
     suffix = ("_quick" if args.quick else "") + ("_cuda" if args.device == "cuda" else "")
     path = args.results / (args.file or HEAD_TRAINING_FILE.replace(".csv", f"{suffix}.csv", 1))
     args.results.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -53,12 +53,13 @@ from analysis.core.inputs import Inputs, Outputs, rounded_inputs
 from analysis.core.metrics import report, rounding_floor
 from analysis.core.problem import DTYPES, Shape
 from analysis.core.results_io import NOISE
-from analysis.studies.peers import Contender, record_study, run_contenders
+from analysis.studies.peers import Contender, Result, record_study, run_contenders
 from lce.planning.plan import aspect_ratio_chunk_size
 from lce.testing import emulate_device_kind
 
 __all__ = ["NOISE_SHAPE", "FAMILIES", "STUDY_DTYPES", "POLICIES", "CHUNK_COUNTS", "SEEDS", "NOISE_FILE",
-           "SamplingNoise", "sampling_noise", "contenders", "chunk_rules", "measure_inputs", "measure", "record",
+           "SamplingNoise", "sampling_noise", "ExactBatch", "exact_batch", "contender_rows", "contenders",
+           "chunk_rules", "measure_inputs", "measure", "record",
            "refresh_auto_cpu", "study_rows"]
 
 NOISE_SHAPE = Shape(1024, 128, 16384)
@@ -148,16 +149,38 @@ def chunk_rules(shape: Shape, dtype: torch.dtype) -> dict[str, tuple[str, int]]:
             "torch #187838": ("compact", -(-n // rows_next))}
 
 
-def measure_inputs(inputs: Inputs, runs: Sequence[Contender]) -> list[dict[str, object]]:
-    """One row per contender: errors in floors and against the sampling noise of ``inputs``."""
-    dtype = inputs.dtype
+@dataclasses.dataclass(frozen=True)
+class ExactBatch:
+    """One batch's exact answer and its sampling noise: what every contender's errors are measured against.
+
+    ``outputs`` are fp64 (:func:`analysis.core.fp64.reference_outputs` of the rounded inputs); ``dtype`` is the
+    inputs' own dtype, whose rounding floor the ``*_floors`` columns count in."""
+
+    dtype: torch.dtype
+    outputs: Outputs
+    noise: SamplingNoise
+
+    @property
+    def gradient_norm(self) -> float:
+        """The Frobenius norm of the exact weight gradient."""
+        return torch.linalg.vector_norm(self.outputs.grad_weight).item()
+
+
+def exact_batch(inputs: Inputs) -> ExactBatch:
+    """The fp64 answer and sampling noise of ``inputs`` (mean-reduced, unweighted: :func:`sampling_noise`)."""
     exact_inputs = inputs.to(torch.float64)
     exact = reference_outputs(exact_inputs)
-    noise = sampling_noise(exact_inputs, exact)
+    return ExactBatch(inputs.dtype, exact, sampling_noise(exact_inputs, exact))
+
+
+def contender_rows(batch: ExactBatch, runs: Sequence[Contender], results: Mapping[str, Result]
+                   ) -> list[dict[str, object]]:
+    """One row per contender of ``runs`` (its outputs in ``results``, by label): errors in floors and against the
+    sampling noise of ``batch`` (the columns of :data:`analysis.core.results_io.NOISE` a study measures)."""
+    dtype, exact, noise = batch.dtype, batch.outputs, batch.noise
     direction = exact.grad_weight / torch.linalg.vector_norm(exact.grad_weight)
     floors = {name: rounding_floor(gradient, dtype) * torch.linalg.vector_norm(gradient).item()
               for name, gradient in (("weight", exact.grad_weight), ("input", exact.grad_input))}
-    results = run_contenders(runs, inputs)
     rows = []
     for contender in runs:
         result = results[contender.label]
@@ -182,6 +205,12 @@ def measure_inputs(inputs: Inputs, runs: Sequence[Contender]) -> list[dict[str, 
             "input_floor_over_noise": floors["input"] / noise.input,
         })
     return rows
+
+
+def measure_inputs(inputs: Inputs, runs: Sequence[Contender]) -> list[dict[str, object]]:
+    """One row per contender: errors in floors and against the sampling noise of ``inputs``
+    (:func:`exact_batch`, then :func:`contender_rows`)."""
+    return contender_rows(exact_batch(inputs), runs, run_contenders(runs, inputs))
 
 
 def measure(shape: Shape = NOISE_SHAPE, families: Sequence[str] = FAMILIES, dtypes: Sequence[str] = STUDY_DTYPES,

@@ -5,7 +5,9 @@ output, so they cannot disagree. For a set of candidates (a policy, rows per chu
 block) it predicts each one's peak memory (:mod:`lce.planning.memory_model`), each gradient's error in floors of
 the input dtype (:mod:`lce.decide.error_model`) and its time (:mod:`lce.decide.time_model`), drops those that fail
 a condition (:data:`CONDITIONS`: *error*, at most :data:`DEFAULT_MAX_ERROR` floors; *training*, a weight gradient
-summed in the input dtype only at chunk counts :data:`TRAINED_CHUNK_COUNTS` passed) or the budget, and takes the
+summed in the input dtype only at chunk counts :data:`TRAINED_CHUNK_COUNTS` passed; *bias*, such a sum's weight
+gradient bias at most :data:`BIAS_LIMIT` of the sampling noise at the head's own N, measured or predicted by
+:mod:`lce.decide.noise_scaling`) or the budget, and takes the
 :data:`OBJECTIVE`: the least memory within :data:`TIME_FACTOR` of the fastest, ties to the faster, then the
 smaller error, then the policy listed first.
 
@@ -37,13 +39,15 @@ from ..planning.plan import Plan, aspect_ratio_chunk_size
 from ..planning.policies import CPU_MIN_ROWS, auto_pick
 from ..planning.resolve import make_plan
 from .error_model import predict_errors, predict_weight_details
+from .noise_scaling import RatioAtBatch, at_rounding_floor, bias_at
 from .time_model import estimated_seconds
 
 __all__ = ["Candidate", "Head", "REFERENCE_HEADS", "DEFAULT_MAX_ERROR", "BIAS_LIMIT", "NOISE_ERROR_LIMIT",
            "TRAINED_CHUNK_COUNTS", "TIME_FACTOR", "MEMORY_TIE", "OBJECTIVE", "CONDITIONS", "AUTO_CHUNKINGS",
            "CUDA_ROW_FLOORS", "auto_floors",
            "REFERENCE_CPU_KINDS", "TORCH_DEFAULTS", "TORCH_FALLBACK", "DROP_IN_TOLERANCE", "Choice", "AutoDerivation",
-           "evaluate", "error_fault", "training_fault", "drop_in_fault", "default_accuracy_fault", "faults",
+           "evaluate", "error_fault", "training_fault", "bias_fault", "drop_in_fault", "default_accuracy_fault",
+           "faults",
            "objective", "choose", "DEFAULT_MAX_ERROR_FOR_AUTO", "rule_candidate", "default_candidate",
            "derive_auto"]
 
@@ -156,6 +160,10 @@ class Candidate:
     details: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """The weight gradient's predicted ``"weight_bias"`` bound and ``"worst_row"`` error, in floors
     (:func:`lce.decide.error_model.predict_weight_details`); reported beside each pick, no condition of their own."""
+    bias: RatioAtBatch | None = None
+    """The weight gradient's bias over one batch's sampling noise along the gradient, at the head's own N
+    (:func:`lce.decide.noise_scaling.bias_at`: measured, or predicted by the fitted scaling beyond the data); None
+    for fp32/fp64 input. The *bias* condition reads it."""
 
     @property
     def error(self) -> float:
@@ -174,7 +182,7 @@ def evaluate(options: LinearCrossEntropyOptions, num_rows: int, in_features: int
     plan = make_plan(options, num_rows=num_rows, in_features=in_features, num_classes=num_classes, dtype=dtype,
                      device=device)
     return Candidate(options, plan, plan.peak_extra_bytes, predict_errors(plan), estimated_seconds(plan, cpu_rate),
-                     predict_weight_details(plan))
+                     predict_weight_details(plan), bias_at(plan))
 
 
 def error_fault(candidate: Candidate, limit: float) -> str | None:
@@ -206,7 +214,21 @@ def training_fault(plan: Plan) -> str | None:
     return None
 
 
-CONDITIONS: tuple[str, ...] = ("error", "training")
+def bias_fault(candidate: Candidate) -> str | None:
+    """Why ``candidate`` fails the bias condition (None: it meets it): its weight gradient's bias over the sampling
+    noise at the head's N above :data:`BIAS_LIMIT`, where the excess is its own -- a gradient summed in the input
+    dtype over chunks. One rounded once into the input dtype (:func:`lce.decide.noise_scaling.at_rounding_floor`)
+    sits at that dtype's rounding floor, which every op returning the dtype shares: its ratio is reported, no
+    fault (at 2^20 rows it may itself reach the limit: then the output dtype, not a policy, is what matters)."""
+    bias = candidate.bias
+    if bias is None or bias.value <= BIAS_LIMIT or at_rounding_floor(candidate.plan):
+        return None
+    how = "predicted beyond the measured batch sizes" if bias.predicted else "measured"
+    return (f"weight-gradient bias {bias.value:.2g} [{bias.low:.2g}, {bias.high:.2g}] of the sampling noise at "
+            f"N={bias.num_rows} ({how}), over the limit of {BIAS_LIMIT:g}")
+
+
+CONDITIONS: tuple[str, ...] = ("error", "training", "bias")
 """The rule's conditions, in the order :func:`faults` checks them (the module docstring states each)."""
 
 
@@ -215,7 +237,7 @@ def faults(candidate: Candidate, limit: float, budget: float | None = None) -> l
     out = []
     if budget is not None and candidate.peak_bytes > budget:
         out.append(f"over the memory budget ({candidate.peak_bytes:,} > {int(budget):,} bytes)")
-    for reason in (error_fault(candidate, limit), training_fault(candidate.plan)):
+    for reason in (error_fault(candidate, limit), training_fault(candidate.plan), bias_fault(candidate)):
         if reason is not None:
             out.append(reason)
     return out
@@ -223,12 +245,13 @@ def faults(candidate: Candidate, limit: float, budget: float | None = None) -> l
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """What :func:`choose` picked: the candidate, whether it meets the error limit (``limit_met``), and the
-    candidates that met every condition and the budget (``feasible``)."""
+    """What :func:`choose` picked: the candidate, whether it meets the error limit (``limit_met``) and the bias
+    condition (``bias_met``), and the candidates that met every condition and the budget (``feasible``)."""
 
     chosen: Candidate
     limit_met: bool
     feasible: tuple[Candidate, ...]
+    bias_met: bool = True
 
 
 def _policy_rank(candidate: Candidate) -> int:
@@ -248,8 +271,10 @@ def choose(candidates: Iterable[Candidate], limit: float, budget: float | None =
            limit_is_default: bool = True) -> Choice:
     """The objective over the candidates that meet every condition and ``budget``.
 
-    Where none within the budget meets the error limit and ``limit_is_default``, the limit yields: the least
-    predicted error among those that meet the training condition (``limit_met`` False). Raises ``ValueError``
+    Where every candidate within the budget and the error limit fails the bias condition, it yields: the least
+    bias among them (``bias_met`` False). Where none within the budget meets the error limit and
+    ``limit_is_default``, the limit yields: the least predicted error among those that meet the training condition
+    (``limit_met`` False). Raises ``ValueError``
     where no candidate that meets the training condition fits the budget (naming the smallest feasible budget)
     or where an explicit limit is unmet (naming the least error there).
     """
@@ -264,14 +289,17 @@ def choose(candidates: Iterable[Candidate], limit: float, budget: float | None =
         raise ValueError(f"memory_budget={int(budget):,} bytes is below the predicted peak of every candidate that "
                          f"meets the training condition; the smallest feasible budget is {smallest.peak_bytes:,} "
                          f"bytes ({smallest.label()})")
-    feasible = [c for c in trained if error_fault(c, limit) is None]
+    within = [c for c in trained if error_fault(c, limit) is None]
+    feasible = [c for c in within if bias_fault(c) is None]
     if feasible:
         return Choice(objective(feasible), True, tuple(feasible))
+    if within:  # every one within the error limit fails the bias condition: it yields to the least bias
+        return Choice(min(within, key=lambda c: (c.bias.value, c.seconds)), True, (), bias_met=False)
     best = min(trained, key=lambda c: (c.error, c.seconds))
     if not limit_is_default:
         raise ValueError(f"no candidate within the budget is predicted below max_error={limit:g} floors; the least "
                          f"error there is {best.error:.3g} floors ({best.label()})")
-    return Choice(best, False, ())
+    return Choice(best, False, (), bias_met=bias_fault(best) is None)
 
 
 # ---- "auto": the procedure over chunking rules at the reference heads ---------------------------------------

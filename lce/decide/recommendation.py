@@ -29,6 +29,7 @@ from ..planning.options import EXPLICIT_POLICIES, LinearCrossEntropyOptions, dty
 from ..planning.plan import Plan
 from .error_model import ACCURACY
 from .procedure import (
+    BIAS_LIMIT,
     DEFAULT_MAX_ERROR,
     MEMORY_TIE,
     OBJECTIVE,
@@ -70,6 +71,9 @@ class Recommendation:
     measured_seconds: Mapping[str, float] | None = None
     limit_met: bool = True
     auto: Candidate | None = None
+    bias_met: bool = True
+    """False when every candidate within the budget and the error limit failed the bias condition
+    (:func:`lce.decide.bias_fault`) and the least bias among them was chosen."""
 
     @property
     def options(self) -> LinearCrossEntropyOptions:
@@ -95,6 +99,7 @@ class Recommendation:
         """One line: the pick, its predicted peak and error, and whether the error limit was met
         (:meth:`explain` has the rest; ``considered`` holds every candidate)."""
         limit = "" if self.limit_met else f", error limit {self.max_error:g} NOT met"
+        limit += "" if self.bias_met else ", bias condition NOT met"
         return (f"Recommendation({self.chosen.label()}: peak {_mib(self.peak_bytes)}, error {self.error:.3g} floors"
                 f"{limit}; {len(self.considered)} candidates considered)")
 
@@ -114,6 +119,8 @@ class Recommendation:
             lines.append(f"  details    weight gradient: bias at most {details['weight_bias']:.2g} floors, worst "
                          f"class row ~{details['worst_row']:.3g} of its floors (predicted, no condition of "
                          "their own: lce.decide)")
+        if chosen.bias is not None:
+            lines.append(f"  at N       {_bias_text(chosen.bias)}")
         if self.auto is not None:
             lines.append(f"  auto       {self.auto.label()}: peak {_mib(self.auto.peak_bytes)}, error "
                          f"{_errors_text(self.auto)}, ~{self.auto.seconds * 1e3:.3g} ms (one rule for every shape: "
@@ -121,6 +128,9 @@ class Recommendation:
         if not self.limit_met:
             lines.append(f"  warning    nothing within the budget meets the default limit of {self.max_error:g} "
                          "floors; this is the least predicted error that fits (a larger budget buys accuracy)")
+        if not self.bias_met:
+            lines.append(f"  warning    the pick fails the bias condition at N={p.num_rows} (nothing within the budget "
+                         "and the error limit meets it); a larger budget buys fewer chunks")
         if self.measured_seconds:
             timed = ", ".join(f"{label} {seconds * 1e3:.3g} ms" for label, seconds in self.measured_seconds.items())
             lines.append(f"  measured   {timed}")
@@ -273,9 +283,23 @@ def recommend(num_rows: int, in_features: int, num_classes: int, dtype: torch.dt
                       f"default error limit of {limit:g} floors for N={num_rows} D={in_features} C={num_classes} "
                       f"{dtype_name(dtype)}; returning the least predicted error that fits ({chosen.label()}, "
                       f"{chosen.error:.3g} floors): a larger budget buys accuracy", RecommendationWarning, stacklevel=2)
+    if not choice.bias_met:
+        which = (f"every candidate within the memory budget of {_mib(int(memory_budget))} and the error limit fails"
+                 if choice.limit_met else "the least-error candidate that fits fails")
+        returned = "the least bias among them" if choice.limit_met else "it"
+        warnings.warn(f"lce.recommend: {which} the bias condition for N={num_rows} D={in_features} C={num_classes} "
+                      f"{dtype_name(dtype)}; returning {returned} ({chosen.label()}: {_bias_text(chosen.bias)})",
+                      RecommendationWarning, stacklevel=2)
     return Recommendation(chosen, None if memory_budget is None else int(memory_budget),
                           "none" if memory_budget is None else "given", limit, tuple(considered), measured,
-                          choice.limit_met, auto)
+                          choice.limit_met, auto, choice.bias_met)
+
+
+def _bias_text(bias) -> str:
+    """A weight gradient's bias/noise at its N, as :meth:`Recommendation.explain` prints it."""
+    how = "predicted by the fitted scaling" if bias.predicted else "measured"
+    return (f"weight-gradient bias {bias.value:.2g} of the sampling noise at N={bias.num_rows} "
+            f"[{bias.low:.2g}, {bias.high:.2g}], {how} (limit {BIAS_LIMIT:g}; lce.decide.noise_scaling)")
 
 
 def _time_on_device(options: LinearCrossEntropyOptions, num_rows: int, in_features: int, num_classes: int,

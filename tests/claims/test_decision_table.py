@@ -92,3 +92,16 @@ def test_every_row_is_the_plan_lce_plan_prints_for_the_default_options(device):
         assert plan.peak_extra_bytes / 2**30 == pytest.approx(row.peak_gib, rel=0.02), (row.head, row.dtype)
         if device == "cuda":
             assert row.rows >= min(row.min_rows, n), "a CUDA row below the auto table's floor"
+
+
+def test_the_bias_columns_read_the_procedure_at_the_heads_n_and_at_an_llm_step():
+    """The table's "bias/noise at this N" is measured (the heads' N are within the noise-scaling study's range) for
+    every bf16/fp16 row, and its 2^20 column is a prediction with a band around it."""
+    table = _table()
+    narrow = table[table["dtype"].isin(["bfloat16", "float16"])]
+    assert not narrow["bias_predicted"].any()
+    assert (narrow["bias_low"] <= narrow["bias_over_noise"]).all()
+    assert (narrow["bias_over_noise"] <= narrow["bias_high"]).all()
+    assert (narrow["bias_at_step_low"] <= narrow["bias_at_step"]).all()
+    assert (narrow["bias_at_step"] <= narrow["bias_at_step_high"]).all()
+    assert table[table["dtype"] == "float32"]["bias_at_step"].isna().all()

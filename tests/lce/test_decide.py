@@ -128,6 +128,8 @@ def test_recommend_never_offers_a_candidate_that_fails_a_condition():
         for budget in (None, 1_400_000_000, 1_250_000_000):
             chosen = lce.recommend(16384, 4096, 128256, torch.bfloat16, device, memory_budget=budget)
             assert training_fault(chosen.plan) is None, chosen.explain()
+            if chosen.bias_met:
+                assert decide.bias_fault(chosen.chosen) is None, chosen.explain()
             if chosen.limit_met:
                 assert chosen.error <= DEFAULT_MAX_ERROR[torch.bfloat16]
 
@@ -152,3 +154,59 @@ def test_the_auto_tables_batch_invariance_is_the_derivations(kind, dtype):
     worst_time, worst_memory = derived.worst()
     if derived.by_default:  # the contract's price, as the default pays it
         assert dtype != torch.float16 and worst_time <= 1 + INVARIANCE_COST and worst_memory <= 1 + INVARIANCE_COST
+
+
+# ---- the bias condition at the head's own N (issue 52) ---------------------------------------------------------
+
+def _ratio(value, predicted=False, num_rows=16384):
+    from lce.decide.noise_scaling import RatioAtBatch
+
+    return RatioAtBatch("x", "bfloat16", "weight_bias_over_noise", num_rows, value, value / 2, value * 2, predicted)
+
+
+def _biased(peak, seconds, error, bias, policy="compact", chunks=8):
+    import dataclasses
+
+    return dataclasses.replace(_candidate(peak, seconds, error, policy, chunks), bias=_ratio(bias))
+
+
+def test_the_bias_condition_fails_an_input_dtype_sum_over_the_limit_and_reads_the_floor_as_no_fault():
+    from lce.decide import BIAS_LIMIT, bias_fault, faults
+
+    over = _biased(100, 1.0, 1.5, BIAS_LIMIT * 3)
+    reason = bias_fault(over)
+    assert reason is not None and "N=16384" in reason and "measured" in reason and f"{BIAS_LIMIT:g}" in reason
+    assert any("bias" in fault for fault in faults(over, 2.0))
+    assert bias_fault(_biased(100, 1.0, 1.5, BIAS_LIMIT / 3)) is None
+    at_floor = _biased(100, 1.0, 1.0, BIAS_LIMIT * 3, policy="balanced", chunks=8)  # an fp32 sum, rounded once
+    assert bias_fault(at_floor) is None
+    assert bias_fault(_candidate(100, 1.0, 1.0)) is None  # no data (bias None): no fault
+
+
+def test_choose_drops_a_biased_candidate_and_yields_only_when_every_one_is_biased():
+    from lce.decide import BIAS_LIMIT
+
+    lean_biased = _biased(100, 1.0, 1.5, BIAS_LIMIT * 4)
+    less_biased = _biased(150, 1.0, 1.5, BIAS_LIMIT * 2, chunks=4)
+    clean = _biased(300, 1.0, 1.2, BIAS_LIMIT / 2, chunks=2)
+    choice = choose([lean_biased, clean], 2.0)
+    assert choice.chosen is clean and choice.bias_met and lean_biased not in choice.feasible
+    yielded = choose([lean_biased, less_biased], 2.0)
+    assert yielded.chosen is less_biased and not yielded.bias_met and yielded.limit_met
+
+
+@pytest.mark.parametrize(("kind", "dtype"), list(AUTO_TABLE), ids=lambda v: str(v).removeprefix("torch."))
+def test_every_auto_entry_meets_the_bias_condition_at_every_reference_head(kind, dtype):
+    from lce.decide import bias_fault, default_candidate
+
+    for head in REFERENCE_HEADS:
+        candidate = default_candidate(head, dtype, kind)
+        assert bias_fault(candidate) is None, (head, candidate.bias)
+        if dtype in (torch.bfloat16, torch.float16):
+            assert candidate.bias is not None and candidate.bias.num_rows == head.N and not candidate.bias.predicted
+
+
+def test_recommend_explains_the_bias_at_the_heads_n_and_warns_when_it_must_yield():
+    chosen = lce.recommend(16384, 4096, 128256, torch.bfloat16, "cuda")
+    assert "at N       weight-gradient bias" in chosen.explain() and "N=16384" in chosen.explain()
+    assert chosen.bias_met and chosen.chosen.bias.value <= decide.BIAS_LIMIT
