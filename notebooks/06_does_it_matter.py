@@ -22,7 +22,6 @@ from IPython.display import Markdown, display
 
 from analysis.core.results_io import HEAD_TRAINING, NOISE, NOISE_SCALING, TRAINING, load_kind
 from analysis.judge import rule
-from analysis.judge.noise_scaling import family_exponents
 from analysis.lm.model import ModelConfig
 from analysis.lm.pipeline import DEFAULT_VOCAB
 from analysis.paths import RESULTS_DIR
@@ -249,7 +248,7 @@ show(nb06.scaling_table(numbers_n), name="noise-scaling-fit")
 
 # %%
 show(nb06.heldout_summary(numbers_n), {"largest_error_log2": "{:.2f}"}, name="noise-scaling-heldout")
-show(family_exponents(scaling), {c: "{:.2f}" for c in ("exponent", "exponent_low", "exponent_high")},
+show(numbers_n.own, {c: "{:.2f}" for c in ("exponent", "exponent_low", "exponent_high")},
      name="noise-scaling-families")
 show(numbers_n.by_d[["candidate", "dtype", "D", "rows", "exponent", "exponent_low", "exponent_high"]],
      {c: "{:.2f}" for c in ("exponent", "exponent_low", "exponent_high")}, name="noise-scaling-by-d")
@@ -268,7 +267,7 @@ Markdown(nb06.scaling_conclusion(numbers_n, scaling))
 # auto pick (balanced at 64). `python -m analysis head-train --setting large-batch`.
 
 # %%
-large = nb06.large_batch_training(RESULTS_DIR)
+large = nb06.large_batch_rows(head)
 if "head_gap_vs_step_adamw-large" in figures:
     display(figures["head_gap_vs_step_adamw-large"].figure, Markdown(figures["head_gap_vs_step_adamw-large"].markdown))
 show(nb06.large_batch_summary(large), {c: "{:+.4f}" for c in ("gap", "low", "high")} | {"seed_spread": "{:.4f}"},

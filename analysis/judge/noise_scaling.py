@@ -41,8 +41,8 @@ from analysis.judge.rule import BIAS_LIMIT, RATIO_COLUMNS
 from analysis.studies.noise_scaling import CANDIDATES, EXPECTED_GRADIENT
 
 __all__ = ["BAND", "RESAMPLES", "REFERENCE_D", "LLM_ROWS", "JSON_FILE", "Line", "rule_families", "points",
-           "fit_line", "bootstrap_lines", "ScalingFit", "family_exponents", "fit_scaling", "fit_table", "measured",
-           "heldout_check", "scaling_json", "write_scaling_json"]
+           "fit_line", "bootstrap_lines", "ScalingFit", "family_exponents", "fit_scaling", "fits", "fit_table",
+           "measured", "heldout_check", "scaling_json", "write_scaling_json"]
 
 BAND = (2.5, 97.5)
 """Percentiles of the bootstrap refits that bound an interval (95%)."""
@@ -207,25 +207,35 @@ def fit_scaling(table: pd.DataFrame, candidate: str, dtype: str, column: str, D:
                       tuple(sorted(int(n) for n in data["N"].unique())))
 
 
-def fit_table(table: pd.DataFrame, column: str = "weight_bias_over_noise", D: int = REFERENCE_D,
-              families: Sequence[str] | None = None, resamples: int = RESAMPLES,
-              predict_at: Sequence[int] = LLM_ROWS) -> pd.DataFrame:
-    """One row per (candidate, dtype) measured at ``D``: the exponent with its interval and the worst family's
-    predicted ratio with its band at each of ``predict_at`` (columns ``at_<N>``, ``at_<N>_low``, ``at_<N>_high``)."""
+def fits(table: pd.DataFrame, column: str = "weight_bias_over_noise", D: int = REFERENCE_D,
+         families: Sequence[str] | None = None, resamples: int = RESAMPLES) -> list[ScalingFit]:
+    """:func:`fit_scaling` of every (candidate, dtype) measured at ``D`` with two batch sizes or more, in
+    :data:`~analysis.studies.noise_scaling.CANDIDATES` order, then by dtype."""
     out = []
     here = table[table["D"] == D]
     for candidate in [name for name in CANDIDATES if name in set(here["candidate"])]:
         for dtype in sorted(here[here["candidate"] == candidate]["dtype"].unique()):
             try:
-                fit = fit_scaling(table, candidate, dtype, column, D, families, resamples)
+                out.append(fit_scaling(table, candidate, dtype, column, D, families, resamples))
             except ValueError:
                 continue
-            row = {"candidate": candidate, "dtype": dtype, "D": D, "column": column,
-                   "families": ", ".join(fit.families), "rows": f"{min(fit.rows)}-{max(fit.rows)}",
-                   "exponent": fit.exponent, "exponent_low": fit.exponent_low, "exponent_high": fit.exponent_high}
-            for n in predict_at:
-                row[f"at_{n}"], row[f"at_{n}_low"], row[f"at_{n}_high"] = fit.band(n)
-            out.append(row)
+    return out
+
+
+def fit_table(table: pd.DataFrame, column: str = "weight_bias_over_noise", D: int = REFERENCE_D,
+              families: Sequence[str] | None = None, resamples: int = RESAMPLES,
+              predict_at: Sequence[int] = LLM_ROWS) -> pd.DataFrame:
+    """One row per (candidate, dtype) measured at ``D`` (:func:`fits`): the exponent with its interval and the worst
+    family's predicted ratio with its band at each of ``predict_at`` (columns ``at_<N>``, ``at_<N>_low``,
+    ``at_<N>_high``)."""
+    out = []
+    for fit in fits(table, column, D, families, resamples):
+        row = {"candidate": fit.candidate, "dtype": fit.dtype, "D": D, "column": column,
+               "families": ", ".join(fit.families), "rows": f"{min(fit.rows)}-{max(fit.rows)}",
+               "exponent": fit.exponent, "exponent_low": fit.exponent_low, "exponent_high": fit.exponent_high}
+        for n in predict_at:
+            row[f"at_{n}"], row[f"at_{n}_low"], row[f"at_{n}_high"] = fit.band(n)
+        out.append(row)
     return pd.DataFrame(out)
 
 
@@ -296,8 +306,7 @@ def scaling_json(table: pd.DataFrame, provenance: dict[str, str], resamples: int
     entries = []
     for column in RATIO_COLUMNS:
         points_measured = measured(table, column)
-        for fit_row in fit_table(table, column, resamples=resamples, predict_at=()).itertuples(index=False):
-            fit = fit_scaling(table, fit_row.candidate, fit_row.dtype, column, resamples=resamples)
+        for fit in fits(table, column, resamples=resamples):
             mine = points_measured[(points_measured["candidate"] == fit.candidate)
                                    & (points_measured["dtype"] == fit.dtype)].sort_values("N")
             check = heldout_check(table, fit.candidate, fit.dtype, column, resamples=resamples)

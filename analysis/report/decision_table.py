@@ -31,6 +31,7 @@ from lce.decide import (
     default_candidate,
     rule_candidate,
 )
+from lce.decide.noise_scaling import bias_at
 from lce.decide.time_model import TIME_SOURCE
 from lce.planning.cpu_gemms import REFERENCE_NATIVE_RATE
 from lce.planning.options import dtype_name, parse_chunking_method
@@ -63,15 +64,6 @@ def _buffer_bytes(plan, name: str) -> int:
 
 LLM_STEP_ROWS = 2**20
 """The batch of an LLM training step at which the table also states each auto entry's bias/noise (predicted)."""
-
-
-def _bias_at_step(plan):
-    """The auto plan's bias/noise at :data:`LLM_STEP_ROWS` rows (None for fp32 input)."""
-    import dataclasses
-
-    from lce.decide.noise_scaling import bias_at
-
-    return bias_at(dataclasses.replace(plan, num_rows=LLM_STEP_ROWS))
 
 
 def decision_table(results: Path) -> pd.DataFrame:
@@ -110,7 +102,7 @@ def decision_table(results: Path) -> pd.DataFrame:
                     bias_low=auto.bias.low if auto.bias is not None else float("nan"),
                     bias_high=auto.bias.high if auto.bias is not None else float("nan"),
                     bias_predicted=auto.bias.predicted if auto.bias is not None else False,
-                    **_step_columns(_bias_at_step(auto.plan)),
+                    **_step_columns(bias_at(auto.plan, LLM_STEP_ROWS)),
                     recommend=tuned.chosen.label(), recommend_peak_gib=tuned.peak_bytes / 2**30,
                     recommend_grad_weight_floors=tuned.errors["grad_weight"],
                     recommend_worst_row_floors=tuned.chosen.details["worst_row"]))

@@ -75,6 +75,7 @@ def batch_headline(results: Path) -> dict[str, float] | None:
     measured ratio at the largest N; None without the study's rows."""
     from analysis.report.nb06_does_it_matter import (
         FLOOR_CANDIDATES,
+        auto_at_step,
         first_crossing,
         floor_check,
         scaling_numbers,
@@ -85,16 +86,17 @@ def batch_headline(results: Path) -> dict[str, float] | None:
     if numbers is None:
         return None
     fit = numbers.bias.set_index(["candidate", "dtype"])
-    auto, torch_default = fit.loc[("lce auto cuda", "bfloat16")], fit.loc[("torch 2.13 auto", "bfloat16")]
+    read = auto_at_step().set_index(["device", "dtype"]).loc[("cuda", "bfloat16")]  # what the procedure reads
+    auto, torch_default = fit.loc[(read["candidate"], "bfloat16")], fit.loc[("torch 2.13 auto", "bfloat16")]
     floors = floor_check(scaling)
     floors = floors[floors["candidate"].isin(FLOOR_CANDIDATES)]
     measured = numbers.measured_bias.set_index(["candidate", "dtype", "N"])["weight_bias_over_noise"]
     largest = max(numbers.rows)
     return {"exponent": float(auto["exponent"]), "exponent_low": float(auto["exponent_low"]),
-            "exponent_high": float(auto["exponent_high"]), "at_2_20": float(auto["at_1048576"]),
-            "at_2_20_low": float(auto["at_1048576_low"]), "at_2_20_high": float(auto["at_1048576_high"]),
+            "exponent_high": float(auto["exponent_high"]), "at_2_20": float(read["value"]),
+            "at_2_20_low": float(read["low"]), "at_2_20_high": float(read["high"]),
             "floors_max": float(floors["floors_max"].max()), "largest": largest,
-            "auto_measured": float(measured.loc[("lce auto cuda", "bfloat16", largest)]),
+            "auto_measured": float(measured.loc[(read["candidate"], "bfloat16", largest)]),
             "torch_first": first_crossing(numbers, "torch 2.13 auto", "bfloat16"),
             "torch_measured": float(measured.loc[("torch 2.13 auto", "bfloat16", largest)]),
             "torch_exponent": float(torch_default["exponent"])}

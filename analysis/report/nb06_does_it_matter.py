@@ -29,6 +29,7 @@ from analysis.judge.rule import (
 from analysis.report.style import PALETTE, CaptionedFigure, apply_style, legend_below, log_axes, new_figure
 from analysis.report.tables import markdown_table, span
 from analysis.studies.noise import NOISE_SHAPE, chunk_rules
+from analysis.studies.noise_scaling import AUTO_CPU, AUTO_CUDA
 from analysis.studies.training import ARMS, final_losses
 from lce.decide import noise_scaling as noise_scaling_data
 
@@ -430,7 +431,7 @@ def plot_noise_scaling(scaling: pd.DataFrame, column: str = "weight_bias_over_no
 @dataclasses.dataclass(frozen=True)
 class ScalingNumbers:
     """The noise-scaling study's key numbers (D=128 unless stated): the families the rule's fit uses, the fits of
-    the bias ratio (and of the error ratios) per candidate and dtype with predictions at 2^17-2^20, the held-out
+    the bias ratio per candidate and dtype with predictions at 2^17-2^20, each family's own exponent, the held-out
     check, how each family's gradient grows against its noise, and the exponents at the larger D."""
 
     families: tuple[str, ...]
@@ -438,7 +439,7 @@ class ScalingNumbers:
     rows: tuple[int, ...]
     seeds: int
     bias: pd.DataFrame  # analysis.judge.noise_scaling.fit_table of weight_bias_over_noise
-    errors: pd.DataFrame  # the same for weight_error_over_noise and input_error_over_noise, stacked
+    own: pd.DataFrame  # analysis.judge.noise_scaling.family_exponents of the bias ratio (each family alone)
     heldout: pd.DataFrame  # heldout_check of the bias ratio, every candidate and dtype
     gradient: pd.DataFrame  # per family: gradient_over_noise (median over seeds) at the smallest and largest N
     by_d: pd.DataFrame  # fit_table of the bias ratio per D on the random family (exponent per candidate, dtype, D)
@@ -456,31 +457,27 @@ class ScalingNumbers:
 
 def scaling_numbers(scaling: pd.DataFrame) -> ScalingNumbers | None:
     """From the ``noise_scaling`` results; None without rows at D=128."""
-    from analysis.judge.noise_scaling import fit_table, heldout_check, measured, rule_families
+    from analysis.judge.noise_scaling import family_exponents, fit_table, heldout_check, measured, rule_families
 
     rows = _scaling_rows(scaling)
     if rows.empty:
         return None
     families = rule_families(rows)
     bias = fit_table(rows)
-    errors = pd.concat([fit_table(rows, column) for column in ("weight_error_over_noise", "input_error_over_noise")],
-                       ignore_index=True)
     heldout = pd.concat([heldout_check(rows, fit.candidate, fit.dtype) for fit in bias.itertuples()],
                         ignore_index=True)
     per_case = rows.drop_duplicates(["family", "dtype", "seed", "N"])
-    medians = per_case.groupby(["family", "N"])["gradient_over_noise"].median().reset_index()
-    gradient = medians.groupby("family").agg(first_N=("N", "min"), last_N=("N", "max"))
-    gradient["first"] = [medians[(medians.family == f) & (medians.N == n)]["gradient_over_noise"].iloc[0]
-                         for f, n in gradient["first_N"].items()]
-    gradient["last"] = [medians[(medians.family == f) & (medians.N == n)]["gradient_over_noise"].iloc[0]
-                        for f, n in gradient["last_N"].items()]
+    medians = per_case.groupby(["family", "N"])["gradient_over_noise"].median().reset_index()  # sorted by N
+    gradient = medians.groupby("family").agg(first_N=("N", "first"), last_N=("N", "last"),
+                                             first=("gradient_over_noise", "first"),
+                                             last=("gradient_over_noise", "last"))
     random = scaling[scaling["family"] == "random"]
     by_d = pd.concat([fit_table(random, D=d, families=["random"], predict_at=())
                       for d in sorted(random["D"].unique()) if random[random["D"] == d]["N"].nunique() > 1],
                      ignore_index=True)
     return ScalingNumbers(tuple(families), tuple(sorted(set(rows["family"]) - set(families))),
                           tuple(sorted(int(n) for n in rows["N"].unique())), int(rows["seed"].nunique()), bias,
-                          errors, heldout, gradient.reset_index(), by_d, measured(rows))
+                          family_exponents(rows), heldout, gradient.reset_index(), by_d, measured(rows))
 
 
 FLOOR_CANDIDATES: tuple[str, ...] = tuple(name for names in noise_scaling_data.FLOOR_CANDIDATES.values()
@@ -535,19 +532,23 @@ LARGE_BATCH_SETTING = "large-batch"
 --optimizers adamw-large --file head_training_large_batch.csv.gz``), its rows' ``setting``."""
 
 
+def large_batch_rows(head: pd.DataFrame) -> pd.DataFrame:
+    """The rows of :data:`LARGE_BATCH_SETTING` among the head-only study's ``head`` rows (every setting's)."""
+    return head[head["setting"] == LARGE_BATCH_SETTING] if not head.empty else head
+
+
 def large_batch_training(results: Path) -> pd.DataFrame:
-    """The head-only study's rows of :data:`LARGE_BATCH_SETTING` (empty where it has not run)."""
+    """The head-only study's rows of :data:`LARGE_BATCH_SETTING` in ``results`` (empty where it has not run)."""
     from analysis.core.results_io import HEAD_TRAINING
 
-    _, table = load_kind(results, HEAD_TRAINING.name)
-    return table[table["setting"] == LARGE_BATCH_SETTING] if not table.empty else table
+    return large_batch_rows(load_kind(results, HEAD_TRAINING.name)[1])
 
 
 def draw_large_batch_figures(head: pd.DataFrame) -> list[CaptionedFigure]:
     """The large-batch head study's gap-vs-step figure (notebook 10's drawing), where ``head`` holds its rows."""
     from analysis.report.nb10_long_horizon import plot_gap_vs_step
 
-    rows = head[head["setting"] == LARGE_BATCH_SETTING] if not head.empty else head
+    rows = large_batch_rows(head)
     figure = plot_gap_vs_step(rows, "adamw-large") if not rows.empty else None
     return [figure] if figure is not None else []
 
@@ -565,8 +566,28 @@ def large_batch_summary(table: pd.DataFrame) -> pd.DataFrame:
                   "counts"]].reset_index(drop=True)
 
 
-AUTO_PICKS: dict[str, str] = {"lce auto cuda": "CUDA", "lce auto cpu": "CPU"}
+AUTO_PICKS: dict[str, str] = {AUTO_CUDA: "CUDA", AUTO_CPU: "CPU"}
 """The auto picks among the noise-scaling candidates, by the device kind whose table they are."""
+
+
+def auto_at_step(rows: int = 2**20) -> pd.DataFrame:
+    """Per "auto" entry with bf16/fp16 input: the weight-gradient bias/noise the decision procedure reads for its plan
+    over a batch of ``rows`` rows (:func:`lce.decide.noise_scaling.bias_at`: the larger of the measured candidates
+    that share the plan's arithmetic), with the band and the candidate read -- what the decision table prints."""
+    from lce.decide import REFERENCE_HEADS, default_candidate
+    from lce.decide.noise_scaling import bias_at
+    from lce.planning.options import dtype_name
+    from lce.planning.policies import AUTO_TABLE
+    from lce.testing import cpu_gemms
+
+    out = []
+    with cpu_gemms("native"):
+        for kind, dtype in AUTO_TABLE:
+            if dtype in (torch.bfloat16, torch.float16):
+                at = bias_at(default_candidate(REFERENCE_HEADS[0], dtype, kind).plan, rows)
+                out.append({"device": kind, "dtype": dtype_name(dtype), "candidate": at.candidate,
+                            "value": at.value, "low": at.low, "high": at.high})
+    return pd.DataFrame(out)
 
 
 def first_crossing(numbers: ScalingNumbers, candidate: str, dtype: str) -> int | None:
@@ -599,12 +620,13 @@ def scaling_conclusion(numbers: ScalingNumbers, scaling: pd.DataFrame) -> str:
     ``tests/claims/test_nb06_noise_scaling.py`` check each statement)."""
     floors = floor_check(scaling)
     at_floor = floors[floors["candidate"].isin(FLOOR_CANDIDATES)]
+    read = auto_at_step()
     picks = []
-    for candidate, kind in AUTO_PICKS.items():
-        for dtype in ("bfloat16", "float16"):
-            n, value = _measured_last(numbers, candidate, dtype)
-            picks.append(f"{kind} {dtype}: exponent {_exponent_text(numbers, candidate, dtype)}, {value:.2g} measured "
-                         f"at N = {n:,}, {_at_text(numbers, candidate, dtype)} predicted at 2^20")
+    for row in read.itertuples():
+        n, value = _measured_last(numbers, row.candidate, row.dtype)
+        picks.append(f"{row.device.upper()} {row.dtype} (read from {row.candidate}): exponent "
+                     f"{_exponent_text(numbers, row.candidate, row.dtype)}, {value:.2g} measured at N = {n:,}, "
+                     f"{row.value:.2g} [{row.low:.2g}, {row.high:.2g}] predicted at 2^20")
     crossing = numbers.crossing()
     crossing = crossing[~crossing["candidate"].isin(FLOOR_CANDIDATES)]
     crossed = []
@@ -613,16 +635,13 @@ def scaling_conclusion(numbers: ScalingNumbers, scaling: pd.DataFrame) -> str:
         where = f"measured over it from N = {first:,}" if first else "predicted over it beyond the data"
         crossed.append(f"{row.candidate} in {row.dtype} ({where}; {_at_text(numbers, row.candidate, row.dtype)} "
                        f"at 2^20)")
-    auto_2_20 = numbers.bias[numbers.bias["candidate"].isin(AUTO_PICKS)]
-    auto_max, auto_high = auto_2_20["at_1048576"].max(), auto_2_20["at_1048576_high"].max()
+    auto_max, auto_high = read["value"].max(), read["high"].max()
     verdict = ("below the limit" if auto_high <= BIAS_LIMIT else
                "below the limit by the fit's value, though its band reaches above it" if auto_max < 0.9 * BIAS_LIMIT
                else "at the limit, its band reaching well above it" if auto_max <= 1.1 * BIAS_LIMIT
                else "over the limit")
     held = heldout_summary(numbers)
-    from analysis.judge.noise_scaling import family_exponents
-
-    own = family_exponents(scaling, resamples=500).set_index(["candidate", "dtype", "family"])
+    own = numbers.own.set_index(["candidate", "dtype", "family"])
     hidden = own.loc[("torch 2.13 auto", "bfloat16", "calibrated")]
     shown = own.loc[("torch 2.13 auto", "bfloat16", "random")]
     by_d = numbers.by_d[numbers.by_d["D"] > 128]

@@ -66,6 +66,12 @@ class RatioAtBatch:
         return (f"{self.candidate} {self.dtype} at N={self.num_rows}: {self.ratio} {self.value:.3g} "
                 f"[{self.low:.3g}, {self.high:.3g}] ({how})")
 
+    def phrase(self) -> str:
+        """The weight-gradient bias in words, as the decision procedure's reasons and ``explain()`` print it."""
+        how = "predicted beyond the measured batch sizes" if self.predicted else "measured"
+        return (f"weight-gradient bias {self.value:.2g} [{self.low:.2g}, {self.high:.2g}] of the sampling noise at "
+                f"N={self.num_rows} ({how})")
+
 
 @functools.cache
 def scaling_data() -> dict:
@@ -124,11 +130,11 @@ def ratio_at(candidate: str, dtype: torch.dtype | str, num_rows: int,
 
 
 def _compact_chunks(candidate: str, num_rows: int) -> int:
-    """The chunk count of a measured compact candidate at ``num_rows`` rows (its shape's D = 128, C = 16384)."""
+    """The chunk count of a measured compact candidate at ``num_rows`` rows (of the data's D and C)."""
     from ..planning.plan import aspect_ratio_chunk_size
 
     if candidate == "torch 2.13 auto":
-        rows = aspect_ratio_chunk_size(num_rows, 128, 16384, 2)
+        rows = aspect_ratio_chunk_size(num_rows, scaling_data()["D"], scaling_data()["C"], 2)
     elif " rows=" in candidate:
         rows = int(candidate.partition(" rows=")[2])
     else:
@@ -170,8 +176,11 @@ def scaling_candidates(plan) -> tuple[str, ...]:
                                                        -_compact_chunks(name, plan.num_rows))),)
 
 
-def bias_at(plan) -> RatioAtBatch | None:
-    """``plan``'s weight-gradient bias over one batch's noise along the gradient, at its own N: the largest
-    :func:`ratio_at` of :func:`scaling_candidates`; None where the data hold no candidate for it."""
+def bias_at(plan, num_rows: int | None = None) -> RatioAtBatch | None:
+    """``plan``'s weight-gradient bias over one batch's noise along the gradient, at its own N (or at ``num_rows``:
+    the same options over a batch of that many rows): the largest :func:`ratio_at` of :func:`scaling_candidates`;
+    None where the data hold no candidate for it."""
+    if num_rows is not None:
+        plan = dataclasses.replace(plan, num_rows=num_rows)
     ratios = [ratio_at(name, plan.input_dtype, plan.num_rows) for name in scaling_candidates(plan)]
     return max(ratios, key=lambda ratio: ratio.value) if ratios else None

@@ -223,9 +223,7 @@ def bias_fault(candidate: Candidate) -> str | None:
     bias = candidate.bias
     if bias is None or bias.value <= BIAS_LIMIT or at_rounding_floor(candidate.plan):
         return None
-    how = "predicted beyond the measured batch sizes" if bias.predicted else "measured"
-    return (f"weight-gradient bias {bias.value:.2g} [{bias.low:.2g}, {bias.high:.2g}] of the sampling noise at "
-            f"N={bias.num_rows} ({how}), over the limit of {BIAS_LIMIT:g}")
+    return f"{bias.phrase()}, over the limit of {BIAS_LIMIT:g}"
 
 
 CONDITIONS: tuple[str, ...] = ("error", "training", "bias")

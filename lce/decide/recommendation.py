@@ -297,9 +297,7 @@ def recommend(num_rows: int, in_features: int, num_classes: int, dtype: torch.dt
 
 def _bias_text(bias) -> str:
     """A weight gradient's bias/noise at its N, as :meth:`Recommendation.explain` prints it."""
-    how = "predicted by the fitted scaling" if bias.predicted else "measured"
-    return (f"weight-gradient bias {bias.value:.2g} of the sampling noise at N={bias.num_rows} "
-            f"[{bias.low:.2g}, {bias.high:.2g}], {how} (limit {BIAS_LIMIT:g}; lce.decide.noise_scaling)")
+    return f"{bias.phrase()} (limit {BIAS_LIMIT:g}; lce.decide.noise_scaling)"
 
 
 def _time_on_device(options: LinearCrossEntropyOptions, num_rows: int, in_features: int, num_classes: int,
