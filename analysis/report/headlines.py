@@ -99,7 +99,9 @@ def batch_headline(results: Path) -> dict[str, float] | None:
             "auto_measured": float(measured.loc[(read["candidate"], "bfloat16", largest)]),
             "torch_first": first_crossing(numbers, "torch 2.13 auto", "bfloat16"),
             "torch_measured": float(measured.loc[("torch 2.13 auto", "bfloat16", largest)]),
-            "torch_exponent": float(torch_default["exponent"])}
+            "torch_exponent": float(torch_default["exponent"]), "seeds": numbers.seeds,
+            "families": ", ".join(numbers.families),
+            "cpu_model": ", ".join(sorted(scaling["cpu_model"].astype(str).unique()))}
 
 
 def rl_headline(results: Path) -> dict[str, float]:
@@ -172,11 +174,14 @@ def _batch_text(batch: dict) -> str:
     from lce.decide import BIAS_LIMIT
 
     return (f"- **At LLM batch sizes.** Measured from 2^10 to 2^{batch['largest'].bit_length() - 1} rows per "
-            f"batch, lce's CUDA bf16 default returns the weight gradient at its bf16 rounding floor (at most "
+            f"batch (D = 128, C = 16384; worst of the {batch['families']} families, median of {batch['seeds']} "
+            f"seeds; CUDA layouts emulated on {batch['cpu_model']}), lce's CUDA bf16 default returns the weight "
+            f"gradient at its bf16 rounding floor (at most "
             f"{batch['floors_max']:.2f} floors), and its bias over the batch's sampling noise grows as "
             f"N^{batch['exponent']:.2f} [{batch['exponent_low']:.2f}, {batch['exponent_high']:.2f}], not sqrt(N): "
             f"{batch['auto_measured']:.2g} at {batch['largest']:,} rows, predicted at {batch['at_2_20']:.2g} "
-            f"[{batch['at_2_20_low']:.2g}, {batch['at_2_20_high']:.2g}] at an LLM step's 2^20 rows, against the "
+            f"[{batch['at_2_20_low']:.2g}, {batch['at_2_20_high']:.2g}] at an LLM step's 2^20 rows (a power law's "
+            f"extrapolation, 95% band), against the "
             f"rule's {BIAS_LIMIT:g} -- the rounding of a bf16 gradient itself, which no policy returning bf16 goes "
             f"under. torch 2.13's CUDA default is over the limit from {batch['torch_first']:,} rows and at "
             f"{batch['torch_measured']:.3g} at {batch['largest']:,} (growing as N^{batch['torch_exponent']:.1f}) "

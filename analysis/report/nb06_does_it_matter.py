@@ -674,7 +674,9 @@ is not settled by this data.
 *Inputs:* {len(scaling):,} rows, N = {min(numbers.rows):,}–{max(numbers.rows):,} at D = 128, C = 16384
 ({", ".join(numbers.families)}: nonzero expected gradient; {", ".join(numbers.zero_gradient_families) or "none"}:
 zero), up to {numbers.seeds} seeds, bf16 and fp16, lce's CUDA layouts emulated on CPU tensors and the CPU table's
-pick, fp32 acc_dtype; the gradient's norm over its noise grows as {growth}.
+pick, fp32 acc_dtype, on {", ".join(sorted(scaling["cpu_model"].astype(str).unique()))} (torch
+{", ".join(sorted(scaling["torch_version"].astype(str).unique()))}); the gradient's norm over its noise grows as
+{growth}.
 
 *Limits:* beyond 2^16 every number is a prediction of a power law fitted to 2^10–2^16 (its band is over the
 points' scatter, not over the choice of model); the trained family stops at its dump's 2048 rows, so the slope is
